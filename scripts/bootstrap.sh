@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs everything gpuwarden needs on a fresh Debian (bookworm) machine, as root.
+# Idempotent: a second run installs nothing. Used by scripts/test.sh and scripts/demo.sh.
+#   apt:    influxdb (the real server for tests and the demo; 1.6.7 on bookworm),
+#           victoria-metrics (a real server that accepts the InfluxDB v2 write API),
+#           python3 + python3-venv (to install the pinned uv)
+#   python: the locked environment (uv.lock) in .venv, via the pinned uv
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+UV_VERSION=0.13.9
+APT_PACKAGES=(influxdb victoria-metrics python3 python3-venv ca-certificates)
+
+missing=()
+for pkg in "${APT_PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "ok installed" || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "bootstrap: installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+  tools="$PWD/.cache/tools"
+  if [ ! -x "$tools/bin/uv" ] || [ "$("$tools/bin/uv" --version | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+    echo "bootstrap: installing uv $UV_VERSION into $tools"
+    python3 -m venv "$tools"
+    "$tools/bin/pip" install -q "uv==$UV_VERSION"
+  fi
+  export PATH="$tools/bin:$PATH"
+fi
+
+export UV_PYTHON_DOWNLOADS=never
+uv sync --frozen --quiet
