@@ -166,9 +166,12 @@ class InfluxReader:
             # tag or field called "name" or "tags" cannot collide with them.
             columns = ["\0name", "\0tags", *header[2:]]
             df = pl.read_csv(
-                io.BytesIO(block), has_header=False, skip_rows=1, new_columns=columns,
+                io.BytesIO(block),
+                has_header=False,
+                skip_rows=1,
+                new_columns=columns,
                 infer_schema=False,
-            )  # fmt: skip
+            )
             frames.append(df.drop("\0name", "\0tags"))
         if not frames:
             return pl.DataFrame()

@@ -114,7 +114,7 @@ def _f(name: str, type_: FieldType, unit: str, kind: Kind, description: str) -> 
     return FieldSpec(name, type_, unit, kind, description)
 
 
-F, I, B, S = FieldType.FLOAT, FieldType.INTEGER, FieldType.BOOLEAN, FieldType.STRING
+F, I, B, S = FieldType.FLOAT, FieldType.INTEGER, FieldType.BOOLEAN, FieldType.STRING  # noqa: E741
 G, C, ST, IN = Kind.GAUGE, Kind.COUNTER, Kind.STATE, Kind.INFO
 
 _GPU_TAGS = ("cluster", "node", "gpu", "gpu_uuid", "gpu_model", "job", "rank", "local_rank")
@@ -459,7 +459,6 @@ _m(
 )
 
 CATALOGUE: Mapping[str, Measurement] = MappingProxyType({m.name: m for m in _MEASUREMENTS})
-del _MEASUREMENTS
 
 
 def measurement(name: str) -> Measurement:

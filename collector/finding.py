@@ -63,9 +63,7 @@ class Finding:
     @property
     def id(self) -> str:
         bucket = self.time_ns // (self.bucket_s * 1_000_000_000)
-        key = json.dumps(
-            [self.kind, sorted(self.subject.items()), bucket], separators=(",", ":")
-        )
+        key = json.dumps([self.kind, sorted(self.subject.items()), bucket], separators=(",", ":"))
         return hashlib.sha256(key.encode()).hexdigest()[:24]
 
     def to_json(self) -> dict[str, Any]:

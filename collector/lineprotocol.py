@@ -147,8 +147,8 @@ def encode_point(
             continue
         parts.append(f",{escape_key(key, 'tag key')}={escape_key(value, 'tag value')}")
     fields = []
-    for key, value in point.fields.items():
-        text = format_field_value(value, stats)
+    for key, field_value in point.fields.items():
+        text = format_field_value(field_value, stats)
         if text is not None:
             fields.append(f"{escape_key(key, 'field key')}={text}")
     if not fields:

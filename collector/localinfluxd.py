@@ -87,9 +87,11 @@ class LocalInfluxd:
         log = open(self.root / "influxd.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [influxd_binary(), "-config", str(config)],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, "INFLUXDB_REPORTING_DISABLED": "true"},
-        )  # fmt: skip
+        )
         log.close()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -90,14 +90,24 @@ class SinkConfig:
         precision = Precision(self.precision)
         if self.api == "v2":
             return V2Transport(
-                self.url, org=self.org, bucket=self.bucket, token=self.token or None,
-                precision=precision, timeout_s=self.timeout_s,
-            )  # fmt: skip
+                self.url,
+                org=self.org,
+                bucket=self.bucket,
+                token=self.token or None,
+                precision=precision,
+                timeout_s=self.timeout_s,
+            )
         return V1Transport(
-            self.url, self.database, retention_policy=self.retention_policy or None,
-            precision=precision, username=self.username or None, password=self.password or None,
-            token=self.token or None, timeout_s=self.timeout_s, gzip=self.gzip,
-        )  # fmt: skip
+            self.url,
+            self.database,
+            retention_policy=self.retention_policy or None,
+            precision=precision,
+            username=self.username or None,
+            password=self.password or None,
+            token=self.token or None,
+            timeout_s=self.timeout_s,
+            gzip=self.gzip,
+        )
 
 
 @dataclass
@@ -126,9 +136,11 @@ class InfluxSink:
         self.precision = Precision(config.precision)
         self._transport = transport if transport is not None else config.make_transport()
         self._spool = Spool(
-            Path(config.spool_dir), max_bytes=config.spool_max_bytes,
-            segment_bytes=config.spool_segment_bytes or None, fsync=config.fsync,
-        )  # fmt: skip
+            Path(config.spool_dir),
+            max_bytes=config.spool_max_bytes,
+            segment_bytes=config.spool_segment_bytes or None,
+            fsync=config.fsync,
+        )
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closing = False
@@ -155,14 +167,24 @@ class InfluxSink:
         self.write_lines(lines)
 
     def write_frame(
-        self, df: pl.DataFrame, measurement: str, *, tags: Sequence[str], time: str = "time",
+        self,
+        df: pl.DataFrame,
+        measurement: str,
+        *,
+        tags: Sequence[str],
+        time: str = "time",
         fields: Sequence[str] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         stats = EncodeStats()
         lines = encode_frame(
-            df, measurement, tags=tags, fields=fields, time=time,
-            precision=self.precision, stats=stats,
-        )  # fmt: skip
+            df,
+            measurement,
+            tags=tags,
+            fields=fields,
+            time=time,
+            precision=self.precision,
+            stats=stats,
+        )
         self._stats.encode.add(stats)
         size = self.config.batch_size
         for start in range(0, len(lines), size):
@@ -265,7 +287,9 @@ class InfluxSink:
             if not records:
                 continue
             points = sum(r.points for r in records)
-            body = b"\n".join(r.payload for r in records)
+            body = (
+                records[0].payload if len(records) == 1 else b"\n".join(r.payload for r in records)
+            )
             started = time.monotonic()
             try:
                 result = self._transport.send(body, points)
@@ -285,8 +309,11 @@ class InfluxSink:
                         s.last_error = result.message
                         log.error(
                             "InfluxDB refused %d of %d points (%s): %s",
-                            result.rejected_points, points, result.status, result.message[:500],
-                        )  # fmt: skip
+                            result.rejected_points,
+                            points,
+                            result.status,
+                            result.message[:500],
+                        )
                     self._cond.notify_all()
                 continue
             self._spool.release(records)
@@ -294,9 +321,11 @@ class InfluxSink:
             if result.outcome is Outcome.PARK:
                 log.error(
                     "InfluxDB answered %s (%s); keeping %d points spooled, next try in %.0f s",
-                    result.status, result.message[:300], self._spool.pending_points,
+                    result.status,
+                    result.message[:300],
+                    self._spool.pending_points,
                     self.config.park_interval_s,
-                )  # fmt: skip
+                )
                 self._sleep(self.config.park_interval_s)
                 continue
             self._stats.retries += 1
@@ -304,8 +333,11 @@ class InfluxSink:
             delay = self._backoff(attempt, result.retry_after_s)
             log.warning(
                 "send failed (%s %s); retry %d in %.2f s",
-                result.status, result.message[:200], attempt, delay,
-            )  # fmt: skip
+                result.status,
+                result.message[:200],
+                attempt,
+                delay,
+            )
             self._sleep(delay)
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:

@@ -91,6 +91,11 @@ class Spool:
         self._reader: tuple[int, IO[bytes]] | None = None
         self._lockfile: IO[bytes] | None = None
         self._opened = False
+        # Payloads appended by this process and not yet committed, so the sender does not
+        # read back from disk what it has in memory (bounded; older ones are read from disk).
+        self._recent: dict[tuple[int, int], Record] = {}
+        self._recent_bytes = 0
+        self._recent_max_bytes = min(32 * 2**20, max_bytes // 4)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -201,7 +206,8 @@ class Spool:
     def append(self, payload: bytes, points: int) -> int:
         """Append one record; returns the points dropped to stay within the bound."""
         record_size = HEADER.size + len(payload)
-        header = HEADER.pack(len(payload), points, time.time(), zlib.crc32(payload))
+        now = time.time()
+        header = HEADER.pack(len(payload), points, now, zlib.crc32(payload))
         with self._lock:
             self._require_open()
             if record_size > self.max_bytes - self.segment_bytes:
@@ -216,6 +222,12 @@ class Spool:
             if head.size > 0 and head.size + record_size > self.segment_bytes:
                 head = self._rotate()
             assert self._head is not None
+            if self._recent_bytes + len(payload) <= self._recent_max_bytes:
+                end = head.size + record_size
+                self._recent[(head.seq, head.size)] = Record(
+                    head.seq, head.size, end, points, now, payload
+                )
+                self._recent_bytes += len(payload)
             self._head.write(header)
             self._head.write(payload)
             self._head.flush()
@@ -253,6 +265,8 @@ class Spool:
             self._reader[1].close()
             self._reader = None
         self._path(oldest.seq).unlink(missing_ok=True)
+        for key in [k for k in self._recent if k[0] == oldest.seq]:
+            self._forget(key)
         self._cursor = (self._segments[0].seq, 0)
         log.warning("spool full: dropped %d unsent points (segment %d)", dropped, oldest.seq)
         return dropped
@@ -288,6 +302,9 @@ class Spool:
         return records
 
     def _read_record(self, seq: int, offset: int) -> Record | None:
+        cached = self._recent.get((seq, offset))
+        if cached is not None:
+            return cached
         if self._reader is None or self._reader[0] != seq:
             if self._reader is not None:
                 self._reader[1].close()
@@ -303,6 +320,11 @@ class Spool:
             return None
         return Record(seq, offset, offset + HEADER.size + length, points, appended_at, payload)
 
+    def _forget(self, key: tuple[int, int]) -> None:
+        rec = self._recent.pop(key, None)
+        if rec is not None:
+            self._recent_bytes -= len(rec.payload)
+
     def commit(self, records: list[Record]) -> None:
         """The records were delivered (or definitively rejected): move the cursor past them."""
         with self._lock:
@@ -311,6 +333,7 @@ class Spool:
             for rec in records:
                 key = (rec.segment, rec.offset)
                 self._inflight.pop(key, None)
+                self._forget(key)
                 if key in self._orphaned:
                     self._orphaned.discard(key)  # its segment was dropped; it was delivered
                 else:
@@ -334,6 +357,7 @@ class Spool:
                     self._reader[1].close()
                     self._reader = None
                 self._path(gone.seq).unlink(missing_ok=True)
+            if self._segments[0].seq != last.segment:
                 self._cursor = (self._segments[0].seq, 0)
             self._save_state()
 

@@ -208,14 +208,17 @@ class V2Transport:
         from influxdb_client.rest import ApiException  # heavy import: first use only
 
         if self._client is None:
-            from influxdb_client import InfluxDBClient
+            from influxdb_client.client.influxdb_client import InfluxDBClient
             from influxdb_client.client.write_api import SYNCHRONOUS
 
             # retries=False: our sink owns retries, backoff and the spool.
             self._client = InfluxDBClient(
-                url=self.url, token=self.token or "", org=self.org,
-                timeout=self.timeout_ms, retries=False,
-            )  # fmt: skip
+                url=self.url,
+                token=self.token or "",
+                org=self.org,
+                timeout=self.timeout_ms,
+                retries=False,
+            )
             self._write = self._client.write_api(write_options=SYNCHRONOUS)
         try:
             self._write.write(

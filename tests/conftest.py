@@ -43,10 +43,18 @@ def victoria(tmp_path: Path) -> Iterator[str]:
     binary = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
     port = free_port()
     proc = subprocess.Popen(
-        [binary, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={tmp_path / 'vm'}",
-         "-search.latencyOffset=0s", "-search.disableCache", "-loggerLevel=ERROR"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            binary,
+            f"-httpListenAddr=127.0.0.1:{port}",
+            f"-storageDataPath={tmp_path / 'vm'}",
+            "-search.latencyOffset=0s",
+            "-search.disableCache",
+            "-loggerLevel=ERROR",
+            "-retentionPeriod=100y",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     url = f"http://127.0.0.1:{port}"
     for _ in range(200):
         try:

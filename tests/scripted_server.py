@@ -18,16 +18,14 @@ class Reply:
 
 
 class ScriptedServer:
-    def __init__(
-        self, replies: list[Reply], default: Reply | None = None, port: int = 0
-    ) -> None:
+    def __init__(self, replies: list[Reply], default: Reply | None = None, port: int = 0) -> None:
         self.replies = list(replies)
         self.default = default or Reply()
         self.requests: list[tuple[float, str, dict[str, str], bytes]] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length", 0))
                 body = self.rfile.read(length)
                 outer.requests.append((time.monotonic(), self.path, dict(self.headers), body))

@@ -47,11 +47,15 @@ def batches(draw):
 
 
 def _sink(influxd, db, tmp_path, name):
-    cfg = SinkConfig(url=influxd.url, database=db, spool_dir=str(tmp_path / name), flush_interval_s=0.05)
+    cfg = SinkConfig(
+        url=influxd.url, database=db, spool_dir=str(tmp_path / name), flush_interval_s=0.05
+    )
     return InfluxSink(cfg)
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(batch=batches(), use_frame=st.booleans())
 def test_hostile_points_read_back_exactly(influxd, influx_db, tmp_path, batch, use_frame):
     measurement, tag_keys, types, rows = batch
@@ -60,8 +64,12 @@ def test_hostile_points_read_back_exactly(influxd, influx_db, tmp_path, batch, u
     if use_frame:
         data = {k: [r[0].get(k) for r in rows] for k in tag_keys}
         for k, ft in types.items():
-            dtype = {FieldType.FLOAT: pl.Float64, FieldType.INTEGER: pl.Int64,
-                     FieldType.BOOLEAN: pl.Boolean, FieldType.STRING: pl.String}[ft]  # fmt: skip
+            dtype = {
+                FieldType.FLOAT: pl.Float64,
+                FieldType.INTEGER: pl.Int64,
+                FieldType.BOOLEAN: pl.Boolean,
+                FieldType.STRING: pl.String,
+            }[ft]
             data[k] = pl.Series([r[1][k] for r in rows], dtype=dtype)
         data["\x00t"] = [r[2] for r in rows]
         sink.write_frame(pl.DataFrame(data), measurement, tags=tag_keys, time="\x00t")
@@ -76,7 +84,9 @@ def test_hostile_points_read_back_exactly(influxd, influx_db, tmp_path, batch, u
     assert got.schema["time"] == pl.Datetime("ns", "UTC")
     got_times = got.get_column("time").cast(pl.Int64).to_list()
     assert got_times == sorted(r[2] for r in rows)
-    for row, (tags, fields, _) in zip(got.iter_rows(named=True), sorted(rows, key=lambda r: r[2]), strict=True):
+    for row, (tags, fields, _) in zip(
+        got.iter_rows(named=True), sorted(rows, key=lambda r: r[2]), strict=True
+    ):
         for k in tag_keys:
             assert row[k] == tags.get(k), f"tag {k!r}"
         for k, v in fields.items():
@@ -92,6 +102,8 @@ def test_empty_string_reads_back_as_null(influxd, influx_db, tmp_path):
     sink = _sink(influxd, influx_db, tmp_path, "spool")
     sink.write_points([Point("m", {}, {"s": "", "v": 1}, 1)])
     assert sink.close()
-    got = InfluxReader(influxd.url, influx_db).read("m", fields={"s": FieldType.STRING, "v": FieldType.INTEGER}, tags=[])
+    got = InfluxReader(influxd.url, influx_db).read(
+        "m", fields={"s": FieldType.STRING, "v": FieldType.INTEGER}, tags=[]
+    )
     assert got.get_column("s").to_list() == [None]
     assert got.get_column("v").to_list() == [1]

@@ -19,8 +19,15 @@ def _lines(n, start=0):
 
 
 def _sink(url, tmp_path, **kw):
-    cfg = dict(url=url, database="db", spool_dir=str(tmp_path / "spool"), flush_interval_s=0.05,
-               backoff_base_s=0.01, backoff_max_s=0.05, park_interval_s=0.2)  # fmt: skip
+    cfg = dict(
+        url=url,
+        database="db",
+        spool_dir=str(tmp_path / "spool"),
+        flush_interval_s=0.05,
+        backoff_base_s=0.01,
+        backoff_max_s=0.05,
+        park_interval_s=0.2,
+    )
     cfg.update(kw)
     return InfluxSink(SinkConfig(**cfg))
 
@@ -49,8 +56,10 @@ def test_5xx_retried_with_backoff_until_accepted(tmp_path):
 
 
 def test_partial_write_keeps_good_lines_and_reports_bad(tmp_path):
-    msg = ('{"error":"partial write: unable to parse \'m,t= v=1\': missing tag value\\n'
-           'unable to parse \'m v=x\': invalid boolean dropped=1"}')  # fmt: skip
+    msg = (
+        '{"error":"partial write: unable to parse \'m,t= v=1\': missing tag value\\n'
+        "unable to parse 'm v=x': invalid boolean dropped=1\"}"
+    )
     with ScriptedServer([Reply(400, msg)]) as srv:
         sink = _sink(srv.url, tmp_path)
         sink.write_lines(_lines(10))
@@ -117,10 +126,19 @@ def test_batches_by_age_when_below_size(tmp_path):
 
 @pytest.mark.parametrize(
     ("status", "outcome"),
-    [(204, Outcome.OK), (429, Outcome.RETRY), (500, Outcome.RETRY), (503, Outcome.RETRY),
-     (400, Outcome.REJECTED), (401, Outcome.PARK), (403, Outcome.PARK), (404, Outcome.PARK),
-     (413, Outcome.PARK), (422, Outcome.REJECTED)],
-)  # fmt: skip
+    [
+        (204, Outcome.OK),
+        (429, Outcome.RETRY),
+        (500, Outcome.RETRY),
+        (503, Outcome.RETRY),
+        (400, Outcome.REJECTED),
+        (401, Outcome.PARK),
+        (403, Outcome.PARK),
+        (404, Outcome.PARK),
+        (413, Outcome.PARK),
+        (422, Outcome.REJECTED),
+    ],
+)
 def test_classification(status, outcome):
     assert classify(status, "", 10).outcome is outcome
 
