@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from collector.simulate import FIELDS, TAGS, gpu_frame
 from collector.localinfluxd import LocalInfluxd
+from collector.simulate import FIELDS, TAGS, gpu_frame
 from collector.sink import InfluxSink, SinkConfig
 
 
