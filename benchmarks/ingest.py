@@ -45,6 +45,7 @@ def main() -> None:
                 database="bench",
                 spool_dir=f"{tmp}/spool",
                 batch_size=args.batch_size,
+                spool_max_bytes=4 * 2**30,  # the whole hour fits: no backpressure yet
                 flush_interval_s=0.5,
             )
         )
