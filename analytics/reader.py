@@ -16,7 +16,6 @@ Every name and value that reaches InfluxQL goes through :func:`quote_ident` or
 
 from __future__ import annotations
 
-import base64
 import csv
 import io
 from collections.abc import Mapping, Sequence
@@ -26,6 +25,7 @@ import polars as pl
 import urllib3
 
 from collector.catalogue import CATALOGUE, FieldType
+from collector.transport import auth_headers
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n"}
 
@@ -114,12 +114,7 @@ class InfluxReader:
         self.database = database
         self.retention_policy = retention_policy
         self.chunk_size = chunk_size
-        self.headers = {"Accept": "application/csv"}
-        if token:
-            self.headers["Authorization"] = f"Token {token}"
-        elif username is not None:
-            raw = f"{username}:{password or ''}".encode()
-            self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        self.headers = {"Accept": "application/csv", **auth_headers(username, password, token)}
         self.timeout = urllib3.Timeout(connect=5.0, read=timeout_s)
         self._pool: urllib3.PoolManager | None = None
 

@@ -122,6 +122,18 @@ def classify(
     return SendResult(Outcome.REJECTED, status, message, rejected_points=points)
 
 
+def auth_headers(
+    username: str | None = None, password: str | None = None, token: str | None = None
+) -> dict[str, str]:
+    """``Authorization`` for InfluxDB: a token (2.x/3.x, or 1.x with auth) or basic auth."""
+    if token:
+        return {"Authorization": f"Token {token}"}
+    if username is not None:
+        raw = f"{username}:{password or ''}".encode()
+        return {"Authorization": "Basic " + base64.b64encode(raw).decode()}
+    return {}
+
+
 class V1Transport:
     """POST line protocol to ``{url}/write`` (InfluxDB 1.x API, or the compatibility API)."""
 
@@ -149,11 +161,7 @@ class V1Transport:
             params["rp"] = retention_policy
         self.write_url = f"{url.rstrip('/')}/write?{urlencode(params)}"
         self.headers = {"Content-Type": "text/plain; charset=utf-8"}
-        if token:
-            self.headers["Authorization"] = f"Token {token}"
-        elif username is not None:
-            raw = f"{username}:{password or ''}".encode()
-            self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        self.headers.update(auth_headers(username, password, token))
         if gzip:
             self.headers["Content-Encoding"] = "gzip"
         self.gzip = gzip
