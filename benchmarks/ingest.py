@@ -45,7 +45,10 @@ def main() -> None:
                 database="bench",
                 spool_dir=f"{tmp}/spool",
                 batch_size=args.batch_size,
-                spool_max_bytes=4 * 2**30,  # the whole hour fits: no backpressure yet
+                spool_max_bytes=1 * 2**30,
+                # The hour is produced far faster than real time: hold the writer back while
+                # 24 MiB are unsent, as the replayer does, instead of spooling 800 MB to disk.
+                backpressure_bytes=24 * 2**20,
                 flush_interval_s=0.5,
             )
         )

@@ -388,6 +388,13 @@ class Spool:
         return sum(s.size for s in self._segments)
 
     @property
+    def pending_bytes(self) -> int:
+        """Bytes from the cursor on (records and headers not yet delivered)."""
+        if not self._segments:
+            return 0
+        return self.size_bytes - self._cursor[1]
+
+    @property
     def pending_points(self) -> int:
         return sum(s.points for s in self._segments)
 

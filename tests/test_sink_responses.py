@@ -161,3 +161,40 @@ def test_config_is_validated_at_construction(tmp_path):
         SinkConfig(api="v2")
     with pytest.raises(SinkError, match="unknown"):
         SinkConfig.from_mapping({"urll": "x"})
+
+
+def test_backpressure_holds_the_writer_while_the_server_refuses(tmp_path):
+    """With backpressure on (replays), a writer that outruns the server waits instead of
+    filling the spool; it resumes when the server answers, and nothing is lost."""
+    import threading
+
+    replies = [Reply(503, "", {"Retry-After": "1"})] * 2
+    with ScriptedServer(replies) as srv:
+        sink = _sink(srv.url, tmp_path, batch_size=100, backpressure_bytes=4000)
+        written = []
+
+        def writer():
+            for k in range(20):
+                sink.write_lines(_lines(100, start=100 * k))
+                written.append(k)
+
+        t = threading.Thread(target=writer)
+        t.start()
+        time.sleep(0.3)  # the server is still answering 503: the writer must be held
+        held_at = len(written)
+        assert held_at < 20
+        assert sink.stats().spool_bytes < 4000 + 2 * len("\n".join(_lines(100, 1900)))
+        t.join(30)
+        assert not t.is_alive()
+        assert sink.flush(timeout_s=10)
+        sink.close()
+    got = sorted(
+        int(line.split(" ")[-1]) for body in srv.bodies()[2:] for line in body.decode().split("\n")
+    )
+    assert got == list(range(2000))
+    assert sink.stats().points_dropped == 0
+
+
+def test_backpressure_bound_must_fit_under_the_spool_bound(tmp_path):
+    with pytest.raises(SinkError, match="backpressure_bytes"):
+        _sink("http://127.0.0.1:1", tmp_path, spool_max_bytes=10_000, backpressure_bytes=20_000)
