@@ -49,6 +49,7 @@ class Producer(StrEnum):
     REPORTER = "reporter"  # the training-side reporter imported by a training loop
     ANALYTICS = "analytics"
     REMEDIATION = "remediation"
+    SCENARIO = "scenario"  # simulated scenarios: the ground truth of what was injected
 
 
 @dataclass(frozen=True, slots=True)
@@ -455,6 +456,19 @@ _m(
         _f("dry_run_active", B, "", ST, "the action was only simulated"),
         _f("duration_s", F, "s", G, "how long the action took"),
         _f("message", S, "", IN, "what happened, for a person"),
+    ],
+)
+_m(
+    "scenario_fault",
+    Producer.SCENARIO,
+    "SIMULATED ground truth: the faults a scenario injected, one point per phase change",
+    ("cluster", "node", "gpu", "hca", "port", "job", "kind", "source"),
+    [
+        _f("fault_id", S, "", IN, "id of the injected fault, unique within the scenario"),
+        _f("phase_code", I, "", ST, "1 precursor starts, 2 onset, 3 repaired"),
+        _f("fatal_active", B, "", ST, "the fault takes the GPU, node or job down"),
+        _f("xid_code", I, "", ST, "the XID the onset raises, if any"),
+        _f("summary", S, "", IN, "what was injected, for a person"),
     ],
 )
 

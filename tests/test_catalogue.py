@@ -37,6 +37,7 @@ TEXT_FIELDS = {
     "summary",
     "evidence_json",
     "finding_id",
+    "fault_id",
     "action_id",
     "model_version",
     "gpu_model",
