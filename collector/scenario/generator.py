@@ -58,6 +58,40 @@ IB_RATE_GBPS = 200.0
 FLAP_PERIOD_S = 600.0
 FLAP_DOWN_S = 60.0
 
+GPU_COUNTERS = (
+    "ecc_sbe_volatile_total",
+    "ecc_dbe_volatile_total",
+    "remapped_rows_correctable_total",
+    "remapped_rows_uncorrectable_total",
+    "pcie_replay_total",
+)
+NVLINK_COUNTERS = (
+    "crc_flit_errors_total",
+    "crc_data_errors_total",
+    "replay_errors_total",
+    "recovery_errors_total",
+    "tx_bytes_total",
+    "rx_bytes_total",
+)
+IB_COUNTERS = (
+    "port_xmit_data_bytes_total",
+    "port_rcv_data_bytes_total",
+    "port_xmit_packets_total",
+    "port_rcv_packets_total",
+    "symbol_error_total",
+    "link_error_recovery_total",
+    "link_downed_total",
+    "port_xmit_wait_total",
+    "np_cnp_sent_total",
+    "rp_cnp_handled_total",
+    "np_ecn_marked_roce_packets_total",
+)
+
+
+def _zeros(names: tuple[str, ...], n: int) -> dict[str, NDArray[np.int64]]:
+    return {k: np.zeros(n, dtype=np.int64) for k in names}
+
+
 GPU_ABSENT_TYPES = ("xid79", "node_down")
 STEP_SLOWING = ("slow_gpu", "thermal_slowdown", "pcie_replay", "power_brake", "tor_congestion")
 
@@ -105,44 +139,11 @@ class ScenarioGenerator:
         self._z_metric = {m: self.rng.standard_normal(self.n_gpu) for m in LOAD_CORRELATION}
         self._z_ib = self.rng.standard_normal((2, n))
         self._energy = self.rng.uniform(1e6, 1e8, self.n_gpu)
-        self._gpu_counters = {
-            k: np.zeros(self.n_gpu, dtype=np.int64)
-            for k in (
-                "ecc_sbe_volatile_total",
-                "ecc_dbe_volatile_total",
-                "remapped_rows_correctable_total",
-                "remapped_rows_uncorrectable_total",
-                "pcie_replay_total",
-            )
-        }
+        # Counters carried from chunk to chunk (raw totals, as the hardware reports them).
         links = max(spec.nvlink_links, 1)
-        self._nvl_counters = {
-            k: np.zeros(self.n_gpu * links, dtype=np.int64)
-            for k in (
-                "crc_flit_errors_total",
-                "crc_data_errors_total",
-                "replay_errors_total",
-                "recovery_errors_total",
-                "tx_bytes_total",
-                "rx_bytes_total",
-            )
-        }
-        self._ib_counters = {
-            k: np.zeros(self.n_port, dtype=np.int64)
-            for k in (
-                "port_xmit_data_bytes_total",
-                "port_rcv_data_bytes_total",
-                "port_xmit_packets_total",
-                "port_rcv_packets_total",
-                "symbol_error_total",
-                "link_error_recovery_total",
-                "link_downed_total",
-                "port_xmit_wait_total",
-                "np_cnp_sent_total",
-                "rp_cnp_handled_total",
-                "np_ecn_marked_roce_packets_total",
-            )
-        }
+        self._gpu_counters = _zeros(GPU_COUNTERS, self.n_gpu)
+        self._nvl_counters = _zeros(NVLINK_COUNTERS, self.n_gpu * links)
+        self._ib_counters = _zeros(IB_COUNTERS, self.n_port)
 
     # -- layout ---------------------------------------------------------------------------
 
