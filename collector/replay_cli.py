@@ -78,13 +78,8 @@ def _progress(total: int) -> object:
     def show(stats: ReplayStats) -> None:
         done = stats.total
         rate = done / max(time.monotonic() - t0, 1e-9)
-        pct = 100.0 * done / total if total else 100.0
-        print(
-            f"\r  {done:,}/{total:,} points ({pct:5.1f} %), {rate:,.0f} points/s",
-            end="",
-            file=sys.stderr,
-            flush=True,
-        )
+        of = f"/{total:,} points ({100.0 * done / total:5.1f} %)" if total else " points"
+        print(f"\r  {done:,}{of}, {rate:,.0f} points/s", end="", file=sys.stderr, flush=True)
 
     return show
 
