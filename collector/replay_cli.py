@@ -85,13 +85,17 @@ def _progress(total: int) -> object:
 
 
 def _stream(
-    chunks: Iterator[dict[str, pl.DataFrame]], total: int, shift: int, args: argparse.Namespace
+    chunks: Iterator[dict[str, pl.DataFrame]],
+    tags: dict[str, list[str]],
+    total: int,
+    shift: int,
+    args: argparse.Namespace,
 ) -> ReplayStats:
     sink = _sink(args)
     try:
         stats = replay(
             chunks,
-            TAGS,
+            tags,
             sink,
             shift_ns=shift,
             speed=args.speed,
@@ -182,14 +186,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             m = r.manifest
             print(("SIMULATED" if m.simulated else "RECORDED") + f" trace: {m.origin}")
             shift = _shift(m.start_ns or 0, m.end_ns or 0, args)
-            _stream(r.chunks(), m.points, shift, args)
+            _stream(
+                r.chunks(), {k: i.tags for k, i in m.measurements.items()}, m.points, shift, args
+            )
         elif args.cmd == "run":
             spec = load_spec(args.scenario)
             gen = ScenarioGenerator(spec, args.seed)
             print(f"SIMULATED scenario {spec.name} seed {args.seed}: {spec.description}")
             start = spec.start_ns
             shift = _shift(start, start + spec.duration_s * NS, args)
-            _stream(gen.chunks(), 0, shift, args)
+            _stream(gen.chunks(), TAGS, 0, shift, args)
     except CollectorError as exc:
         print(f"gpuwarden-replay: {exc}", file=sys.stderr)
         return 2

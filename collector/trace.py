@@ -112,6 +112,11 @@ class Manifest:
     def points(self) -> int:
         return sum(i.points for i in self.measurements.values())
 
+    @property
+    def tags(self) -> dict[str, list[str]]:
+        """Tag columns per measurement, as :func:`replay` wants them."""
+        return {m: i.tags for m, i in self.measurements.items()}
+
 
 class TraceWriter:
     """Writes a trace; has the sink's ``write_frame`` signature so the agent can record

@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 
 from collector.replay_cli import generate_trace, main
-from collector.scenario.generator import TAGS
 from collector.sink import InfluxSink, SinkConfig
 from collector.trace import NS, TraceError, TraceReader, TraceWriter, replay
 
@@ -41,7 +40,7 @@ def test_week_of_mixed_faults_lands_exactly_with_its_ground_truth(influxd, influ
     )
     assert m.start_ns is not None
     shift = 1_700_000_000 * NS - m.start_ns  # moved into a fixed past window
-    stats = replay(trace.chunks(), TAGS, sink, shift_ns=shift)
+    stats = replay(trace.chunks(), m.tags, sink, shift_ns=shift)
     assert sink.close(timeout_s=300)
     assert sink.stats().points_rejected == 0 and sink.stats().points_dropped == 0
     assert stats.total == m.points

@@ -149,7 +149,13 @@ def _draw_xid(rng: np.random.Generator, among: tuple[int, ...]) -> int:
     return int(rng.choice(codes, p=w / w.sum()))
 
 
-def resolve(spec: FaultSpec, index: int, duration_s: float, rng: np.random.Generator) -> Fault:
+def resolve(
+    spec: FaultSpec,
+    index: int,
+    duration_s: float,
+    rng: np.random.Generator,
+    origin: str = "scenario file",
+) -> Fault:
     d = DEFAULTS[spec.type]
     pre = d.precursor_s if spec.precursor_s < 0 else spec.precursor_s
     pre = min(pre, spec.at_s)
@@ -174,7 +180,7 @@ def resolve(spec: FaultSpec, index: int, duration_s: float, rng: np.random.Gener
         severity=d.severity if spec.severity < 0 else spec.severity,
         xid=xid,
         fatal=fatal,
-        origin="scenario file",
+        origin=origin,
     )
 
 
@@ -246,8 +252,7 @@ def resolve_all(scenario: ScenarioSpec, rng: np.random.Generator) -> list[Fault]
         specs += stepfun_process(
             scenario, scenario.stepfun.compression, scenario.stepfun.start_s, rng
         )
-    faults = []
-    for i, (fs, origin) in enumerate(sorted(specs, key=lambda p: p[0].at_s)):
-        f = resolve(fs, i, scenario.duration_s, rng)
-        faults.append(Fault(**{**f.__dict__, "origin": origin}))
-    return faults
+    ordered = sorted(specs, key=lambda p: p[0].at_s)
+    return [
+        resolve(fs, i, scenario.duration_s, rng, origin) for i, (fs, origin) in enumerate(ordered)
+    ]

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
@@ -28,9 +28,11 @@ from numpy.typing import NDArray
 from scipy.signal import lfilter  # type: ignore[import-untyped]
 from scipy.special import ndtr  # type: ignore[import-untyped]
 
+from collector.catalogue import CATALOGUE
 from collector.scenario.calibration import LOAD_CORRELATION, acmetrace, lingjun_tors
 from collector.scenario.faults import DEFAULTS, Fault, resolve_all
-from collector.scenario.spec import JobSpec, ScenarioSpec
+from collector.scenario.jobs import JobSchedule
+from collector.scenario.spec import MEASUREMENTS, ScenarioSpec
 
 NS = 1_000_000_000
 LATENT_TAU_S = 900.0  # how long a GPU's load level persists (AR(1) time constant)
@@ -93,29 +95,6 @@ def _zeros(names: tuple[str, ...], n: int) -> dict[str, NDArray[np.int64]]:
 
 
 GPU_ABSENT_TYPES = ("xid79", "node_down")
-STEP_SLOWING = ("slow_gpu", "thermal_slowdown", "pcie_replay", "power_brake", "tor_congestion")
-
-
-@dataclass
-class Run:
-    """A stretch of time a job runs on a fixed set of nodes."""
-
-    start_s: float
-    end_s: float
-    nodes: list[int]
-    hung: bool = False  # the job holds its GPUs but makes no progress (NCCL hang)
-
-
-@dataclass
-class JobPlan:
-    spec: JobSpec
-    runs: list[Run] = field(default_factory=list)
-
-    def nodes_at(self, t: float) -> list[int] | None:
-        for r in self.runs:
-            if r.start_s <= t < r.end_s:
-                return r.nodes
-        return None
 
 
 class ScenarioGenerator:
@@ -132,7 +111,8 @@ class ScenarioGenerator:
         self.n_gpu, self.n_port = n * g, n * h
         self.node_names = [f"node-{i:03d}" for i in range(n)]
         self.switch_of = self._place_on_tors()
-        self.jobs = self._plan_jobs()
+        self.schedule = JobSchedule(spec, self.faults, self.switch_of, self.node_names)
+        self.jobs = self.schedule.plans
         # AR(1) latent states carried from chunk to chunk
         self._z_job = self.rng.standard_normal(len(self.jobs))
         self._z_gpu = self.rng.standard_normal(self.n_gpu)
@@ -157,219 +137,6 @@ class ScenarioGenerator:
         while len(out) < self.spec.nodes:  # larger than Lingjun: 8 per synthetic ToR
             out.append(f"SIM-S{len(out) // 8}")
         return out[: self.spec.nodes]
-
-    def _fatal_for(self, f: Fault, job: str, nodes: list[int]) -> bool:
-        if f.type == "hang":
-            return f.job == job
-        return f.fatal and f.node in nodes
-
-    def _node_down(self, node: int, t: float) -> bool:
-        return any(
-            f.fatal and f.type != "hang" and f.node == node and f.onset_s <= t < f.end_s
-            for f in self.faults
-        )
-
-    def _plan_jobs(self) -> list[JobPlan]:
-        """Walk each job through the fatal faults that hit it: run, stop, restart."""
-        plans: list[JobPlan] = []
-        free = list(range(self.spec.nodes))
-        allocated: list[list[int]] = []
-        for js in self.spec.jobs:
-            allocated.append(free[: js.nodes])
-            free = free[js.nodes :]
-        spares = list(free)
-        end = float(self.spec.duration_s)
-        for js, nodes in zip(self.spec.jobs, allocated, strict=True):
-            plan = JobPlan(js)
-            t = 0.0
-            current = list(nodes)
-            while t < end:
-                hits = [
-                    f
-                    for f in self.faults
-                    if f.onset_s >= t and self._fatal_for(f, js.name, current)
-                ]
-                stop = min((f.onset_s for f in hits), default=end)
-                plan.runs.append(Run(t, stop, list(current)))
-                if stop >= end:
-                    break
-                hit = min(hits, key=lambda f: f.onset_s)
-                if hit.type == "hang":  # stuck until the hang ends, then restarted
-                    plan.runs.append(Run(stop, hit.end_s, list(current), hung=True))
-                    stop = hit.end_s
-                resume = min(end, stop + js.restart_s) if hit.type != "hang" else stop
-                # Replace nodes still down at restart with spares that are up; else wait.
-                for i, node in enumerate(current):
-                    if self._node_down(node, resume):
-                        up = [s for s in spares if not self._node_down(s, resume)]
-                        if up:
-                            spares.remove(up[0])
-                            spares.append(node)
-                            current[i] = up[0]
-                        else:
-                            repaired = max(
-                                f.end_s for f in self.faults if f.fatal and f.node == node
-                            )
-                            resume = max(resume, repaired)
-                t = resume
-            plans.append(plan)
-        return plans
-
-    # -- job steps ------------------------------------------------------------------------
-
-    def _rank_layout(self, js: JobSpec) -> tuple[NDArray[np.int64], NDArray[np.int64]]:
-        """(stage, dp_rank) of every rank, Megatron order: tp fastest, then dp, then pp."""
-        world = js.nodes * self.spec.gpus_per_node
-        ranks = np.arange(world)
-        dp = world // (js.tp * js.pp)
-        return ranks // (js.tp * dp), (ranks // js.tp) % dp
-
-    def _rank_factors(self, js: JobSpec, nodes: list[int], t: float) -> NDArray[np.float64]:
-        g = self.spec.gpus_per_node
-        world = js.nodes * g
-        node_of_rank = np.repeat(np.array(nodes), g)
-        gpu_of_rank = np.tile(np.arange(g), js.nodes)
-        stage, _ = self._rank_layout(js)
-        factor = np.ones(world)
-        for f in self.faults:
-            if not f.active(t):
-                continue
-            if f.type in ("slow_gpu", "thermal_slowdown", "pcie_replay"):
-                factor[(node_of_rank == f.node) & (gpu_of_rank == f.gpu)] += f.severity
-            elif f.type == "power_brake":
-                factor[node_of_rank == f.node] += f.severity
-            elif f.type == "tor_congestion":
-                sw = self.switch_of[f.node]
-                under = [i for i, s in enumerate(self.switch_of) if s == sw]
-                factor[np.isin(node_of_rank, under)] += f.severity
-            elif f.type == "slow_stage" and f.job == js.name:
-                factor[stage == f.stage] += f.severity
-        return factor
-
-    def job_steps(self) -> pl.DataFrame:
-        """Every reported step of every job (``job_step`` rows), whole scenario at once."""
-        frames = []
-        for jp in self.jobs:
-            js = jp.spec
-            g = self.spec.gpus_per_node
-            world = js.nodes * g
-            per_rank_tokens = js.tokens_per_step // world
-            bounds = sorted(
-                {0.0, float(self.spec.duration_s)}
-                | {f.onset_s for f in self.faults}
-                | {f.end_s for f in self.faults}
-            )
-            step = 0
-            ckpts: list[tuple[float, int]] = [(0.0, 0)]
-            for run in jp.runs:
-                if run.end_s <= run.start_s or run.hung:
-                    continue
-                if run.start_s > 0:  # restart: roll back to the last checkpoint before the stop
-                    step = max(s for t_c, s in ckpts if t_c <= run.start_s)
-                next_ckpt = run.start_s + js.checkpoint_interval_s
-                t = piece_start = run.start_s
-                pieces = [b for b in bounds if run.start_s < b < run.end_s] + [run.end_s]
-                for b in pieces:
-                    # slowdowns are constant between fault boundaries: evaluate at the start
-                    factors = self._rank_factors(js, run.nodes, piece_start)
-                    piece_start = b
-                    slowest = float(factors.max())
-                    est = int((b - t) / (js.step_time_s * slowest)) + 2
-                    jit = self.rng.normal(0.0, js.step_jitter_ratio, (est, world))
-                    rank_times = js.step_time_s * factors[None, :] * (1.0 + np.abs(jit))
-                    wall = rank_times.max(axis=1)
-                    ends = t + np.cumsum(wall)
-                    k = int(np.searchsorted(ends, b, side="right"))
-                    if k:
-                        idx = step + 1 + np.arange(k)
-                        keep = idx % js.report_every_steps == 0
-                        if keep.any():
-                            frames.append(
-                                self._step_rows(
-                                    jp,
-                                    run.nodes,
-                                    ends[:k][keep],
-                                    idx[keep],
-                                    rank_times[:k][keep],
-                                    per_rank_tokens,
-                                )
-                            )
-                        step += k
-                        t = float(ends[k - 1])
-                        while next_ckpt <= t:
-                            done = idx[ends[:k] <= next_ckpt]
-                            ckpts.append((next_ckpt, int(done[-1]) if done.size else step - k))
-                            next_ckpt += js.checkpoint_interval_s
-                    t = max(t, b) if k == 0 else t
-                # the partial step in flight at the stop is lost, as in a real failure
-        if not frames:
-            return self._empty_steps()
-        return pl.concat(frames).sort("time")
-
-    def _step_rows(
-        self,
-        jp: JobPlan,
-        nodes: list[int],
-        ends: NDArray[np.float64],
-        idx: NDArray[np.int64],
-        times: NDArray[np.float64],
-        tokens: int,
-    ) -> pl.DataFrame:
-        js = jp.spec
-        world = times.shape[1]
-        g = self.spec.gpus_per_node
-        node_names = np.array([self.node_names[n] for n in nodes])
-        n_steps = len(idx)
-        return pl.DataFrame(
-            {
-                "time": np.repeat(self.spec.start_ns + (ends * NS).astype(np.int64), world),
-                "cluster": self.spec.cluster,
-                "node": np.tile(np.repeat(node_names, g), n_steps),
-                "job": js.name,
-                "rank": np.tile(np.arange(world).astype(str), n_steps),
-                "step_index": np.repeat(idx.astype(np.int64), world),
-                "step_time_s": times.reshape(-1).round(4),
-                "tokens_count": np.full(n_steps * world, tokens, dtype=np.int64),
-                "samples_count": np.full(
-                    n_steps * world, max(1, tokens // js.seq_len_tokens), dtype=np.int64
-                ),
-            }
-        )
-
-    def _empty_steps(self) -> pl.DataFrame:
-        return pl.DataFrame(
-            schema={
-                "time": pl.Int64,
-                "cluster": pl.String,
-                "node": pl.String,
-                "job": pl.String,
-                "rank": pl.String,
-                "step_index": pl.Int64,
-                "step_time_s": pl.Float64,
-                "tokens_count": pl.Int64,
-                "samples_count": pl.Int64,
-            }
-        )
-
-    def job_models(self) -> pl.DataFrame:
-        rows = [
-            {
-                "time": self.spec.start_ns,
-                "cluster": self.spec.cluster,
-                "job": jp.spec.name,
-                "dtype": jp.spec.dtype,
-                "params_count": jp.spec.params_count,
-                "layers_count": jp.spec.layers_count,
-                "hidden_size_count": jp.spec.hidden_size_count,
-                "heads_count": jp.spec.heads_count,
-                "seq_len_tokens": jp.spec.seq_len_tokens,
-                "world_size_count": jp.spec.nodes * self.spec.gpus_per_node,
-                "recompute_active": jp.spec.recompute_active,
-                "gpu_model": self.profile.model,
-            }
-            for jp in self.jobs
-        ]
-        return pl.DataFrame(rows) if rows else pl.DataFrame()
 
     # -- ground truth ---------------------------------------------------------------------
 
@@ -420,7 +187,7 @@ class ScenarioGenerator:
         """Frames per measurement, chunk after chunk of ``ticks_per_chunk`` ticks, in time
         order (a point's time is within its chunk's ticks)."""
         spec = self.spec
-        steps = self.job_steps() if "job_step" in spec.measurements else None
+        steps = self.schedule.steps(self.rng) if "job_step" in spec.measurements else None
         total = spec.duration_s // spec.interval_s
         first = True
         for k0 in range(0, total, ticks_per_chunk):
@@ -428,7 +195,7 @@ class ScenarioGenerator:
             out = self._chunk(tt)
             if first:
                 if "job_model" in spec.measurements and self.jobs:
-                    out["job_model"] = self.job_models()
+                    out["job_model"] = self.schedule.models(self.profile.model)
                 if "scenario_fault" in spec.measurements and self.faults:
                     out["scenario_fault"] = self.ground_truth()
                 first = False
@@ -850,22 +617,5 @@ _GPU_SCOPED = (
     "slow_gpu",
 )
 
-TAGS: dict[str, list[str]] = {
-    "gpu": ["cluster", "node", "gpu", "gpu_uuid", "gpu_model", "job", "rank", "local_rank"],
-    "gpu_nvlink": [
-        "cluster",
-        "node",
-        "gpu",
-        "gpu_uuid",
-        "gpu_model",
-        "job",
-        "rank",
-        "local_rank",
-        "link",
-    ],
-    "gpu_event": ["cluster", "node", "gpu", "gpu_uuid", "event", "severity", "source"],
-    "ib_port": ["cluster", "node", "hca", "port", "link_layer"],
-    "job_step": ["cluster", "node", "job", "rank"],
-    "job_model": ["cluster", "job", "dtype"],
-    "scenario_fault": ["cluster", "node", "gpu", "hca", "port", "job", "kind", "source"],
-}
+# The tag columns of each generated measurement: the catalogue's, declared there once.
+TAGS: dict[str, list[str]] = {m: list(CATALOGUE[m].tags) for m in MEASUREMENTS}

@@ -7,7 +7,7 @@ A spec is data only; :mod:`collector.scenario.generator` turns it into telemetry
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, fields
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -113,7 +113,6 @@ class ScenarioSpec:
     jobs: tuple[JobSpec, ...] = ()
     faults: tuple[FaultSpec, ...] = ()
     stepfun: StepfunSpec | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def start_ns(self) -> int:
