@@ -1,0 +1,206 @@
+"""The node agent loop: every source on a fixed interval, its own health, one sink.
+
+Each cycle starts on a fixed schedule (``start + k * interval``, on the monotonic clock, so
+collection time does not accumulate as drift; a cycle that overruns skips the ticks it missed
+and says so in ``cycle_lag_s``). Sources run side by side on a thread pool: a source that fails
+is reported (``collect_success_active=false``) and the others are written as usual; one that is
+slower than ``source_timeout_s`` is reported failed for the cycle and is not started again until
+its late run finishes. Every cycle writes, per source, ``agent`` self-metrics (duration,
+success, points, errors so far) and the sink's own counters. Stopping flushes the sink.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import polars as pl
+
+from collector.finding import Finding
+from collector.lineprotocol import Point
+from collector.sources import Source
+from collector.trace import TraceWriter
+
+log = logging.getLogger(__name__)
+
+
+class PointSink(Protocol):
+    def write_points(self, points: Iterable[Point]) -> None: ...
+
+    def close(self, timeout_s: float = 10.0) -> bool: ...
+
+
+@dataclass
+class SourceHealth:
+    errors: int = 0
+    pending: cf.Future[list[Point]] | None = None
+
+
+class Agent:
+    """Runs ``sources`` into ``sink``. ``stats`` (optional) answers the sink's self-metrics."""
+
+    def __init__(
+        self,
+        sources: Sequence[Source],
+        sink: PointSink,
+        *,
+        cluster: str,
+        node: str,
+        interval_s: float = 10.0,
+        source_timeout_s: float = 5.0,
+        sink_stats: Callable[[], dict[str, Any]] | None = None,
+        clock: Callable[[], int] = time.time_ns,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.sources = list(sources)
+        self.sink = sink
+        self.cluster = cluster
+        self.node = node
+        self.interval_s = interval_s
+        self.source_timeout_s = source_timeout_s
+        self.sink_stats = sink_stats
+        self.clock = clock
+        self.monotonic = monotonic
+        self.health = {s.name: SourceHealth() for s in self.sources}
+        self.cycles = 0
+        self.skipped_ticks = 0
+        self._pool = cf.ThreadPoolExecutor(
+            max_workers=max(1, len(self.sources)), thread_name_prefix="source"
+        )
+        self._findings: list[Finding] = []
+        self._findings_lock = threading.Lock()
+        self._tags = {s.name: {"cluster": cluster, "node": node, "source": s.name} for s in sources}
+
+    def add_finding(self, finding: Finding) -> None:
+        """Findings from the sources' event rules are written with the next cycle."""
+        with self._findings_lock:
+            self._findings.append(finding)
+
+    def collect(self, now_ns: int, lag_s: float = 0.0) -> list[Point]:
+        """One cycle: every source's points, the findings raised since the last cycle, and the
+        agent's and the sink's self-metrics."""
+        started: dict[str, tuple[cf.Future[list[Point]], float]] = {}
+        points: list[Point] = []
+        own: list[Point] = []
+        for source in self.sources:
+            health = self.health[source.name]
+            if health.pending is not None and not health.pending.done():
+                health.errors += 1
+                own.append(self._self_point(source.name, now_ns, 0.0, False, 0))
+                continue
+            health.pending = None
+            started[source.name] = (self._pool.submit(source.collect, now_ns), time.perf_counter())
+        deadline = time.perf_counter() + self.source_timeout_s
+        for name, (future, t0) in started.items():
+            health = self.health[name]
+            try:
+                result = future.result(timeout=max(0.0, deadline - time.perf_counter()))
+            except cf.TimeoutError:
+                health.errors += 1
+                health.pending = future
+                log.warning("source %s is slower than %.1fs; skipped this cycle", name,
+                            self.source_timeout_s)  # fmt: skip
+                own.append(self._self_point(name, now_ns, self.source_timeout_s, False, 0))
+                continue
+            except Exception as exc:  # a source's failure must never stop the agent
+                health.errors += 1
+                log.warning("source %s failed: %s", name, exc, exc_info=log.isEnabledFor(10))
+                own.append(self._self_point(name, now_ns, time.perf_counter() - t0, False, 0))
+                continue
+            points += result
+            own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
+        with self._findings_lock:
+            findings, self._findings = self._findings, []
+        for finding in findings:
+            tags, fields = finding.to_point()
+            points.append(Point("finding", tags, fields, finding.time_ns))  # type: ignore[arg-type]
+        agent_tags = {"cluster": self.cluster, "node": self.node, "source": "agent"}
+        own.append(Point("agent", agent_tags, {"cycle_lag_s": lag_s}, now_ns))
+        if self.sink_stats is not None:
+            sink_tags = {"cluster": self.cluster, "node": self.node, "sink": "influxdb"}
+            own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))
+        self.cycles += 1
+        return points + own
+
+    def _self_point(self, name: str, now_ns: int, duration: float, ok: bool, n: int) -> Point:
+        fields: dict[str, Any] = {
+            "collect_duration_s": duration,
+            "collect_success_active": ok,
+            "points_count": n,
+            "errors_total": self.health[name].errors,
+        }
+        return Point("agent", self._tags[name], fields, now_ns)
+
+    def run(self, stop: threading.Event, max_cycles: int | None = None) -> None:
+        """Cycle until ``stop`` is set (or ``max_cycles``); then flush and close the sink."""
+        start = self.monotonic()
+        tick = 0
+        try:
+            while not stop.is_set() and (max_cycles is None or self.cycles < max_cycles):
+                scheduled = start + tick * self.interval_s
+                lag = max(0.0, self.monotonic() - scheduled)
+                self.sink.write_points(self.collect(self.clock(), lag))
+                tick += 1
+                behind = int((self.monotonic() - start) / self.interval_s) + 1 - tick
+                if behind > 0:  # overran: skip the ticks already missed, do not burst
+                    self.skipped_ticks += behind
+                    tick += behind
+                stop.wait(max(0.0, start + tick * self.interval_s - self.monotonic()))
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        for source in self.sources:
+            try:
+                source.close()
+            except Exception as exc:
+                log.warning("closing source %s: %s", source.name, exc)
+        self.sink.close()
+
+
+class TraceRecorder:
+    """A :class:`PointSink` that records what the agent would send (``--record DIR``) as a
+    gpuwarden trace, one chunk per cycle; ``gpuwarden-replay replay DIR`` sends it later."""
+
+    def __init__(self, directory: str, origin: str, *, simulated: bool) -> None:
+        self.writer = TraceWriter(directory, origin, simulated=simulated)
+
+    def write_points(self, points: Iterable[Point]) -> None:
+        groups: dict[str, list[Point]] = {}
+        for p in points:
+            groups.setdefault(p.measurement, []).append(p)
+        for measurement, group in groups.items():
+            tag_keys = sorted({k for p in group for k in p.tags})
+            rows = [
+                {**{k: p.tags.get(k) for k in tag_keys}, **p.fields, "time": p.time_ns}
+                for p in group
+            ]
+            df = pl.DataFrame(rows, infer_schema_length=None)
+            self.writer.write_frame(df, measurement, tags=tag_keys)
+        self.writer.next_chunk()
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        self.writer.close()
+        return True
+
+
+class LinePrinter:
+    """A :class:`PointSink` that prints line protocol (``--once``)."""
+
+    def __init__(self, write: Callable[[str], Any]) -> None:
+        self.write = write
+
+    def write_points(self, points: Iterable[Point]) -> None:
+        from collector.lineprotocol import encode_points
+
+        for line in encode_points(points):
+            self.write(line + "\n")
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        return True

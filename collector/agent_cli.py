@@ -1,0 +1,165 @@
+"""``gpuwarden-agent``: the node agent.
+
+    gpuwarden-agent --config /etc/gpuwarden/agent.toml          # run (systemd, DaemonSet)
+    gpuwarden-agent --once                                      # print one cycle, send nothing
+    gpuwarden-agent --record /var/tmp/trace --cycles 360        # record what it would send
+    gpuwarden-agent --config agent.toml --print-config          # effective settings as TOML
+
+Settings come from the TOML file, then ``GPUWARDEN_<SECTION>_<KEY>`` environment variables
+(see ``config/agent.sample.toml``). SIGTERM or SIGINT stops the loop and flushes the sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from collector import sources
+from collector.agent import Agent, LinePrinter, PointSink, TraceRecorder
+from collector.agentconfig import AgentConfig, load_config
+from collector.errors import CollectorError
+from collector.fastpath import FindingPoster
+from collector.finding import Finding
+from collector.relay import ReporterRelay
+from collector.sink import InfluxSink
+from collector.sources.base import SourceContext
+
+log = logging.getLogger("gpuwarden.agent")
+
+
+def build_context(config: AgentConfig) -> SourceContext:
+    a = config["agent"]
+    return SourceContext(
+        cluster=a["cluster"],
+        node=a["node"] or socket.gethostname(),
+        sysfs=Path(a["sysfs"]),
+        procfs=Path(a["procfs"]),
+        kmsg=Path(a["kmsg"]),
+    )
+
+
+def build_agent(
+    config: AgentConfig, sink: PointSink, sink_stats: Any = None
+) -> tuple[Agent, FindingPoster | None]:
+    context = build_context(config)
+    a = config["agent"]
+    made = [sources.create(n, context, config.source_settings(n)) for n in a["sources"]]
+    agent = Agent(
+        made,
+        sink,
+        cluster=context.cluster,
+        node=context.node,
+        interval_s=a["interval_s"],
+        source_timeout_s=a["source_timeout_s"],
+        sink_stats=sink_stats,
+    )
+    poster = (
+        FindingPoster(a["remediation_url"], a["remediation_token_file"])
+        if a["remediation_url"]
+        else None
+    )
+
+    def emit(finding: Finding) -> None:
+        agent.add_finding(finding)
+        if poster is not None:
+            poster.post(finding)
+
+    context.emit_finding = emit
+    return agent, poster
+
+
+def _sink_stats(sink: InfluxSink) -> dict[str, Any]:
+    s = sink.stats()
+    return {
+        "points_written_total": s.points_written,
+        "points_rejected_total": s.points_rejected,
+        "points_invalid_total": s.encode.points_dropped,
+        "fields_invalid_total": s.encode.fields_dropped,
+        "points_dropped_total": s.points_dropped,
+        "spool_bytes": s.spool_bytes,
+        "spool_points_count": s.spool_points,
+        "batches_sent_total": s.batches_sent,
+        "retries_total": s.retries,
+        "send_duration_s": s.last_send_s,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuwarden-agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="TOML file (default: built-in defaults)")
+    parser.add_argument("--once", action="store_true", help="print one cycle as line protocol")
+    parser.add_argument("--record", metavar="DIR", help="record to a trace instead of sending")
+    parser.add_argument("--cycles", type=int, help="stop after N cycles")
+    parser.add_argument("--print-config", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+        if args.print_config:
+            _print_config(config)
+            return 0
+        return _run(config, args)
+    except CollectorError as exc:
+        print(f"gpuwarden-agent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(config: AgentConfig, args: argparse.Namespace) -> int:
+    relay = None
+    influx: InfluxSink | None = None
+    sink: PointSink
+    if args.once:
+        sink = LinePrinter(sys.stdout.write)
+    elif args.record:
+        sink = TraceRecorder(args.record, f"recorded by gpuwarden-agent on {socket.gethostname()}",
+                             simulated=config["nvml"]["backend"] == "recorded")  # fmt: skip
+    else:
+        influx = InfluxSink(config.sink)
+        sink = influx
+    agent, poster = build_agent(config, sink, (lambda: _sink_stats(influx)) if influx else None)
+    if influx is not None and config["agent"]["reporter_listen"]:
+        relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
+        relay.start()
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("agent: %d sources every %.1fs", len(agent.sources), agent.interval_s)
+    try:
+        agent.run(stop, max_cycles=1 if args.once else args.cycles)
+    finally:
+        if relay is not None:
+            relay.close()
+        if poster is not None:
+            poster.close()
+    return 0
+
+
+def _print_config(config: AgentConfig) -> None:
+    for section, values in config.sections.items():
+        print(f"[{section}]")
+        for key, value in values.items():
+            print(f"{key} = {_toml(value)}")
+        print()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Which job (and rank) is using each GPU: Slurm, torchrun and Kubernetes.
+
+In order of preference, for each process NVML lists on a GPU:
+
+1. the process environment (``<procfs>/<pid>/environ``, readable by root): ``SLURM_JOB_ID``,
+   torchrun's ``RANK``/``LOCAL_RANK``/``TORCHELASTIC_RUN_ID``, ``SLURM_PROCID``/``SLURM_LOCALID``
+   for ``srun`` launches;
+2. the process cgroup (``<procfs>/<pid>/cgroup``): Slurm's ``job_<id>`` and Kubernetes'
+   ``pod<uid>`` (the pod UID; mapping it to a pod *name* needs the kubelet pod-resources API,
+   which the agent does not query yet);
+3. for a GPU with no readable process, the job map written by the Slurm prolog
+   (``deploy/slurm/prolog.sh``): one file per GPU index in ``jobmap_dir`` holding the job id.
+
+A pid's answer is cached while the pid stays on a GPU, so the environment is read once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+_POD_RE = re.compile(
+    r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
+)
+_SLURM_CG_RE = re.compile(r"/job_(\d+)(?:/|$)")
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    job: str = ""
+    rank: str = ""
+    local_rank: str = ""
+
+    def tags(self) -> dict[str, str]:
+        out = {}
+        if self.job:
+            out["job"] = self.job
+        if self.rank:
+            out["rank"] = self.rank
+        if self.local_rank:
+            out["local_rank"] = self.local_rank
+        return out
+
+
+NO_JOB = JobInfo()
+
+
+def parse_environ(data: bytes) -> JobInfo:
+    env = {}
+    for item in data.split(b"\0"):
+        key, sep, value = item.partition(b"=")
+        if sep:
+            env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("GPUWARDEN_JOB", "")
+    rank = env.get("RANK") or env.get("SLURM_PROCID", "")
+    local = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID", "")
+    return JobInfo(job, rank, local)
+
+
+def parse_cgroup(text: str) -> str:
+    m = _SLURM_CG_RE.search(text)
+    if m:
+        return m[1]
+    p = _POD_RE.search(text)
+    if p:
+        return "pod-" + p[1].replace("_", "-")
+    return ""
+
+
+class JobResolver:
+    def __init__(self, procfs: Path, jobmap_dir: str = "") -> None:
+        self.procfs = procfs
+        self.jobmap_dir = jobmap_dir
+        self._cache: dict[int, JobInfo] = {}
+
+    def for_pid(self, pid: int) -> JobInfo:
+        info = self._cache.get(pid)
+        if info is None:
+            info = self._read(pid)
+            self._cache[pid] = info
+        return info
+
+    def _read(self, pid: int) -> JobInfo:
+        base = self.procfs / str(pid)
+        info = NO_JOB
+        with contextlib.suppress(OSError):
+            info = parse_environ((base / "environ").read_bytes())
+        if not info.job:
+            try:
+                job = parse_cgroup((base / "cgroup").read_text("utf-8", "replace"))
+            except OSError:
+                job = ""
+            if job:
+                info = JobInfo(job, info.rank, info.local_rank)
+        return info
+
+    def for_gpu(self, index: int) -> JobInfo:
+        """The job the scheduler assigned this GPU to, from the prolog's job map."""
+        if not self.jobmap_dir:
+            return NO_JOB
+        try:
+            with open(os.path.join(self.jobmap_dir, str(index)), encoding="utf-8") as f:
+                job = f.read().strip()
+        except OSError:
+            return NO_JOB
+        return JobInfo(job) if job else NO_JOB
+
+    def forget_except(self, live: set[int]) -> None:
+        """Drop cached pids no longer on any GPU (a reused pid is read afresh)."""
+        for pid in [p for p in self._cache if p not in live]:
+            del self._cache[pid]

@@ -1,0 +1,183 @@
+"""NVML answers from a file, and a recorder that writes such a file from a real GPU.
+
+The file is JSON (``format: gpuwarden-nvml/1``)::
+
+    {"format": "gpuwarden-nvml/1",
+     "provenance": "recorded" | "constructed",
+     "note": "where it comes from (GPU, driver) or how it was constructed",
+     "ticks": [{"answers": {"0|nvmlDeviceGetPowerUsage|[]": {"v": 351234},
+                            "3|nvmlDeviceGetTemperature|[0]": {"e": 15}},
+                "events": [[3, 8, 79]]},
+               ...]}
+
+A key is ``device|call|args`` (device ``-`` for system calls, args as compact JSON); an answer
+is a value ``v`` or an NVML return code ``e``. Each tick lists only what changed: answers carry
+over from earlier ticks, so a constructed case states its first tick in full and then only the
+differences. ``events`` are the critical-XID events that arrive during the tick. A call that
+was never recorded answers ``ERROR_FUNCTION_NOT_FOUND`` (the recorded machine was not asked).
+
+"constructed" recordings are written by hand or by a script from NVML's documented behaviour;
+they say so in ``provenance`` and every test or report that uses one must too.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from collector.errors import CollectorError
+from collector.nvml.backend import ERROR_FUNCTION_NOT_FOUND, NvmlBackend, NvmlError
+
+FORMAT = "gpuwarden-nvml/1"
+
+
+class RecordingError(CollectorError):
+    """A recording file that cannot be used (the message says which part is wrong)."""
+
+
+def call_key(device: int | None, name: str, args: tuple[Any, ...]) -> str:
+    dev = "-" if device is None else str(device)
+    return f"{dev}|{name}|{json.dumps(list(args), separators=(',', ':'))}"
+
+
+class RecordedBackend:
+    """Answers from a recording, one tick per collection cycle.
+
+    ``loop``: after the last tick start again at the first (benchmarks); otherwise stay on the
+    last tick. Construction reads nothing; ``init`` loads the file."""
+
+    def __init__(self, path: str | Path, *, loop: bool = False) -> None:
+        self.path = Path(path)
+        self.loop = loop
+        self.provenance = ""
+        self.note = ""
+        self._ticks: list[dict[str, Any]] = []
+        self._tick = -1
+        self._answers: dict[str, Any] = {}
+        self._base: dict[str, Any] = {}
+        self._events: deque[list[int]] = deque()
+        self._cond = threading.Condition()
+
+    def init(self) -> None:
+        try:
+            doc = json.loads(self.path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise RecordingError(f"cannot read NVML recording {self.path}: {exc}") from exc
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise RecordingError(f"{self.path}: not a {FORMAT} recording")
+        ticks = doc.get("ticks")
+        if not isinstance(ticks, list) or not ticks:
+            raise RecordingError(f"{self.path}: a recording needs at least one tick")
+        for i, tick in enumerate(ticks):
+            if not isinstance(tick, dict) or not isinstance(tick.get("answers", {}), dict):
+                raise RecordingError(f"{self.path}: tick {i} must be an object with 'answers'")
+        self.provenance = str(doc.get("provenance", ""))
+        if self.provenance not in ("recorded", "constructed"):
+            raise RecordingError(f"{self.path}: provenance must be 'recorded' or 'constructed'")
+        self.note = str(doc.get("note", ""))
+        self._ticks = ticks
+        self._tick = -1
+        self._answers = {}
+
+    def shutdown(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def ticks(self) -> int:
+        return len(self._ticks)
+
+    def begin_cycle(self) -> None:
+        nxt = self._tick + 1
+        if nxt >= len(self._ticks):
+            if not self.loop:
+                self._events.clear()  # the last tick's events happened once
+                return
+            nxt = 0
+        if nxt == 0:
+            self._answers = {}
+        tick = self._ticks[nxt]
+        self._answers.update(tick.get("answers", {}))
+        self._tick = nxt
+        with self._cond:
+            self._events.extend(tick.get("events", []))
+            self._cond.notify_all()
+
+    def call(self, device: int | None, name: str, *args: Any) -> Any:
+        if name == "nvmlEventSetWait":
+            return self._wait(int(args[0]))
+        answer = self._answers.get(call_key(device, name, args))
+        if answer is None:
+            raise NvmlError(ERROR_FUNCTION_NOT_FOUND, f"{name}[{device}] (not in recording)")
+        if "e" in answer:
+            raise NvmlError(int(answer["e"]), f"{name}[{device}]")
+        return answer["v"]
+
+    def _wait(self, timeout_ms: int) -> list[int] | None:
+        with self._cond:
+            if not self._events and timeout_ms > 0:
+                self._cond.wait(timeout_ms / 1000)
+            return self._events.popleft() if self._events else None
+
+
+class Recorder:
+    """Wraps a backend (the real one) and records every answer it gives, tick by tick."""
+
+    def __init__(self, inner: NvmlBackend, note: str = "") -> None:
+        self.inner = inner
+        self.note = note
+        self._ticks: list[dict[str, Any]] = []
+        self._state: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def init(self) -> None:
+        self.inner.init()
+
+    def shutdown(self) -> None:
+        self.inner.shutdown()
+
+    def begin_cycle(self) -> None:
+        self.inner.begin_cycle()
+        with self._lock:
+            self._ticks.append({"answers": {}, "events": []})
+
+    def call(self, device: int | None, name: str, *args: Any) -> Any:
+        try:
+            value = self.inner.call(device, name, *args)
+        except NvmlError as exc:
+            self._note_answer(device, name, args, {"e": exc.code})
+            raise
+        if name == "nvmlEventSetWait":
+            if value is not None:
+                with self._lock:
+                    self._current()["events"].append(value)
+        else:
+            self._note_answer(device, name, args, {"v": value})
+        return value
+
+    def _current(self) -> dict[str, Any]:
+        if not self._ticks:
+            self._ticks.append({"answers": {}, "events": []})
+        return self._ticks[-1]
+
+    def _note_answer(
+        self, device: int | None, name: str, args: tuple[Any, ...], answer: dict[str, Any]
+    ) -> None:
+        key = call_key(device, name, args)
+        with self._lock:
+            if self._state.get(key) != answer:
+                self._state[key] = answer
+                self._current()["answers"][key] = answer
+
+    def save(self, path: str | Path) -> None:
+        with self._lock:
+            doc = {
+                "format": FORMAT,
+                "provenance": "recorded",
+                "note": self.note,
+                "ticks": [{k: v for k, v in t.items() if v or k == "answers"} for t in self._ticks],
+            }
+        Path(path).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")

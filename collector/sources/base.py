@@ -1,0 +1,131 @@
+"""What every source is, what it is given, and the small helpers they share.
+
+A source is constructed from its settings without touching the host (no NVML init, no file
+opened); :meth:`Source.collect` does the I/O, and returns the cycle's points. Reading and
+parsing are separate: each source has a thin ``read`` and a pure ``parse`` that most tests use.
+Absent hardware is no data (an empty list), not an error; a source raises only when it could
+not do its job, and the agent reports that as the source's ``collect_success_active=false``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from collector.errors import CollectorError
+from collector.finding import Finding
+from collector.lineprotocol import Point
+
+log = logging.getLogger(__name__)
+
+
+class SourceError(CollectorError):
+    """A source could not collect (the message says which source and why)."""
+
+
+@dataclass
+class Inventory:
+    """What sources learn about the node and share: PCI bus id -> (GPU index, UUID)."""
+
+    gpus_by_pci: dict[str, tuple[int, str]] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def gpu_for_pci(self, pci: str) -> tuple[int, str] | None:
+        with self.lock:
+            return self.gpus_by_pci.get(normalise_pci(pci))
+
+
+@dataclass
+class SourceContext:
+    """Host paths and identity every source gets. Every host path is a parameter."""
+
+    cluster: str
+    node: str
+    sysfs: Path = Path("/sys")
+    procfs: Path = Path("/proc")
+    kmsg: Path = Path("/dev/kmsg")
+    inventory: Inventory = field(default_factory=Inventory)
+    emit_finding: Callable[[Finding], None] | None = None
+    """The fast path: critical events go to the remediation engine at once when set."""
+
+    def base_tags(self) -> dict[str, str]:
+        return {"cluster": self.cluster, "node": self.node}
+
+
+class Source(Protocol):
+    name: str
+
+    def collect(self, now_ns: int) -> list[Point]: ...
+
+    def close(self) -> None: ...
+
+
+def normalise_pci(pci: str) -> str:
+    """``PCI:0000:9b:00``, ``00000000:9B:00.0`` and ``0000:9b:00.0`` all become ``0000:9b:00``."""
+    text = pci.strip().lower().removeprefix("pci:")
+    text = text.split(".")[0]
+    parts = text.split(":")
+    if len(parts) == 3:
+        parts[0] = parts[0][-4:].rjust(4, "0")
+    return ":".join(parts)
+
+
+class FileReader:
+    """Reads small sysfs files cheaply: each file is opened once and re-read with ``pread``
+    at offset 0 (sysfs regenerates an attribute on every read from offset 0). A file that
+    fails is closed and opened again next time; one that is missing answers None."""
+
+    def __init__(self, max_open: int = 4096) -> None:
+        self._fds: dict[str, int] = {}
+        self.max_open = max_open
+
+    def read(self, path: str) -> str | None:
+        fd = self._fds.get(path)
+        try:
+            if fd is None:
+                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                if len(self._fds) < self.max_open:
+                    self._fds[path] = fd
+                else:
+                    try:
+                        return os.read(fd, 4096).decode("utf-8", "replace")
+                    finally:
+                        os.close(fd)
+            return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+        except OSError:
+            if path in self._fds:
+                os.close(self._fds.pop(path))
+            return None
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
+def parse_int(text: str | None) -> int | None:
+    """An integer sysfs value, or None for anything else ("N/A (no PMA)", garbage, empty)."""
+    if text is None:
+        return None
+    try:
+        return int(text.strip())
+    except ValueError:
+        return None
+
+
+class WarnOnce:
+    """Logs each distinct message once (a missing driver function, an unreadable file)."""
+
+    def __init__(self, logger: logging.Logger) -> None:
+        self._seen: set[str] = set()
+        self._log = logger
+
+    def __call__(self, key: str, message: str) -> None:
+        if key not in self._seen:
+            self._seen.add(key)
+            self._log.warning("%s", message)

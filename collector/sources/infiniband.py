@@ -1,0 +1,214 @@
+"""InfiniBand and RoCE port counters from ``<sysfs>/class/infiniband/<hca>/ports/<n>/``.
+
+Everything is written raw, as the hardware counts it; rates, resets and saturation are handled
+downstream (analytics), which is the only place that sees the series over time. Here:
+
+* ``port_xmit_data``/``port_rcv_data`` count 4-byte words; they are written as bytes (x4).
+* "N/A (no PMA)" (a port without a performance-management agent), an empty file or garbage
+  leaves that field out and is counted in :attr:`InfinibandSource.bad_values`.
+* A legacy 32-bit counter sticks at 2**32-1; where ``counters_ext/*_64`` has the same counter
+  (mlx4), the 64-bit value is written instead of the stuck one.
+* ``state``/``phys_state`` ("4: ACTIVE") become their numeric codes, ``rate`` ("200 Gb/sec
+  (4X HDR)") Gb/s, and ``link_layer`` a tag.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from collector.lineprotocol import Point
+from collector.sources.base import FileReader, SourceContext, parse_int
+
+log = logging.getLogger(__name__)
+
+U32_MAX = 2**32 - 1
+
+# sysfs counter name -> catalogue field; counters/ and hw_counters/ (mlx5) share one table.
+COUNTERS: dict[str, str] = {
+    "symbol_error": "symbol_error_total",
+    "link_error_recovery": "link_error_recovery_total",
+    "link_downed": "link_downed_total",
+    "port_rcv_errors": "port_rcv_errors_total",
+    "port_rcv_remote_physical_errors": "port_rcv_remote_physical_errors_total",
+    "port_rcv_switch_relay_errors": "port_rcv_switch_relay_errors_total",
+    "port_xmit_discards": "port_xmit_discards_total",
+    "port_xmit_constraint_errors": "port_xmit_constraint_errors_total",
+    "port_rcv_constraint_errors": "port_rcv_constraint_errors_total",
+    "local_link_integrity_errors": "local_link_integrity_errors_total",
+    "excessive_buffer_overrun_errors": "excessive_buffer_overrun_errors_total",
+    "VL15_dropped": "vl15_dropped_total",
+    "port_rcv_discards": "port_rcv_discards_total",
+    "port_xmit_wait": "port_xmit_wait_total",
+    "port_xmit_packets": "port_xmit_packets_total",
+    "port_rcv_packets": "port_rcv_packets_total",
+    "unicast_xmit_packets": "port_unicast_xmit_packets_total",
+    "unicast_rcv_packets": "port_unicast_rcv_packets_total",
+    "multicast_xmit_packets": "port_multicast_xmit_packets_total",
+    "multicast_rcv_packets": "port_multicast_rcv_packets_total",
+    "port_xmit_data": "port_xmit_data_bytes_total",
+    "port_rcv_data": "port_rcv_data_bytes_total",
+    "np_cnp_sent": "np_cnp_sent_total",
+    "rp_cnp_handled": "rp_cnp_handled_total",
+    "rp_cnp_ignored": "rp_cnp_ignored_total",
+    "np_ecn_marked_roce_packets": "np_ecn_marked_roce_packets_total",
+    "out_of_sequence": "out_of_sequence_total",
+    "packet_seq_err": "packet_seq_err_total",
+    "local_ack_timeout_err": "local_ack_timeout_err_total",
+    "implied_nak_seq_err": "implied_nak_seq_err_total",
+    "rnr_nak_retry_err": "rnr_nak_retry_err_total",
+    "duplicate_request": "duplicate_request_total",
+    "req_cqe_error": "req_cqe_error_total",
+    "resp_cqe_error": "resp_cqe_error_total",
+}
+# counters_ext (mlx4): 64-bit versions of counters whose counters/ file may be 32-bit
+EXT_COUNTERS: dict[str, str] = {
+    "port_xmit_data_64": "port_xmit_data",
+    "port_rcv_data_64": "port_rcv_data",
+    "port_xmit_packets_64": "port_xmit_packets",
+    "port_rcv_packets_64": "port_rcv_packets",
+    "port_unicast_xmit_packets": "unicast_xmit_packets",
+    "port_unicast_rcv_packets": "unicast_rcv_packets",
+    "port_multicast_xmit_packets": "multicast_xmit_packets",
+    "port_multicast_rcv_packets": "multicast_rcv_packets",
+}
+WORD_COUNTERS = frozenset({"port_xmit_data", "port_rcv_data"})
+
+
+@dataclass(frozen=True)
+class Port:
+    hca: str
+    port: str
+    path: str
+    counters: tuple[tuple[str, str], ...]  # (counter name, file path), counters/ + hw_counters/
+    ext: tuple[tuple[str, str], ...]  # (counters/ name it replaces, counters_ext file path)
+
+
+def discover(root: str, hcas: frozenset[str] = frozenset()) -> list[Port]:
+    """Every port of every HCA under ``root`` (``<sysfs>/class/infiniband``), sorted."""
+    ports: list[Port] = []
+    try:
+        hca_names = sorted(os.listdir(root))
+    except OSError:
+        return ports  # no InfiniBand here: no data, not an error
+    for hca in hca_names:
+        if hcas and hca not in hcas:
+            continue
+        base = os.path.join(root, hca, "ports")
+        try:
+            port_names = sorted(os.listdir(base), key=lambda p: (len(p), p))
+        except OSError:
+            continue
+        for port in port_names:
+            path = os.path.join(base, port)
+            counters = []
+            for sub in ("counters", "hw_counters"):
+                for name in _listdir(os.path.join(path, sub)):
+                    if name in COUNTERS:
+                        counters.append((name, os.path.join(path, sub, name)))
+            ext = [
+                (EXT_COUNTERS[name], os.path.join(path, "counters_ext", name))
+                for name in _listdir(os.path.join(path, "counters_ext"))
+                if name in EXT_COUNTERS
+            ]
+            ports.append(Port(hca, port, path, tuple(counters), tuple(ext)))
+    return ports
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def read_port(port: Port, files: FileReader) -> dict[str, str | None]:
+    """The raw text of every file of a port (thin: no parsing)."""
+    raw: dict[str, str | None] = {name: files.read(path) for name, path in port.counters}
+    for name, path in port.ext:
+        raw["ext:" + name] = files.read(path)
+    for attr in ("state", "phys_state", "rate", "link_layer"):
+        raw["attr:" + attr] = files.read(os.path.join(port.path, attr))
+    return raw
+
+
+def parse_port(raw: dict[str, str | None]) -> tuple[dict[str, Any], str, int]:
+    """Fields, link layer and the number of unusable values of one port (pure)."""
+    fields: dict[str, Any] = {}
+    bad = 0
+    for name, text in raw.items():
+        if name.startswith(("ext:", "attr:")):
+            continue
+        value = parse_int(text)
+        if value is None or value < 0:
+            bad += text is not None
+            continue
+        if value == U32_MAX:
+            ext = parse_int(raw.get("ext:" + name))
+            if ext is not None and ext >= 0:
+                value = ext
+        if name in WORD_COUNTERS:
+            value *= 4
+        fields[COUNTERS[name]] = value
+    # counters_ext alone (no counters/ file) still counts
+    for key, text in raw.items():
+        if key.startswith("ext:") and COUNTERS[key[4:]] not in fields:
+            value = parse_int(text)
+            if value is not None and value >= 0:
+                name = key[4:]
+                fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
+    for attr, field_name in (("state", "state_code"), ("phys_state", "phys_state_code")):
+        text = raw.get("attr:" + attr)
+        code = parse_int(text.split(":", 1)[0]) if text else None
+        if code is not None:
+            fields[field_name] = code
+        elif text is not None:
+            bad += 1
+    rate = raw.get("attr:rate")
+    if rate:
+        try:
+            fields["rate_gbps"] = float(rate.split()[0])
+        except (ValueError, IndexError):
+            bad += 1
+    layer = (raw.get("attr:link_layer") or "").strip()
+    return fields, layer, bad
+
+
+class InfinibandSource:
+    name = "infiniband"
+
+    def __init__(self, context: SourceContext, settings: dict[str, Any]) -> None:
+        self.context = context
+        self.hcas = frozenset(settings.get("hcas", []))
+        self.rediscover_cycles = int(settings.get("rediscover_cycles", 60))
+        self._root = str(context.sysfs / "class" / "infiniband")
+        self._files = FileReader()
+        self._ports: list[Port] | None = None
+        self._cycles = 0
+        self._tags: dict[tuple[str, str, str], dict[str, str]] = {}
+        self.bad_values = 0
+
+    def collect(self, now_ns: int) -> list[Point]:
+        if self._ports is None or self._cycles % self.rediscover_cycles == 0:
+            self._ports = discover(self._root, self.hcas)
+        self._cycles += 1
+        points = []
+        for port in self._ports:
+            fields, layer, bad = parse_port(read_port(port, self._files))
+            self.bad_values += bad
+            if not fields:
+                continue
+            key = (port.hca, port.port, layer)
+            tags = self._tags.get(key)
+            if tags is None:
+                tags = self.context.base_tags() | {"hca": port.hca, "port": port.port}
+                if layer:
+                    tags["link_layer"] = layer
+                self._tags[key] = tags
+            points.append(Point("ib_port", tags, fields, now_ns))
+        return points
+
+    def close(self) -> None:
+        self._files.close()

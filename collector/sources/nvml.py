@@ -1,0 +1,496 @@
+"""GPU telemetry from NVML, through a :class:`~collector.nvml.backend.NvmlBackend`.
+
+Per GPU and cycle: about fifteen plain calls and one ``nvmlDeviceGetFieldValues`` batch that
+carries every counter (ECC, retired pages, remapped rows, memory temperature, energy, PCIe
+replay, and per NVLink its state, CRC/replay/recovery counters and bytes). Reading
+(:func:`read_gpu`) and turning answers into fields (:func:`parse_gpu`) are separate.
+
+* "Not supported" (and the other "not available" answers) leaves the field out, and a call
+  that answered "not supported" is not asked again; a function the driver lacks is logged once.
+* ``GPU_IS_LOST`` on any call ends that GPU's cycle and becomes a ``gpu_event`` (``gpu_lost``,
+  critical) once, plus a fast-path finding; the other GPUs and sources carry on, and the GPU is
+  probed each cycle in case it comes back.
+* Critical XIDs from NVML's event set are waited for on a thread (``events = "thread"``) so the
+  loop never blocks on them; ``"poll"`` drains them at each cycle instead (deterministic, tests).
+* Each GPU point is tagged with the job (and rank) of the process using the most memory on it
+  (see :mod:`collector.attribution`); every process gets its own ``gpu_process`` point.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.attribution import NO_JOB, JobInfo, JobResolver
+from collector.catalogue import CLOCK_EVENT_REASONS
+from collector.lineprotocol import Point
+from collector.nvml.backend import (
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_GPU_IS_LOST,
+    ERROR_NOT_READY,
+    UNAVAILABLE,
+    NvmlBackend,
+    NvmlError,
+)
+from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
+from collector.sources.events import emit, gpu_event, xid_point
+from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+
+log = logging.getLogger(__name__)
+
+# nvmlDeviceGetFieldValues ids (nvml.h NVML_FI_DEV_*), field -> (id, scale)
+GPU_FIELD_IDS: dict[str, tuple[int, float]] = {
+    "ecc_sbe_volatile_total": (3, 1),
+    "ecc_dbe_volatile_total": (4, 1),
+    "ecc_sbe_aggregate_total": (5, 1),
+    "ecc_dbe_aggregate_total": (6, 1),
+    "retired_pages_sbe_total": (29, 1),
+    "retired_pages_dbe_total": (30, 1),
+    "retired_pages_pending_active": (31, 1),
+    "mem_temp_c": (82, 1),
+    "energy_j_total": (83, 1e-3),  # mJ
+    "pcie_replay_total": (94, 1),
+    "remapped_rows_correctable_total": (142, 1),
+    "remapped_rows_uncorrectable_total": (143, 1),
+    "remapped_rows_pending_active": (144, 1),
+    "remapped_rows_failure_active": (145, 1),
+}
+FI_NVLINK_LINK_COUNT = 91
+# per link, asked with scope = link index
+NVLINK_SCOPED: dict[str, int] = {
+    "link_up_active": 165,  # NVML_FI_DEV_NVLINK_GET_STATE
+    "replay_errors_total": 161,  # NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY
+    "recovery_errors_total": 162,  # NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY
+    "crc_flit_errors_total": 163,  # NVML_FI_DEV_NVLINK_ERROR_DL_CRC
+    "tx_bytes_total": 202,  # NVML_FI_DEV_NVLINK_COUNT_XMIT_BYTES
+    "rx_bytes_total": 204,  # NVML_FI_DEV_NVLINK_COUNT_RCV_BYTES
+}
+
+
+def legacy_crc_ids(link: int) -> tuple[int, int] | None:
+    """Per-lane CRC flit/data field ids of pre-Hopper drivers (links 0-11 only)."""
+    if link < 6:
+        return 32 + link, 39 + link
+    if link < 12:
+        return 96 + link - 6, 102 + link - 6
+    return None
+
+
+GPM_METRICS: dict[str, int] = {  # NVML_GPM_METRIC_*
+    "gpm_sm_util_pct": 2,
+    "gpm_sm_occupancy_pct": 3,
+    "gpm_tensor_active_pct": 5,
+    "gpm_dram_bw_util_pct": 10,
+}
+BOOL_FIELDS = frozenset(
+    {"retired_pages_pending_active", "remapped_rows_pending_active", "remapped_rows_failure_active"}
+)
+FLOAT_FIELDS = frozenset({"mem_temp_c", "energy_j_total"})
+
+# (label, call, args) of the plain per-cycle calls
+PLAIN_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
+    ("util", "nvmlDeviceGetUtilizationRates", ()),
+    ("memory", "nvmlDeviceGetMemoryInfo", ()),
+    ("sm_clock", "nvmlDeviceGetClockInfo", (1,)),
+    ("mem_clock", "nvmlDeviceGetClockInfo", (2,)),
+    ("graphics_clock", "nvmlDeviceGetClockInfo", (0,)),
+    ("gpu_temp", "nvmlDeviceGetTemperature", (0,)),
+    ("power", "nvmlDeviceGetPowerUsage", ()),
+    ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", ()),
+    ("pstate", "nvmlDeviceGetPerformanceState", ()),
+    ("fan", "nvmlDeviceGetFanSpeed", ()),
+    ("clock_events", "nvmlDeviceGetCurrentClocksEventReasons", ()),
+    ("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,)),
+    ("pcie_rx", "nvmlDeviceGetPcieThroughput", (1,)),
+    ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
+    ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", ()),
+    ("processes", "nvmlDeviceGetComputeRunningProcesses", ()),
+)
+STATIC_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
+    ("sm_clock_max", "nvmlDeviceGetMaxClockInfo", (1,)),
+    ("mem_clock_max", "nvmlDeviceGetMaxClockInfo", (2,)),
+    ("graphics_clock_max", "nvmlDeviceGetMaxClockInfo", (0,)),
+)
+
+
+class GpuLostError(Exception):
+    def __init__(self, call: str) -> None:
+        super().__init__(call)
+        self.call = call
+
+
+@dataclass
+class Device:
+    index: int
+    uuid: str = ""
+    model: str = ""
+    links: int = 0
+    static: dict[str, Any] = field(default_factory=dict)
+    field_ids: list[list[int]] = field(default_factory=list)
+    skip: set[str] = field(default_factory=set)  # labels answered "not supported"
+    lost: bool = False
+
+
+def field_request(links: int) -> list[list[int]]:
+    """The ``nvmlDeviceGetFieldValues`` request of a GPU with ``links`` NVLinks (stable)."""
+    ids = [[fid, 0] for fid, _ in GPU_FIELD_IDS.values()]
+    for link in range(links):
+        ids += [[fid, link] for fid in NVLINK_SCOPED.values()]
+        legacy = legacy_crc_ids(link)
+        if legacy:
+            ids += [[legacy[0], 0], [legacy[1], 0]]
+    return ids
+
+
+class Reader:
+    """The thin part: asks the backend, sorts answers from failures. Stateful only in what
+    it has learned not to ask again."""
+
+    def __init__(self, backend: NvmlBackend, warn: WarnOnce) -> None:
+        self.backend = backend
+        self.warn = warn
+        self.errors = 0
+
+    def ask(self, dev: Device, label: str, name: str, *args: Any) -> Any:
+        """The answer, or None when it is not available (never 0 or -1)."""
+        if label in dev.skip:
+            return None
+        try:
+            return self.backend.call(dev.index, name, *args)
+        except NvmlError as exc:
+            if exc.code == ERROR_GPU_IS_LOST:
+                raise GpuLostError(name) from exc
+            if exc.code == ERROR_NOT_READY:
+                return None
+            if exc.code in UNAVAILABLE:
+                dev.skip.add(label)
+            elif exc.code == ERROR_FUNCTION_NOT_FOUND:
+                dev.skip.add(label)
+                self.warn(f"fnf:{name}", f"NVML: {name} is not in this driver; skipped ({exc})")
+            else:
+                self.errors += 1
+                self.warn(f"err:{name}:{exc.code}", f"NVML: {exc}")
+            return None
+
+
+def read_gpu(reader: Reader, dev: Device, gpm: bool) -> dict[str, Any]:
+    raw: dict[str, Any] = {}
+    for label, name, args in PLAIN_CALLS:
+        raw[label] = reader.ask(dev, label, name, *args)
+    raw["fields"] = reader.ask(dev, "fields", "nvmlDeviceGetFieldValues", dev.field_ids)
+    if gpm:
+        raw["gpm"] = reader.ask(dev, "gpm", "nvmlGpmMetricsGet", list(GPM_METRICS.values()))
+    return raw
+
+
+def _num(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
+    """GPU fields and per-link NVLink fields from one cycle's answers (pure)."""
+    f: dict[str, Any] = {}
+    if isinstance(raw.get("util"), list):
+        f["gpu_util_pct"], f["mem_util_pct"] = float(raw["util"][0]), float(raw["util"][1])
+    if isinstance(raw.get("memory"), list):
+        f["mem_total_bytes"], f["mem_used_bytes"] = int(raw["memory"][0]), int(raw["memory"][1])
+    for label in ("sm_clock", "mem_clock", "graphics_clock"):
+        value = _num(raw.get(label))
+        if value is not None:
+            f[f"{label}_mhz"] = value
+        static = _num(dev.static.get(f"{label}_max"))
+        if static is not None:
+            f[f"{label}_max_mhz"] = static
+    if (v := _num(raw.get("gpu_temp"))) is not None:
+        f["gpu_temp_c"] = v
+    if (v := _num(raw.get("power"))) is not None:
+        f["power_w"] = v / 1000
+    if (v := _num(raw.get("power_limit"))) is not None:
+        f["power_limit_w"] = v / 1000
+    if isinstance(raw.get("pstate"), int) and 0 <= raw["pstate"] <= 15:
+        f["pstate_code"] = raw["pstate"]  # 32 = unknown: left out
+    if (v := _num(raw.get("fan"))) is not None:
+        f["fan_speed_pct"] = v
+    reasons = raw.get("clock_events")
+    if isinstance(reasons, int):
+        f["clock_event_reasons_code"] = reasons
+        for name, bit in CLOCK_EVENT_REASONS.items():
+            f[f"clock_event_{name}_active"] = bool(reasons & bit)
+    for label, key in (("pcie_tx", "pcie_tx_bytes_per_s"), ("pcie_rx", "pcie_rx_bytes_per_s")):
+        if (v := _num(raw.get(label))) is not None:
+            f[key] = v * 1024  # NVML answers KB/s
+    if isinstance(raw.get("pcie_gen"), int):
+        f["pcie_link_gen_code"] = raw["pcie_gen"]
+    if isinstance(raw.get("pcie_width"), int):
+        f["pcie_link_width_count"] = raw["pcie_width"]
+    if isinstance(raw.get("processes"), list):
+        f["process_count"] = len(raw["processes"])
+    links: dict[int, dict[str, Any]] = {}
+    answers = raw.get("fields")
+    if isinstance(answers, list) and len(answers) == len(dev.field_ids):
+        _parse_fields(dev, answers, f, links)
+    gpm = raw.get("gpm")
+    if isinstance(gpm, list):
+        for (name, _), answer in zip(GPM_METRICS.items(), gpm, strict=False):
+            if answer[0] == 0 and (v := _num(answer[1])) is not None:
+                f[name] = v
+    return f, links
+
+
+def _parse_fields(
+    dev: Device, answers: list[Any], f: dict[str, Any], links: dict[int, dict[str, Any]]
+) -> None:
+    by_request = {(fid, scope): a for (fid, scope), a in zip(dev.field_ids, answers, strict=True)}
+    for name, (fid, scale) in GPU_FIELD_IDS.items():
+        ret, value = by_request[(fid, 0)]
+        if ret != 0 or _num(value) is None:
+            continue
+        if name in BOOL_FIELDS:
+            f[name] = bool(value)
+        elif name in FLOAT_FIELDS:
+            f[name] = float(value) * scale
+        else:
+            f[name] = int(value)
+    for link in range(dev.links):
+        lf: dict[str, Any] = {}
+        for name, fid in NVLINK_SCOPED.items():
+            ret, value = by_request[(fid, link)]
+            if ret == 0 and _num(value) is not None:
+                lf[name] = bool(value) if name == "link_up_active" else int(value)
+        legacy = legacy_crc_ids(link)
+        if legacy:
+            flit, data = by_request[(legacy[0], 0)], by_request[(legacy[1], 0)]
+            if "crc_flit_errors_total" not in lf and flit[0] == 0 and _num(flit[1]) is not None:
+                lf["crc_flit_errors_total"] = int(flit[1])
+            if data[0] == 0 and _num(data[1]) is not None:
+                lf["crc_data_errors_total"] = int(data[1])
+        if lf:
+            links[link] = lf
+
+
+class NvmlSource:
+    name = "nvml"
+
+    def __init__(self, context: SourceContext, settings: dict[str, Any]) -> None:
+        self.context = context
+        self.settings = settings
+        self.nvlink = bool(settings.get("nvlink", True))
+        self.gpm = bool(settings.get("gpm", True))
+        self.processes = bool(settings.get("processes", True))
+        self.events = str(settings.get("events", "thread"))
+        if self.events not in ("thread", "poll", "off"):
+            raise SourceError(f"nvml.events must be thread, poll or off, got {self.events!r}")
+        self.policy = XidPolicy(
+            settings.get("fatal_xids", DEFAULT_FATAL_XIDS),
+            settings.get("extra_fatal_xids", ()),
+            settings.get("not_fatal_xids", ()),
+        )
+        self.jobs = JobResolver(context.procfs, str(settings.get("jobmap_dir", "")))
+        self._backend: NvmlBackend | None = settings.get("backend_instance")
+        self._devices: list[Device] | None = None
+        self._warn = WarnOnce(log)
+        self._reader: Reader | None = None
+        self._events: queue.Queue[list[int]] = queue.Queue()
+        self._waiter: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._tags: dict[tuple[int, int, JobInfo], dict[str, str]] = {}
+
+    # -- set-up ---------------------------------------------------------------------------
+
+    def _make_backend(self) -> NvmlBackend:
+        kind = self.settings.get("backend", "pynvml")
+        if kind == "recorded":
+            from collector.nvml.recorded import RecordedBackend
+
+            path = self.settings.get("recording", "")
+            if not path:
+                raise SourceError("nvml.backend = 'recorded' needs nvml.recording = FILE")
+            return RecordedBackend(path, loop=bool(self.settings.get("loop", False)))
+        if kind == "pynvml":
+            from collector.nvml.real import PynvmlBackend
+
+            return PynvmlBackend()
+        raise SourceError(f"nvml.backend must be 'pynvml' or 'recorded', got {kind!r}")
+
+    def _start(self) -> list[Device]:
+        if self._backend is None:
+            self._backend = self._make_backend()
+        try:
+            self._backend.init()
+        except NvmlError as exc:
+            raise SourceError(f"NVML did not initialise: {exc}") from exc
+        self._reader = Reader(self._backend, self._warn)
+        self._backend.begin_cycle()
+        count = int(self._backend.call(None, "nvmlDeviceGetCount"))
+        devices = [self._discover(i) for i in range(count)]
+        if self.events == "thread":
+            self._waiter = threading.Thread(target=self._wait_events, daemon=True, name="nvml-xid")
+            self._waiter.start()
+        return devices
+
+    def _discover(self, index: int) -> Device:
+        assert self._reader is not None
+        dev = Device(index)
+        r = self._reader
+        try:
+            dev.uuid = r.ask(dev, "uuid", "nvmlDeviceGetUUID") or ""
+            dev.model = r.ask(dev, "name", "nvmlDeviceGetName") or ""
+            pci = r.ask(dev, "pci", "nvmlDeviceGetPciInfo")
+            for label, name, args in STATIC_CALLS:
+                dev.static[label] = r.ask(dev, label, name, *args)
+            if self.nvlink:
+                count = r.ask(dev, "links", "nvmlDeviceGetFieldValues", [[FI_NVLINK_LINK_COUNT, 0]])
+                if count and count[0][0] == 0:
+                    dev.links = int(count[0][1])
+        except GpuLostError:
+            pass  # the first cycle's read meets it again and reports the GPU lost
+        dev.field_ids = field_request(dev.links)
+        if pci:
+            with self.context.inventory.lock:
+                self.context.inventory.gpus_by_pci[normalise_pci(str(pci))] = (index, dev.uuid)
+        return dev
+
+    # -- events ---------------------------------------------------------------------------
+
+    def _wait_events(self) -> None:
+        assert self._backend is not None
+        while not self._stop.is_set():
+            try:
+                event = self._backend.call(None, "nvmlEventSetWait", 1000)
+            except NvmlError as exc:
+                self._warn(f"events:{exc.code}", f"NVML event wait stopped: {exc}")
+                return
+            if event is not None:
+                self._events.put(event)
+
+    def _event_points(self, now_ns: int, devices: list[Device]) -> list[Point]:
+        if self.events == "poll":
+            assert self._backend is not None
+            while (event := self._backend.call(None, "nvmlEventSetWait", 0)) is not None:
+                self._events.put(event)
+        points = []
+        while True:
+            try:
+                index, _etype, xid = self._events.get_nowait()
+            except queue.Empty:
+                break
+            uuid = devices[index].uuid if 0 <= index < len(devices) else ""
+            points.append(
+                xid_point(
+                    self.context,
+                    self.policy,
+                    xid=int(xid),
+                    message=f"NVML critical XID event {xid}",
+                    source="nvml",
+                    now_ns=now_ns,
+                    gpu=index,
+                    uuid=uuid,
+                )
+            )
+        return points
+
+    # -- the cycle ------------------------------------------------------------------------
+
+    def collect(self, now_ns: int) -> list[Point]:
+        if self._devices is None:
+            self._devices = self._start()
+        else:
+            assert self._backend is not None
+            self._backend.begin_cycle()
+        assert self._reader is not None
+        points: list[Point] = []
+        live: set[int] = set()
+        for dev in self._devices:
+            if dev.lost and not self._probe(dev):
+                continue
+            try:
+                raw = read_gpu(self._reader, dev, self.gpm)
+            except GpuLostError as lost:
+                points.append(self._lost(dev, lost.call, now_ns))
+                continue
+            fields, links = parse_gpu(dev, raw)
+            procs = raw.get("processes") or []
+            job = self._job(dev, procs, live)
+            tags = self._gpu_tags(dev, -1, job)
+            points.append(Point("gpu", tags, fields, now_ns))
+            for link, lf in links.items():
+                points.append(Point("gpu_nvlink", self._gpu_tags(dev, link, job), lf, now_ns))
+            if self.processes:
+                for pid, mem in procs:
+                    info = self.jobs.for_pid(pid)
+                    ptags = self._gpu_tags(dev, -1, info if info.job else job)
+                    pf: dict[str, Any] = {"pid": int(pid)}
+                    if isinstance(mem, int):
+                        pf["used_mem_bytes"] = mem
+                    points.append(Point("gpu_process", ptags, pf, now_ns))
+        self.jobs.forget_except(live)
+        if self.events != "off":
+            points += self._event_points(now_ns, self._devices)
+        return points
+
+    def _job(self, dev: Device, procs: list[Any], live: set[int]) -> JobInfo:
+        best, best_mem = NO_JOB, -1
+        for pid, mem in procs:
+            live.add(pid)
+            info = self.jobs.for_pid(pid)
+            used = mem if isinstance(mem, int) else 0
+            if info.job and used > best_mem:
+                best, best_mem = info, used
+        return best if best.job else self.jobs.for_gpu(dev.index)
+
+    def _gpu_tags(self, dev: Device, link: int, job: JobInfo) -> dict[str, str]:
+        key = (dev.index, link, job)
+        tags = self._tags.get(key)
+        if tags is None:
+            tags = self.context.base_tags() | {"gpu": str(dev.index)}
+            if dev.uuid:
+                tags["gpu_uuid"] = dev.uuid
+            if dev.model:
+                tags["gpu_model"] = dev.model
+            if link >= 0:
+                tags["link"] = str(link)
+            tags |= job.tags()
+            self._tags[key] = tags
+        return tags
+
+    def _lost(self, dev: Device, call: str, now_ns: int) -> Point:
+        dev.lost = True
+        message = f"GPU {dev.index} is lost (NVML_ERROR_GPU_IS_LOST from {call})"
+        log.error("%s", message)
+        emit(self.context, "gpu_lost", dev.index, now_ns, message, {"gpu_uuid": dev.uuid})
+        return gpu_event(
+            self.context,
+            event="gpu_lost",
+            severity="critical",
+            source="nvml",
+            now_ns=now_ns,
+            gpu=dev.index,
+            uuid=dev.uuid,
+            fields={"message": message, "fatal_active": True},
+        )
+
+    def _probe(self, dev: Device) -> bool:
+        """Whether a lost GPU answers again (after a reset); one cheap call per cycle."""
+        assert self._backend is not None
+        try:
+            self._backend.call(dev.index, "nvmlDeviceGetUtilizationRates")
+        except NvmlError as exc:
+            if exc.code == ERROR_GPU_IS_LOST:
+                return False
+        log.warning("GPU %d answers again after being lost", dev.index)
+        dev.lost = False
+        return True
+
+    @property
+    def errors(self) -> int:
+        return self._reader.errors if self._reader else 0
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._waiter is not None:
+            self._waiter.join(timeout=2)
+        if self._backend is not None and self._devices is not None:
+            self._backend.shutdown()

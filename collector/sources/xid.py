@@ -1,0 +1,162 @@
+"""XIDs from the kernel log: ``NVRM: Xid`` lines in ``/dev/kmsg`` or in a file.
+
+``/dev/kmsg`` yields one record per read (``prio,seq,usec,flags;text``) and is read without
+blocking; a plain file (a saved ``dmesg -T``, a journal export) is followed like ``tail -f``.
+The PCI address in the XID line is mapped to the GPU index and UUID through the NVML source's
+inventory, or through the driver's own ``NVRM: GPU at PCI:... GPU-...`` lines when NVML is
+not running. Records older than ``lookback_s`` are skipped (0: keep all), so an agent restart
+does not re-report what the kernel ring still holds from long ago.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import re
+import stat
+import time
+from calendar import timegm
+from dataclasses import dataclass
+from typing import Any
+
+from collector.lineprotocol import Point
+from collector.sources.base import SourceContext, normalise_pci
+from collector.sources.events import xid_point
+from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+
+XID_RE = re.compile(
+    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
+    r"(?:, pid=(?P<pid>\d+|'?<unknown>'?))?(?:, name=(?P<name>[^,]*))?(?:, (?P<text>.*))?$"
+)
+GPU_AT_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+DMESG_T_RE = re.compile(r"^\[(?P<when>\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\] ")
+KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<text>.*)$")
+
+
+@dataclass(frozen=True)
+class XidLine:
+    pci: str
+    xid: int
+    pid: int | None
+    process: str
+    text: str
+    message: str
+    time_ns: int | None
+
+
+def parse_line(line: str, boot_ns: int | None = None) -> XidLine | tuple[str, str] | None:
+    """An XID line, a ``(pci, uuid)`` pair from a "GPU at" line, or None (pure)."""
+    time_ns = None
+    m = KMSG_RE.match(line)
+    if m:
+        text = m["text"]
+        if boot_ns is not None:
+            time_ns = boot_ns + int(m["usec"]) * 1000
+    else:
+        text = line
+        t = DMESG_T_RE.match(line)
+        if t:
+            when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
+            time_ns = timegm(when) * 10**9
+    g = GPU_AT_RE.search(text)
+    if g:
+        return normalise_pci(g["pci"]), g["uuid"]
+    x = XID_RE.search(text)
+    if not x:
+        return None
+    pid = int(x["pid"]) if x["pid"] and x["pid"].isdigit() else None
+    message = text[text.index("NVRM: ") + 6 :].strip()
+    return XidLine(
+        normalise_pci(x["pci"]),
+        int(x["xid"]),
+        pid,
+        (x["name"] or "").strip(),
+        (x["text"] or "").strip(),
+        message,
+        time_ns,
+    )
+
+
+class KmsgXidSource:
+    name = "xid"
+
+    def __init__(self, context: SourceContext, settings: dict[str, Any]) -> None:
+        self.context = context
+        self.path = str(settings.get("path") or context.kmsg)
+        self.lookback_s = float(settings.get("lookback_s", 300.0))
+        self.policy = XidPolicy(
+            settings.get("fatal_xids", DEFAULT_FATAL_XIDS),
+            settings.get("extra_fatal_xids", ()),
+            settings.get("not_fatal_xids", ()),
+        )
+        self._fd: int | None = None
+        self._is_kmsg = False
+        self._buffer = b""
+        self._uuids: dict[str, str] = {}
+        self._boot_ns: int | None = None
+
+    def _open(self) -> int:
+        fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        self._is_kmsg = stat.S_ISCHR(os.fstat(fd).st_mode)
+        if self._is_kmsg:
+            self._boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+        return fd
+
+    def _records(self) -> list[str]:
+        if self._fd is None:
+            self._fd = self._open()
+        out: list[str] = []
+        while True:
+            try:
+                chunk = os.read(self._fd, 8192)
+            except BlockingIOError:
+                break
+            except OSError as exc:
+                if exc.errno == errno.EPIPE:  # kmsg: records overwritten before we read them
+                    continue
+                raise
+            if not chunk:
+                break
+            if self._is_kmsg:
+                out.append(chunk.decode("utf-8", "replace").rstrip("\n"))
+            else:
+                self._buffer += chunk
+        if not self._is_kmsg and b"\n" in self._buffer:
+            complete, _, self._buffer = self._buffer.rpartition(b"\n")
+            out.extend(complete.decode("utf-8", "replace").split("\n"))
+        return out
+
+    def collect(self, now_ns: int) -> list[Point]:
+        points = []
+        oldest = now_ns - int(self.lookback_s * 1e9) if self.lookback_s > 0 else None
+        for record in self._records():
+            parsed = parse_line(record, self._boot_ns)
+            if parsed is None:
+                continue
+            if isinstance(parsed, tuple):
+                self._uuids[parsed[0]] = parsed[1]
+                continue
+            when = parsed.time_ns if parsed.time_ns is not None else now_ns
+            if oldest is not None and when < oldest:
+                continue
+            known = self.context.inventory.gpu_for_pci(parsed.pci)
+            gpu, uuid = known if known else (None, self._uuids.get(parsed.pci, ""))
+            points.append(
+                xid_point(
+                    self.context,
+                    self.policy,
+                    xid=parsed.xid,
+                    message=parsed.message,
+                    source="kmsg",
+                    now_ns=when,
+                    gpu=gpu,
+                    uuid=uuid,
+                    pid=parsed.pid,
+                )
+            )
+        return points
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -1,0 +1,93 @@
+"""Golden cases: recorded NVML answers and/or sysfs trees over steps, and the expected line
+protocol of each step (STYLE.md 5). ``GPUWARDEN_UPDATE_GOLDEN=1 pytest tests/test_golden.py``
+rewrites the expected files; review the diff before committing it.
+
+Each case folder (``tests/golden/<case>/``) holds ``case.toml`` (sources, settings, steps and
+the provenance of its inputs: real data or constructed), ``nvml.json`` (a recording),
+``sysfs-<step>.csv`` and ``proc.csv`` (``path,value`` rows materialised into a tree; an
+``environ`` value's spaces become NULs), ``kmsg.log``, and ``expected-<step>.lp``.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from collector import sources
+from collector.catalogue import check_point
+from collector.lineprotocol import encode_points
+from collector.sources.base import SourceContext
+
+GOLDEN = Path(__file__).parent / "golden"
+CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.toml").exists())
+T0 = 1_763_000_000_000_000_000
+STEP_NS = 10 * 10**9
+
+
+def materialise(csv_path: Path, root: Path) -> None:
+    """Write each ``path,value`` row as a file under ``root`` (in place, as sysfs changes)."""
+    with csv_path.open(newline="", encoding="utf-8") as f:
+        for row in csv.DictReader(f):
+            target = root / row["path"]
+            target.parent.mkdir(parents=True, exist_ok=True)
+            value = row["value"]
+            if target.name == "environ":
+                target.write_bytes(value.replace(" ", "\0").encode() + b"\0")
+                continue
+            with open(target, "w", encoding="utf-8") as out:  # same inode, like sysfs
+                out.write(value + "\n")
+
+
+def run_case(case: Path, tmp: Path) -> list[list[str]]:
+    spec = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
+    context = SourceContext("golden", "node-a", sysfs=tmp / "sys", procfs=tmp / "proc")
+    if (case / "proc.csv").exists():
+        materialise(case / "proc.csv", tmp)
+    settings = spec.get("settings", {})
+    made = []
+    for name in spec["sources"]:
+        s = dict(settings.get(name, {}))
+        if name == "nvml":
+            s.update(backend="recorded", recording=str(case / "nvml.json"), events="poll")
+            s.setdefault("jobmap_dir", str(tmp / "jobs"))
+        if name == "xid":
+            s["path"] = str(case / "kmsg.log")
+        made.append(sources.create(name, context, s))
+    steps = []
+    for step in range(spec["steps"]):
+        if (case / f"sysfs-{step}.csv").exists():
+            materialise(case / f"sysfs-{step}.csv", tmp)
+        now = T0 + step * STEP_NS
+        points = [p for src in made for p in src.collect(now)]
+        for p in points:
+            assert check_point(p.measurement, p.tags, p.fields) == [], p
+        steps.append(encode_points(points))
+    for src in made:
+        src.close()
+    return steps
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_golden_case(name: str, tmp_path: Path) -> None:
+    case = GOLDEN / name
+    spec = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
+    assert spec.get("provenance"), f"{name}: case.toml must say where its inputs come from"
+    steps = run_case(case, tmp_path)
+    for step, lines in enumerate(steps):
+        expected_path = case / f"expected-{step}.lp"
+        got = "".join(line + "\n" for line in lines)
+        if os.environ.get("GPUWARDEN_UPDATE_GOLDEN") == "1":
+            expected_path.write_text(got, encoding="utf-8")
+            continue
+        assert expected_path.exists(), (
+            f"{expected_path} missing; run with GPUWARDEN_UPDATE_GOLDEN=1"
+        )
+        assert got == expected_path.read_text(encoding="utf-8"), f"{name} step {step} differs"
+
+
+def test_there_are_enough_cases() -> None:
+    assert len(CASES) >= 5
