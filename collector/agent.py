@@ -2,16 +2,18 @@
 
 Each cycle starts on a fixed schedule (``start + k * interval``, on the monotonic clock, so
 collection time does not accumulate as drift; a cycle that overruns skips the ticks it missed
-and says so in ``cycle_lag_s``). Sources run side by side on a thread pool: a source that fails
-is reported (``collect_success_active=false``) and the others are written as usual; one that is
-slower than ``source_timeout_s`` is reported failed for the cycle and is not started again until
-its late run finishes. Every cycle writes, per source, ``agent`` self-metrics (duration,
-success, points, errors so far) and the sink's own counters. Stopping flushes the sink.
+and says so in ``cycle_lag_s``). A source that fails is reported
+(``collect_success_active=false``) and the others are written as usual. Sources run one after
+another on the loop thread (their work is Python, so running them at once would only add GIL
+contention); :meth:`Agent.run` supervises that thread, and if it makes no progress in one
+source for ``source_timeout_s`` (a D-state sysfs read, a stuck driver call) it is left there,
+the source is reported failed, and a new loop thread carries on, skipping that source until
+its call returns. Every cycle writes, per source, ``agent`` self-metrics (duration, success,
+points, errors so far) and the sink's own counters. Stopping flushes the sink.
 """
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import logging
 import threading
 import time
@@ -38,7 +40,10 @@ class PointSink(Protocol):
 @dataclass
 class SourceHealth:
     errors: int = 0
-    pending: cf.Future[list[Point]] | None = None
+
+
+class _AbandonedError(Exception):
+    """Unwinds a loop thread that the supervisor gave up on while it was stuck in a source."""
 
 
 class Agent:
@@ -69,9 +74,10 @@ class Agent:
         self.health = {s.name: SourceHealth() for s in self.sources}
         self.cycles = 0
         self.skipped_ticks = 0
-        self._pool = cf.ThreadPoolExecutor(
-            max_workers=max(1, len(self.sources)), thread_name_prefix="source"
-        )
+        self._hung: dict[str, threading.Thread] = {}
+        self._current: tuple[str, float] | None = None
+        self._owner: int | None = None
+        self._pending_failures: list[str] = []
         self._findings: list[Finding] = []
         self._findings_lock = threading.Lock()
         self._tags = {s.name: {"cluster": cluster, "node": node, "source": s.name} for s in sources}
@@ -84,34 +90,30 @@ class Agent:
     def collect(self, now_ns: int, lag_s: float = 0.0) -> list[Point]:
         """One cycle: every source's points, the findings raised since the last cycle, and the
         agent's and the sink's self-metrics."""
-        started: dict[str, tuple[cf.Future[list[Point]], float]] = {}
         points: list[Point] = []
         own: list[Point] = []
         for source in self.sources:
-            health = self.health[source.name]
-            if health.pending is not None and not health.pending.done():
-                health.errors += 1
-                own.append(self._self_point(source.name, now_ns, 0.0, False, 0))
-                continue
-            health.pending = None
-            started[source.name] = (self._pool.submit(source.collect, now_ns), time.perf_counter())
-        deadline = time.perf_counter() + self.source_timeout_s
-        for name, (future, t0) in started.items():
-            health = self.health[name]
+            name = source.name
+            hung = self._hung.get(name)
+            if hung is not None:
+                if hung.is_alive():  # its late run has not returned yet: skip it
+                    self.health[name].errors += 1
+                    own.append(self._self_point(name, now_ns, 0.0, False, 0))
+                    continue
+                del self._hung[name]
+            t0 = time.perf_counter()
+            self._current = (name, self.monotonic())
             try:
-                result = future.result(timeout=max(0.0, deadline - time.perf_counter()))
-            except cf.TimeoutError:
-                health.errors += 1
-                health.pending = future
-                log.warning("source %s is slower than %.1fs; skipped this cycle", name,
-                            self.source_timeout_s)  # fmt: skip
-                own.append(self._self_point(name, now_ns, self.source_timeout_s, False, 0))
-                continue
+                result = source.collect(now_ns)
             except Exception as exc:  # a source's failure must never stop the agent
-                health.errors += 1
+                self._check_owner()
+                self.health[name].errors += 1
                 log.warning("source %s failed: %s", name, exc, exc_info=log.isEnabledFor(10))
                 own.append(self._self_point(name, now_ns, time.perf_counter() - t0, False, 0))
                 continue
+            finally:
+                self._current = None
+            self._check_owner()
             points += result
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
         with self._findings_lock:
@@ -137,25 +139,71 @@ class Agent:
         return Point("agent", self._tags[name], fields, now_ns)
 
     def run(self, stop: threading.Event, max_cycles: int | None = None) -> None:
-        """Cycle until ``stop`` is set (or ``max_cycles``); then flush and close the sink."""
+        """Cycle until ``stop`` is set (or ``max_cycles``); then flush and close the sink.
+
+        The cycles run on a loop thread; this thread supervises it. If one source makes no
+        progress for ``source_timeout_s``, the loop thread is left inside it and a new one
+        carries on with the schedule, skipping that source until its call returns."""
+        done = threading.Event()
         start = self.monotonic()
-        tick = 0
         try:
-            while not stop.is_set() and (max_cycles is None or self.cycles < max_cycles):
-                scheduled = start + tick * self.interval_s
-                lag = max(0.0, self.monotonic() - scheduled)
-                self.sink.write_points(self.collect(self.clock(), lag))
-                tick += 1
-                behind = int((self.monotonic() - start) / self.interval_s) + 1 - tick
-                if behind > 0:  # overran: skip the ticks already missed, do not burst
-                    self.skipped_ticks += behind
-                    tick += behind
-                stop.wait(max(0.0, start + tick * self.interval_s - self.monotonic()))
+            while True:
+                loop = threading.Thread(
+                    target=self._loop, args=(stop, done, start, max_cycles), daemon=True,
+                    name="agent-loop",
+                )  # fmt: skip
+                self._owner = None
+                loop.start()
+                while loop.is_alive():
+                    loop.join(self.source_timeout_s / 4)
+                    current = self._current
+                    if current and self.monotonic() - current[1] > self.source_timeout_s:
+                        break
+                else:
+                    break  # the loop ended (stop, max_cycles)
+                name = current[0]
+                self._hung[name] = loop
+                self._current = None
+                self.health[name].errors += 1
+                log.warning("source %s made no progress for %.1fs; skipped until it returns",
+                            name, self.source_timeout_s)  # fmt: skip
+                self._pending_failures.append(name)
         finally:
             self.close()
 
+    def _loop(
+        self, stop: threading.Event, done: threading.Event, start: float, max_cycles: int | None
+    ) -> None:
+        self._owner = threading.get_ident()
+        try:
+            while not stop.is_set() and (max_cycles is None or self.cycles < max_cycles):
+                tick = max(0, int((self.monotonic() - start) / self.interval_s))
+                scheduled = start + tick * self.interval_s
+                lag = max(0.0, self.monotonic() - scheduled)
+                now = self.clock()
+                points = self.collect(now, lag)
+                for name in self._drain_failures():
+                    points.append(self._self_point(name, now, self.source_timeout_s, False, 0))
+                self.sink.write_points(points)
+                behind = int((self.monotonic() - start) / self.interval_s) - tick
+                if behind > 0:  # overran: the ticks already missed are skipped, not burst
+                    self.skipped_ticks += behind
+                stop.wait(
+                    max(0.0, start + (tick + behind + 1) * self.interval_s - self.monotonic())
+                )
+        except _AbandonedError:
+            return
+        done.set()
+
+    def _check_owner(self) -> None:
+        if self._owner is not None and threading.get_ident() != self._owner:
+            raise _AbandonedError
+
+    def _drain_failures(self) -> list[str]:
+        failures, self._pending_failures = self._pending_failures, []
+        return failures
+
     def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
         for source in self.sources:
             try:
                 source.close()

@@ -110,7 +110,7 @@ class PynvmlBackend:
         m = self._nv.nvmlDeviceGetMemoryInfo(self._handle(device))
         return [int(m.total), int(m.used)]
 
-    def _field_values(self, device: int, ids: list[list[int]]) -> list[list[Any]]:
+    def _field_values(self, device: int, ids: list[tuple[int, int]]) -> list[list[Any]]:
         values = self._nv.nvmlDeviceGetFieldValues(self._handle(device), [tuple(i) for i in ids])
         return [_field_value(v) for v in values]
 
@@ -125,7 +125,7 @@ class PynvmlBackend:
             fn = self._nv.nvmlDeviceGetCurrentClocksThrottleReasons
         return int(fn(h))
 
-    def _gpm(self, device: int, metric_ids: list[int]) -> list[list[Any]]:
+    def _gpm(self, device: int, metric_ids: tuple[int, ...]) -> list[list[Any]]:
         nv = self._nv
         h = self._handle(device)
         if not nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:

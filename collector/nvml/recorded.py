@@ -38,7 +38,24 @@ class RecordingError(CollectorError):
     """A recording file that cannot be used (the message says which part is wrong)."""
 
 
+_KEYS: dict[tuple[Any, ...], str] = {}
+
+
 def call_key(device: int | None, name: str, args: tuple[Any, ...]) -> str:
+    """``device|call|args``; memoised when the arguments are hashable (tuples, numbers)."""
+    try:
+        return _KEYS[(device, name, args)]
+    except KeyError:
+        pass
+    except TypeError:  # a list argument: not cached
+        return _make_key(device, name, args)
+    key = _make_key(device, name, args)
+    if len(_KEYS) < 100_000:
+        _KEYS[(device, name, args)] = key
+    return key
+
+
+def _make_key(device: int | None, name: str, args: tuple[Any, ...]) -> str:
     dev = "-" if device is None else str(device)
     return f"{dev}|{name}|{json.dumps(list(args), separators=(',', ':'))}"
 

@@ -85,6 +85,10 @@ class FileReader:
         self.max_open = max_open
 
     def read(self, path: str) -> str | None:
+        data = self.read_bytes(path)
+        return None if data is None else data.decode("utf-8", "replace")
+
+    def read_bytes(self, path: str) -> bytes | None:
         fd = self._fds.get(path)
         try:
             if fd is None:
@@ -93,10 +97,10 @@ class FileReader:
                     self._fds[path] = fd
                 else:
                     try:
-                        return os.read(fd, 4096).decode("utf-8", "replace")
+                        return os.read(fd, 4096)
                     finally:
                         os.close(fd)
-            return os.pread(fd, 4096, 0).decode("utf-8", "replace")
+            return os.pread(fd, 4096, 0)
         except OSError:
             if path in self._fds:
                 os.close(self._fds.pop(path))
@@ -108,12 +112,12 @@ class FileReader:
         self._fds.clear()
 
 
-def parse_int(text: str | None) -> int | None:
+def parse_int(text: str | bytes | None) -> int | None:
     """An integer sysfs value, or None for anything else ("N/A (no PMA)", garbage, empty)."""
     if text is None:
         return None
     try:
-        return int(text.strip())
+        return int(text)  # int() itself ignores surrounding whitespace, str or bytes
     except ValueError:
         return None
 

@@ -85,6 +85,15 @@ class Port:
     counters: tuple[tuple[str, str], ...]  # (counter name, file path), counters/ + hw_counters/
     ext: tuple[tuple[str, str], ...]  # (counters/ name it replaces, counters_ext file path)
 
+    @property
+    def files(self) -> tuple[str, ...]:
+        """Every file :func:`read_port` reads, in the order :func:`parse_port` expects."""
+        attrs = tuple(os.path.join(self.path, a) for a in ATTRS)
+        return (*(p for _, p in self.counters), *(p for _, p in self.ext), *attrs)
+
+
+ATTRS = ("state", "phys_state", "rate", "link_layer")
+
 
 def discover(root: str, hcas: frozenset[str] = frozenset()) -> list[Port]:
     """Every port of every HCA under ``root`` (``<sysfs>/class/infiniband``), sorted."""
@@ -124,56 +133,46 @@ def _listdir(path: str) -> list[str]:
         return []
 
 
-def read_port(port: Port, files: FileReader) -> dict[str, str | None]:
-    """The raw text of every file of a port (thin: no parsing)."""
-    raw: dict[str, str | None] = {name: files.read(path) for name, path in port.counters}
-    for name, path in port.ext:
-        raw["ext:" + name] = files.read(path)
-    for attr in ("state", "phys_state", "rate", "link_layer"):
-        raw["attr:" + attr] = files.read(os.path.join(port.path, attr))
-    return raw
+def read_port(files_of_port: tuple[str, ...], files: FileReader) -> list[bytes | None]:
+    """The raw contents of every file of a port (thin: no parsing)."""
+    read = files.read_bytes
+    return [read(path) for path in files_of_port]
 
 
-def parse_port(raw: dict[str, str | None]) -> tuple[dict[str, Any], str, int]:
+def parse_port(port: Port, raw: list[bytes | None]) -> tuple[dict[str, Any], str, int]:
     """Fields, link layer and the number of unusable values of one port (pure)."""
     fields: dict[str, Any] = {}
     bad = 0
-    for name, text in raw.items():
-        if name.startswith(("ext:", "attr:")):
-            continue
+    n, n_ext = len(port.counters), len(port.ext)
+    ext = {name: parse_int(raw[n + i]) for i, (name, _) in enumerate(port.ext)}
+    for (name, _), text in zip(port.counters, raw, strict=False):
         value = parse_int(text)
         if value is None or value < 0:
             bad += text is not None
             continue
         if value == U32_MAX:
-            ext = parse_int(raw.get("ext:" + name))
-            if ext is not None and ext >= 0:
-                value = ext
-        if name in WORD_COUNTERS:
-            value *= 4
-        fields[COUNTERS[name]] = value
-    # counters_ext alone (no counters/ file) still counts
-    for key, text in raw.items():
-        if key.startswith("ext:") and COUNTERS[key[4:]] not in fields:
-            value = parse_int(text)
-            if value is not None and value >= 0:
-                name = key[4:]
-                fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
-    for attr, field_name in (("state", "state_code"), ("phys_state", "phys_state_code")):
-        text = raw.get("attr:" + attr)
-        code = parse_int(text.split(":", 1)[0]) if text else None
+            wide = ext.get(name)
+            if wide is not None and wide >= 0:
+                value = wide
+        fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
+    for name, value in ext.items():  # counters_ext alone (no counters/ file) still counts
+        if COUNTERS[name] not in fields and value is not None and value >= 0:
+            fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
+    state, phys, rate, layer_raw = (
+        (t.decode("utf-8", "replace") if t is not None else None) for t in raw[n + n_ext :]
+    )
+    for attr, field_name in ((state, "state_code"), (phys, "phys_state_code")):
+        code = parse_int(attr.split(":", 1)[0]) if attr else None
         if code is not None:
             fields[field_name] = code
-        elif text is not None:
+        elif attr is not None:
             bad += 1
-    rate = raw.get("attr:rate")
     if rate:
         try:
             fields["rate_gbps"] = float(rate.split()[0])
         except (ValueError, IndexError):
             bad += 1
-    layer = (raw.get("attr:link_layer") or "").strip()
-    return fields, layer, bad
+    return fields, (layer_raw or "").strip(), bad
 
 
 class InfinibandSource:
@@ -185,18 +184,18 @@ class InfinibandSource:
         self.rediscover_cycles = int(settings.get("rediscover_cycles", 60))
         self._root = str(context.sysfs / "class" / "infiniband")
         self._files = FileReader()
-        self._ports: list[Port] | None = None
+        self._ports: list[tuple[Port, tuple[str, ...]]] | None = None
         self._cycles = 0
         self._tags: dict[tuple[str, str, str], dict[str, str]] = {}
         self.bad_values = 0
 
     def collect(self, now_ns: int) -> list[Point]:
         if self._ports is None or self._cycles % self.rediscover_cycles == 0:
-            self._ports = discover(self._root, self.hcas)
+            self._ports = [(p, p.files) for p in discover(self._root, self.hcas)]
         self._cycles += 1
         points = []
-        for port in self._ports:
-            fields, layer, bad = parse_port(read_port(port, self._files))
+        for port, paths in self._ports:
+            fields, layer, bad = parse_port(port, read_port(paths, self._files))
             self.bad_values += bad
             if not fields:
                 continue

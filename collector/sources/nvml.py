@@ -85,6 +85,7 @@ GPM_METRICS: dict[str, int] = {  # NVML_GPM_METRIC_*
     "gpm_tensor_active_pct": 5,
     "gpm_dram_bw_util_pct": 10,
 }
+GPM_IDS = tuple(GPM_METRICS.values())
 BOOL_FIELDS = frozenset(
     {"retired_pages_pending_active", "remapped_rows_pending_active", "remapped_rows_failure_active"}
 )
@@ -129,20 +130,46 @@ class Device:
     model: str = ""
     links: int = 0
     static: dict[str, Any] = field(default_factory=dict)
-    field_ids: list[list[int]] = field(default_factory=list)
+    field_ids: tuple[tuple[int, int], ...] = ()
+    layout: FieldLayout | None = None
     skip: set[str] = field(default_factory=set)  # labels answered "not supported"
     lost: bool = False
 
 
-def field_request(links: int) -> list[list[int]]:
+def field_request(links: int) -> tuple[tuple[int, int], ...]:
     """The ``nvmlDeviceGetFieldValues`` request of a GPU with ``links`` NVLinks (stable)."""
-    ids = [[fid, 0] for fid, _ in GPU_FIELD_IDS.values()]
+    ids = [(fid, 0) for fid, _ in GPU_FIELD_IDS.values()]
     for link in range(links):
-        ids += [[fid, link] for fid in NVLINK_SCOPED.values()]
+        ids += [(fid, link) for fid in NVLINK_SCOPED.values()]
         legacy = legacy_crc_ids(link)
         if legacy:
-            ids += [[legacy[0], 0], [legacy[1], 0]]
-    return ids
+            ids += [(legacy[0], 0), (legacy[1], 0)]
+    return tuple(ids)
+
+
+@dataclass(frozen=True)
+class FieldLayout:
+    """Where each field sits in the answer to :func:`field_request` (computed once per GPU)."""
+
+    gpu: tuple[tuple[str, int, float, str], ...]  # name, position, scale, "bool"|"float"|"int"
+    links: tuple[tuple[int, tuple[tuple[str, int], ...], int, int], ...]
+    # (link, ((name, position), ...), legacy flit position or -1, legacy data position or -1)
+
+    @classmethod
+    def of(cls, request: tuple[tuple[int, int], ...], links: int) -> FieldLayout:
+        pos = {ids: i for i, ids in enumerate(request)}
+        gpu = tuple(
+            (name, pos[(fid, 0)], scale,
+             "bool" if name in BOOL_FIELDS else "float" if name in FLOAT_FIELDS else "int")
+            for name, (fid, scale) in GPU_FIELD_IDS.items()
+        )  # fmt: skip
+        per_link = []
+        for link in range(links):
+            scoped = tuple((name, pos[(fid, link)]) for name, fid in NVLINK_SCOPED.items())
+            legacy = legacy_crc_ids(link)
+            flit, data = (pos[(legacy[0], 0)], pos[(legacy[1], 0)]) if legacy else (-1, -1)
+            per_link.append((link, scoped, flit, data))
+        return cls(gpu, tuple(per_link))
 
 
 class Reader:
@@ -182,7 +209,7 @@ def read_gpu(reader: Reader, dev: Device, gpm: bool) -> dict[str, Any]:
         raw[label] = reader.ask(dev, label, name, *args)
     raw["fields"] = reader.ask(dev, "fields", "nvmlDeviceGetFieldValues", dev.field_ids)
     if gpm:
-        raw["gpm"] = reader.ask(dev, "gpm", "nvmlGpmMetricsGet", list(GPM_METRICS.values()))
+        raw["gpm"] = reader.ask(dev, "gpm", "nvmlGpmMetricsGet", GPM_IDS)
     return raw
 
 
@@ -243,29 +270,28 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
 def _parse_fields(
     dev: Device, answers: list[Any], f: dict[str, Any], links: dict[int, dict[str, Any]]
 ) -> None:
-    by_request = {(fid, scope): a for (fid, scope), a in zip(dev.field_ids, answers, strict=True)}
-    for name, (fid, scale) in GPU_FIELD_IDS.items():
-        ret, value = by_request[(fid, 0)]
+    layout = dev.layout or FieldLayout.of(dev.field_ids, dev.links)
+    for name, i, scale, kind in layout.gpu:
+        ret, value = answers[i]
         if ret != 0 or _num(value) is None:
             continue
-        if name in BOOL_FIELDS:
+        if kind == "bool":
             f[name] = bool(value)
-        elif name in FLOAT_FIELDS:
+        elif kind == "float":
             f[name] = float(value) * scale
         else:
             f[name] = int(value)
-    for link in range(dev.links):
+    for link, scoped, flit_i, data_i in layout.links:
         lf: dict[str, Any] = {}
-        for name, fid in NVLINK_SCOPED.items():
-            ret, value = by_request[(fid, link)]
-            if ret == 0 and _num(value) is not None:
+        for name, i in scoped:
+            ret, value = answers[i]
+            if ret == 0 and value is not None:
                 lf[name] = bool(value) if name == "link_up_active" else int(value)
-        legacy = legacy_crc_ids(link)
-        if legacy:
-            flit, data = by_request[(legacy[0], 0)], by_request[(legacy[1], 0)]
-            if "crc_flit_errors_total" not in lf and flit[0] == 0 and _num(flit[1]) is not None:
+        if flit_i >= 0:
+            flit, data = answers[flit_i], answers[data_i]
+            if "crc_flit_errors_total" not in lf and flit[0] == 0 and flit[1] is not None:
                 lf["crc_flit_errors_total"] = int(flit[1])
-            if data[0] == 0 and _num(data[1]) is not None:
+            if data[0] == 0 and data[1] is not None:
                 lf["crc_data_errors_total"] = int(data[1])
         if lf:
             links[link] = lf
@@ -342,12 +368,15 @@ class NvmlSource:
             for label, name, args in STATIC_CALLS:
                 dev.static[label] = r.ask(dev, label, name, *args)
             if self.nvlink:
-                count = r.ask(dev, "links", "nvmlDeviceGetFieldValues", [[FI_NVLINK_LINK_COUNT, 0]])
+                count = r.ask(
+                    dev, "links", "nvmlDeviceGetFieldValues", ((FI_NVLINK_LINK_COUNT, 0),)
+                )
                 if count and count[0][0] == 0:
                     dev.links = int(count[0][1])
         except GpuLostError:
             pass  # the first cycle's read meets it again and reports the GPU lost
         dev.field_ids = field_request(dev.links)
+        dev.layout = FieldLayout.of(dev.field_ids, dev.links)
         if pci:
             with self.context.inventory.lock:
                 self.context.inventory.gpus_by_pci[normalise_pci(str(pci))] = (index, dev.uuid)

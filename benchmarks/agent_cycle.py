@@ -1,0 +1,108 @@
+"""CPU time per agent collection cycle on one 8-GPU, 8-HCA node with power and thermal.
+
+NVML answers come from the CONSTRUCTED 8x H100 recording (looped), so driver time is excluded
+and what is measured is gpuwarden's own work; the sysfs tree is CONSTRUCTED on local disk
+(collector/sysfstree.py), read through the same code as /sys (so kernel time for a real
+sysfs attribute, e.g. an InfiniBand PMA query, is not in it either).
+
+A *collection cycle* is ``Agent.collect``: every source (NVML, InfiniBand, power, thermal)
+and the agent's self-metrics. Encoding the points to line protocol is the sink's work and is
+measured and printed beside it (``encode_ms_per_cycle``), as is the sum.
+
+Side by side, in the same run, the baseline: the same cycle with every sysfs file opened,
+read and closed each time (as most exporters do) instead of kept open and re-read with pread.
+
+    uv run python benchmarks/agent_cycle.py [--cycles 2000]
+
+The last line is ``cpu_ms_per_cycle=<x>`` (collection; target <= 1.0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import tempfile
+import time
+from pathlib import Path
+
+from collector import sources
+from collector.agent import Agent
+from collector.lineprotocol import encode_points
+from collector.sources.base import SourceContext
+from collector.sysfstree import build_node_tree
+
+H100 = Path(__file__).parent.parent / "tests/golden/nvml-h100-8gpu/nvml.json"
+
+
+def cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+class Null:
+    def write_points(self, points):
+        pass
+
+    def close(self, timeout_s=10.0):
+        return True
+
+
+def make_agent(root: Path) -> Agent:
+    build_node_tree(root / "sys")
+    (root / "proc").mkdir(exist_ok=True)
+    ctx = SourceContext("bench", "node-0", sysfs=root / "sys", procfs=root / "proc")
+    settings = {
+        "nvml": {"backend": "recorded", "recording": str(H100), "loop": True, "events": "poll"},
+        "infiniband": {},
+        "power": {},
+        "thermal": {},
+    }
+    made = [sources.create(n, ctx, s) for n, s in settings.items()]
+    return Agent(made, Null(), cluster="bench", node="node-0", interval_s=1.0,
+                 sink_stats=lambda: {"spool_bytes": 0})  # fmt: skip
+
+
+def measure(agent: Agent, cycles: int) -> tuple[float, float, int, int]:
+    """(collect CPU ms, encode CPU ms, points, line-protocol bytes) per cycle."""
+    for _ in range(200):  # warm-up: discovery, first reads, caches
+        encode_points(agent.collect(time.time_ns()))
+    collect_s = encode_s = 0.0
+    points = nbytes = 0
+    for _ in range(cycles):
+        t0 = cpu_s()
+        pts = agent.collect(time.time_ns())
+        t1 = cpu_s()
+        lines = encode_points(pts)
+        encode_s += cpu_s() - t1
+        collect_s += t1 - t0
+        points += len(pts)
+        nbytes += sum(len(x) for x in lines)
+    return collect_s * 1000 / cycles, encode_s * 1000 / cycles, points // cycles, nbytes // cycles
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--cycles", type=int, default=2000)
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        agent = make_agent(Path(tmp))
+        ms, enc, points, nbytes = measure(agent, args.cycles)
+        baseline = make_agent(Path(tmp) / "baseline")
+        for source in baseline.sources:
+            files = getattr(source, "_files", None)
+            if files is not None:
+                files.max_open = 0  # open, read, close every file every cycle
+        base_ms, _, _, _ = measure(baseline, max(200, args.cycles // 5))
+        for a in (agent, baseline):
+            a.close()
+    print(f"cycles={args.cycles} points_per_cycle={points} lp_bytes_per_cycle={nbytes}")
+    print("input: CONSTRUCTED 8x H100 NVML recording (18 NVLinks/GPU) + CONSTRUCTED sysfs tree "
+          "(8 HCAs, 2 RAPL packages + dram, hwmon, 2 thermal zones)")  # fmt: skip
+    print(f"baseline_open_read_close_cpu_ms_per_cycle={base_ms:.3f}")
+    print(f"speedup_vs_baseline={base_ms / ms:.2f}")
+    print(f"encode_ms_per_cycle={enc:.3f} collect_plus_encode_ms_per_cycle={ms + enc:.3f}")
+    print(f"cpu_ms_per_cycle={ms:.3f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,202 @@
+"""The training-side reporter: a training loop reports each step; MFU is computed from it.
+
+Dependency-free (the standard library and gpuwarden's own stdlib-only line-protocol encoder),
+so any training script can import it::
+
+    from collector.reporter import Reporter
+
+    rep = Reporter()                      # job, rank and node from the environment
+    rep.model(params=7_000_000_000, layers=32, hidden_size=4096, heads=32, seq_len=4096,
+              world_size=64, dtype="bf16")
+    for step in range(start, steps):
+        with rep.timed_step(step, tokens=tokens_per_rank, samples=batch):
+            train_step()
+    rep.close()
+
+It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default
+(``http://127.0.0.1:9465``, which spools through outages) or InfluxDB itself. Sending happens on
+a background thread; a training step never waits on the network. If the queue is full (the
+agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from collector.lineprotocol import Point, encode_point
+
+
+class Reporter:
+    def __init__(
+        self,
+        job: str | None = None,
+        rank: int | None = None,
+        *,
+        url: str | None = None,
+        database: str = "gpuwarden",
+        cluster: str | None = None,
+        node: str | None = None,
+        token: str | None = None,
+        max_queue: int = 100_000,
+        flush_interval_s: float = 1.0,
+    ) -> None:
+        env = os.environ
+        self.job = job or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "unknown"
+        self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
+        self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
+        self.database = database
+        self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
+        self.node = node or socket.gethostname()
+        self.token = token if token is not None else env.get("GPUWARDEN_REPORTER_TOKEN", "")
+        self.flush_interval_s = flush_interval_s
+        self.sent = 0
+        self.dropped = 0
+        self.last_error = ""
+        self._queue: deque[str] = deque()
+        self._max_queue = max_queue
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def model(
+        self,
+        *,
+        params: int,
+        layers: int,
+        hidden_size: int,
+        heads: int,
+        seq_len: int,
+        world_size: int,
+        dtype: str = "bf16",
+        recompute: bool = False,
+        gpu_model: str = "",
+    ) -> None:
+        """The model shape, once per job (rank 0 is enough; every rank may call it)."""
+        fields: dict[str, int | bool | str] = {
+            "params_count": params,
+            "layers_count": layers,
+            "hidden_size_count": hidden_size,
+            "heads_count": heads,
+            "seq_len_tokens": seq_len,
+            "world_size_count": world_size,
+            "recompute_active": recompute,
+        }
+        if gpu_model:
+            fields["gpu_model"] = gpu_model
+        tags = {"cluster": self.cluster, "job": self.job, "dtype": dtype}
+        self._put(Point("job_model", tags, fields, time.time_ns()))
+
+    def step(
+        self,
+        step_index: int,
+        step_time_s: float,
+        tokens: int,
+        samples: int,
+        loss: float | None = None,
+        time_ns: int | None = None,
+    ) -> None:
+        fields: dict[str, int | float] = {
+            "step_index": step_index,
+            "step_time_s": float(step_time_s),
+            "tokens_count": tokens,
+            "samples_count": samples,
+        }
+        if loss is not None:
+            fields["loss_ratio"] = float(loss)
+        tags = {"cluster": self.cluster, "node": self.node, "job": self.job, "rank": str(self.rank)}
+        self._put(Point("job_step", tags, fields, time_ns or time.time_ns()))
+
+    @contextmanager
+    def timed_step(self, step_index: int, tokens: int, samples: int) -> Iterator[None]:
+        t0 = time.perf_counter()
+        yield
+        self.step(step_index, time.perf_counter() - t0, tokens, samples)
+
+    def _put(self, point: Point) -> None:
+        line = encode_point(point)
+        if line is None:
+            return
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
+                self._thread.start()
+            if len(self._queue) >= self._max_queue:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(line)
+            self._cond.notify()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _post(self, lines: list[str]) -> bool:
+        query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        body = ("\n".join(lines) + "\n").encode()
+        req = urllib.request.Request(f"{self.url}/write?{query}", body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                resp.read()
+            return True
+        except urllib.error.HTTPError as exc:
+            self.last_error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+            if 400 <= exc.code < 500 and exc.code != 429:
+                self.dropped += len(lines)  # refused: resending would be refused again
+                return True
+            return False
+        except OSError as exc:
+            self.last_error = str(exc)
+            return False
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait(self.flush_interval_s)
+                if not self._queue and self._closed:
+                    return
+                lines = [self._queue[i] for i in range(min(len(self._queue), 5000))]
+            if self._post(lines):
+                with self._cond:
+                    for _ in lines:
+                        self._queue.popleft()
+                    self.sent += len(lines)
+                    self._cond.notify_all()
+                backoff = 0.5
+            else:
+                with self._cond:
+                    if self._closed:
+                        return
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue and time.monotonic() < deadline:
+                self._cond.notify_all()
+                self._cond.wait(0.05)
+            return not self._queue
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Send what is queued (up to ``timeout_s``) and stop; False if something was left."""
+        done = self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        return done
