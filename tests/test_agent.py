@@ -433,3 +433,24 @@ def test_trace_recorder_keeps_mixed_tag_sets(tmp_path):
     )
     rec.close()
     assert TraceReader(tmp_path / "t").manifest.points == 2
+
+
+def test_slurm_prolog_and_epilog_maintain_the_job_map(tmp_path):
+    import os
+    import subprocess
+
+    from collector.attribution import JobResolver
+
+    deploy = Path(__file__).parent.parent / "deploy" / "slurm"
+    env = {
+        **os.environ,
+        "GPUWARDEN_JOBMAP_DIR": str(tmp_path),
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_GPUS": "0,3",
+    }
+    subprocess.run(["sh", str(deploy / "prolog.sh")], env=env, check=True)
+    resolver = JobResolver(tmp_path, str(tmp_path))
+    assert [resolver.for_gpu(i).job for i in range(4)] == ["4242", "", "", "4242"]
+    (tmp_path / "3").write_text("5000\n")  # GPU 3 already went to a later job
+    subprocess.run(["sh", str(deploy / "epilog.sh")], env=env, check=True)
+    assert [resolver.for_gpu(i).job for i in range(4)] == ["", "", "", "5000"]
