@@ -26,6 +26,7 @@ from collector.agentconfig import AgentConfig, load_config
 from collector.errors import CollectorError
 from collector.fastpath import FindingPoster
 from collector.finding import Finding
+from collector.nvml.recorded import Recorder
 from collector.relay import ReporterRelay
 from collector.sink import InfluxSink
 from collector.sources.base import SourceContext
@@ -45,11 +46,17 @@ def build_context(config: AgentConfig) -> SourceContext:
 
 
 def build_agent(
-    config: AgentConfig, sink: PointSink, sink_stats: Any = None
+    config: AgentConfig, sink: PointSink, sink_stats: Any = None, nvml: Any = None
 ) -> tuple[Agent, FindingPoster | None]:
+    """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend."""
     context = build_context(config)
     a = config["agent"]
-    made = [sources.create(n, context, config.source_settings(n)) for n in a["sources"]]
+    made = []
+    for name in a["sources"]:
+        settings = config.source_settings(name)
+        if name == "nvml" and nvml is not None:
+            settings["backend_instance"] = nvml
+        made.append(sources.create(name, context, settings))
     agent = Agent(
         made,
         sink,
@@ -96,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--once", action="store_true", help="print one cycle as line protocol")
     parser.add_argument("--record", metavar="DIR", help="record to a trace instead of sending")
     parser.add_argument("--cycles", type=int, help="stop after N cycles")
+    parser.add_argument(
+        "--record-nvml",
+        metavar="FILE",
+        help="also save every NVML answer of the run as a gpuwarden-nvml/1 recording "
+        "(on a GPU machine: a real fixture for tests)",
+    )
     parser.add_argument("--print-config", action="store_true")
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -125,7 +138,12 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     else:
         influx = InfluxSink(config.sink)
         sink = influx
-    agent, poster = build_agent(config, sink, (lambda: _sink_stats(influx)) if influx else None)
+    recorder = None
+    if args.record_nvml:
+        recorder = _nvml_recorder(config)
+    agent, poster = build_agent(
+        config, sink, (lambda: _sink_stats(influx)) if influx else None, recorder
+    )
     if influx is not None and config["agent"]["reporter_listen"]:
         relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
         relay.start()
@@ -140,7 +158,24 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             relay.close()
         if poster is not None:
             poster.close()
+        if recorder is not None:
+            recorder.save(args.record_nvml)
+            log.info("NVML answers of %d cycles saved to %s", agent.cycles, args.record_nvml)
     return 0
+
+
+def _nvml_recorder(config: AgentConfig) -> Recorder:
+    import platform
+
+    if config["nvml"]["backend"] == "recorded":
+        from collector.nvml.recorded import RecordedBackend
+
+        inner: Any = RecordedBackend(config["nvml"]["recording"], loop=config["nvml"]["loop"])
+    else:
+        from collector.nvml.real import PynvmlBackend
+
+        inner = PynvmlBackend()
+    return Recorder(inner, note=f"recorded by gpuwarden-agent on {platform.node()}")
 
 
 def _print_config(config: AgentConfig) -> None:

@@ -74,6 +74,12 @@ flush_interval_s = 0.05
     return path
 
 
+def influx_sink(influxd, db: str, tmp: Path) -> InfluxSink:
+    config = SinkConfig(url=influxd.url, database=db, spool_dir=str(tmp / "spool"),
+                        flush_interval_s=0.05)  # fmt: skip
+    return InfluxSink(config)
+
+
 def query(influxd, db: str, q: str) -> list:
     answer = json.loads(influxd.query(q, db))
     series: list = answer["results"][0].get("series", [])
@@ -253,14 +259,7 @@ def test_record_then_replay_into_influxdb(influxd, influx_db, tmp_path):
     assert agent_cli.main(["--config", str(cfg), "--record", str(trace), "--cycles", "2"]) == 0
     reader = TraceReader(trace)
     assert reader.manifest.simulated  # a recorded NVML backend is not a real GPU
-    sink = InfluxSink(
-        SinkConfig(
-            url=influxd.url,
-            database=influx_db,
-            spool_dir=str(tmp_path / "spool"),
-            flush_interval_s=0.05,
-        )
-    )
+    sink = influx_sink(influxd, influx_db, tmp_path)
     with sink:
         stats = replay(reader.chunks(), reader.manifest.tags, sink)
     assert stats.total == reader.manifest.points
@@ -289,7 +288,8 @@ def test_recorder_round_trip(tmp_path):
     assert [[(p.tags, p.fields) for p in c] for c in first] == [
         [(p.tags, p.fields) for p in c] for c in second
     ]
-    assert json.loads((tmp_path / "rec.json").read_text())["provenance"] == "recorded"
+    # re-recording a constructed file keeps it labelled constructed
+    assert json.loads((tmp_path / "rec.json").read_text())["provenance"] == "constructed"
 
 
 class Collect(BaseHTTPRequestHandler):
@@ -333,14 +333,7 @@ def test_fatal_events_take_the_fast_path(tmp_path):
 
 
 def test_reporter_through_the_agent_relay_into_influxdb(influxd, influx_db, tmp_path):
-    sink = InfluxSink(
-        SinkConfig(
-            url=influxd.url,
-            database=influx_db,
-            spool_dir=str(tmp_path / "spool"),
-            flush_interval_s=0.05,
-        )
-    )
+    sink = influx_sink(influxd, influx_db, tmp_path)
     relay = ReporterRelay("127.0.0.1:0", sink)
     relay.start()
     url = f"http://{relay.address[0]}:{relay.address[1]}"
@@ -454,3 +447,19 @@ def test_slurm_prolog_and_epilog_maintain_the_job_map(tmp_path):
     (tmp_path / "3").write_text("5000\n")  # GPU 3 already went to a later job
     subprocess.run(["sh", str(deploy / "epilog.sh")], env=env, check=True)
     assert [resolver.for_gpu(i).job for i in range(4)] == ["", "", "", "5000"]
+
+
+def test_record_nvml_writes_a_recording_that_keeps_its_provenance(tmp_path):
+    """On a GPU machine ``--record-nvml`` captures real answers; here it re-records the
+    CONSTRUCTED recording, and must not relabel it as recorded."""
+    out = tmp_path / "nvml.json"
+    cfg = write_config(tmp_path)
+    with redirect_stdout(io.StringIO()):
+        assert agent_cli.main(["--config", str(cfg), "--once", "--record-nvml", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert doc["provenance"] == "constructed"
+    assert len(doc["ticks"]) == 1
+    backend = RecordedBackend(out)
+    backend.init()
+    backend.begin_cycle()
+    assert backend.call(None, "nvmlDeviceGetCount") == 8

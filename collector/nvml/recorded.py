@@ -191,9 +191,11 @@ class Recorder:
 
     def save(self, path: str | Path) -> None:
         with self._lock:
+            # re-recording a constructed file must not launder it into "recorded"
+            provenance = getattr(self.inner, "provenance", "") or "recorded"
             doc = {
                 "format": FORMAT,
-                "provenance": "recorded",
+                "provenance": provenance,
                 "note": self.note,
                 "ticks": [{k: v for k, v in t.items() if v or k == "answers"} for t in self._ticks],
             }

@@ -133,3 +133,25 @@ class WarnOnce:
         if key not in self._seen:
             self._seen.add(key)
             self._log.warning("%s", message)
+
+
+def hwmon_chips(root: str, files: FileReader) -> list[tuple[str, str, list[str]]]:
+    """(chip name, path, sorted entries) of every hwmon chip under ``root``; a name that
+    repeats (``coretemp`` per socket) becomes ``coretemp-1``, ``coretemp-2``, ..."""
+    out: list[tuple[str, str, list[str]]] = []
+    try:
+        chips = sorted(os.listdir(root), key=lambda c: (len(c), c))
+    except OSError:
+        return out
+    seen: dict[str, int] = {}
+    for chip in chips:
+        path = os.path.join(root, chip)
+        name = (files.read(os.path.join(path, "name")) or chip).strip()
+        seen[name] = seen.get(name, 0) + 1
+        unique = name if seen[name] == 1 else f"{name}-{seen[name] - 1}"
+        try:
+            entries = sorted(os.listdir(path), key=lambda e: (len(e), e))
+        except OSError:
+            continue
+        out.append((unique, path, entries))
+    return out

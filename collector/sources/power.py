@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.lineprotocol import Point
-from collector.sources.base import FileReader, SourceContext, parse_int
+from collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
 
 
 @dataclass(frozen=True)
@@ -61,20 +61,7 @@ class RaplUnwrapper:
 def discover_hwmon_power(root: str, files: FileReader) -> list[tuple[str, str, str]]:
     """(domain, kind 'power'|'energy', path) for every hwmon power or energy sensor."""
     sensors: list[tuple[str, str, str]] = []
-    try:
-        chips = sorted(os.listdir(root), key=lambda c: (len(c), c))
-    except OSError:
-        return sensors
-    seen: dict[str, int] = {}
-    for chip in chips:
-        path = os.path.join(root, chip)
-        name = (files.read(os.path.join(path, "name")) or chip).strip()
-        seen[name] = seen.get(name, 0) + 1
-        chip_name = name if seen[name] == 1 else f"{name}-{seen[name] - 1}"
-        try:
-            entries = sorted(os.listdir(path))
-        except OSError:
-            continue
+    for chip_name, path, entries in hwmon_chips(root, files):
         for entry in entries:
             for kind, suffixes in (("power", ("_input", "_average")), ("energy", ("_input",))):
                 if entry.startswith(kind) and entry.endswith(suffixes):

@@ -10,7 +10,7 @@ import os
 from typing import Any
 
 from collector.lineprotocol import Point
-from collector.sources.base import FileReader, SourceContext, parse_int
+from collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
 
 Sensor = tuple[str, str, str, str, str | None]  # zone, sensor, source, temp path, crit path
 
@@ -41,21 +41,8 @@ def discover_zones(root: str, files: FileReader) -> list[Sensor]:
 
 def discover_hwmon_temps(root: str, files: FileReader) -> list[Sensor]:
     sensors: list[Sensor] = []
-    try:
-        chips = sorted(os.listdir(root), key=lambda c: (len(c), c))
-    except OSError:
-        return sensors
-    seen: dict[str, int] = {}
-    for chip in chips:
-        path = os.path.join(root, chip)
-        name = (files.read(os.path.join(path, "name")) or chip).strip()
-        seen[name] = seen.get(name, 0) + 1
-        zone = name if seen[name] == 1 else f"{name}-{seen[name] - 1}"
-        try:
-            entries = set(os.listdir(path))
-        except OSError:
-            continue
-        for entry in sorted(entries, key=lambda e: (len(e), e)):
+    for zone, path, entries in hwmon_chips(root, files):
+        for entry in entries:
             if entry.startswith("temp") and entry.endswith("_input"):
                 stem = entry.removesuffix("_input")
                 label = files.read(os.path.join(path, f"{stem}_label"))
