@@ -81,22 +81,6 @@ def build_agent(
     return agent, poster
 
 
-def _sink_stats(sink: InfluxSink) -> dict[str, Any]:
-    s = sink.stats()
-    return {
-        "points_written_total": s.points_written,
-        "points_rejected_total": s.points_rejected,
-        "points_invalid_total": s.encode.points_dropped,
-        "fields_invalid_total": s.encode.fields_dropped,
-        "points_dropped_total": s.points_dropped,
-        "spool_bytes": s.spool_bytes,
-        "spool_points_count": s.spool_points,
-        "batches_sent_total": s.batches_sent,
-        "retries_total": s.retries,
-        "send_duration_s": s.last_send_s,
-    }
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuwarden-agent", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="TOML file (default: built-in defaults)")
@@ -142,7 +126,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     if args.record_nvml:
         recorder = _nvml_recorder(config)
     agent, poster = build_agent(
-        config, sink, (lambda: _sink_stats(influx)) if influx else None, recorder
+        config, sink, (lambda: influx.stats().fields()) if influx else None, recorder
     )
     if influx is not None and config["agent"]["reporter_listen"]:
         relay = ReporterRelay(config["agent"]["reporter_listen"], influx)

@@ -132,6 +132,21 @@ class SinkStats:
     encode: EncodeStats = field(default_factory=EncodeStats)
     last_error: str = ""
 
+    def fields(self) -> dict[str, int | float]:
+        """These counters as the catalogue's ``sink`` measurement (the agent writes them)."""
+        return {
+            "points_written_total": self.points_written,
+            "points_rejected_total": self.points_rejected,
+            "points_invalid_total": self.encode.points_dropped,
+            "fields_invalid_total": self.encode.fields_dropped,
+            "points_dropped_total": self.points_dropped,
+            "spool_bytes": self.spool_bytes,
+            "spool_points_count": self.spool_points,
+            "batches_sent_total": self.batches_sent,
+            "retries_total": self.retries,
+            "send_duration_s": self.last_send_s,
+        }
+
 
 class InfluxSink:
     """Construct, then write; the spool and the sender thread start on first use."""

@@ -91,7 +91,7 @@ def test_agent_streams_a_node_into_influxdb(influxd, influx_db, tmp_path):
     sink into the real influxd, read back with InfluxQL."""
     config = load_config(write_config(tmp_path, influxd.url, influx_db), environ={})
     sink = InfluxSink(config.sink)
-    agent, _ = agent_cli.build_agent(config, sink, lambda: agent_cli._sink_stats(sink))
+    agent, _ = agent_cli.build_agent(config, sink, lambda: sink.stats().fields())
     agent.run(threading.Event(), max_cycles=3)  # closes (flushes) the sink
     counts = {
         m: query(influxd, influx_db, f"SELECT count(*) FROM {m}")[0]["values"][0]
