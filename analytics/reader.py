@@ -208,10 +208,104 @@ class InfluxReader:
                 columns.append(pl.col(name).cast(dtype))
         return df.select(columns)
 
+    def tag_values(
+        self,
+        measurement: str,
+        tag: str,
+        field: str,
+        start_ns: int,
+        end_ns: int,
+        where: Mapping[str, str | Sequence[str]] | None = None,
+    ) -> list[str]:
+        """Values of ``tag`` that have points of ``field`` in the window (``SHOW TAG VALUES``
+        cannot be limited to a time range on InfluxDB 1.x; a grouped count can)."""
+        query = build_select(measurement, [field], [], start_ns, end_ns, where)
+        query = query.replace(
+            f"SELECT {quote_ident(field)}::field FROM",
+            f"SELECT count({quote_ident(field)}) FROM",
+            1,
+        )
+        body = self.query_csv(f"{query} GROUP BY {quote_ident(tag)}")
+        values: set[str] = set()
+        for block in _blocks(body):
+            rows = list(csv.reader(io.StringIO(block.decode("utf-8", "replace"))))
+            for row in rows[1:]:
+                if len(row) > 1 and row[1].startswith(f"{tag}="):
+                    values.add(_unescape_tag(row[1][len(tag) + 1 :]))
+        return sorted(v for v in values if v)
+
+    def aggregate(
+        self,
+        measurement: str,
+        aggregates: Mapping[str, str],
+        start_ns: int,
+        end_ns: int,
+        *,
+        every_s: int,
+        group_tags: Sequence[str],
+        where: Mapping[str, str | Sequence[str]] | None = None,
+    ) -> pl.DataFrame:
+        """``SELECT fn(field) AS alias ... GROUP BY time(every_s), tags fill(none)``, done by
+        InfluxDB: ``aggregates`` maps an output column to ``"fn:field"`` (e.g.
+        ``{"energy_j_total": "last:energy_j_total"}``). Columns come back as Float64 (InfluxQL
+        aggregates of integers may be floats), tags as strings, ``time`` as Datetime."""
+        if not aggregates:
+            raise ValueError("aggregate at least one field")
+        selects = []
+        for alias, spec in aggregates.items():
+            fn, _, field = spec.partition(":")
+            if fn not in ("mean", "last", "first", "max", "min", "sum", "count", "median"):
+                raise ValueError(f"unsupported aggregate {fn!r}")
+            selects.append(f"{fn}({quote_ident(field)}) AS {quote_ident(alias)}")
+        base = build_select(measurement, ["x"], [], start_ns, end_ns, where)
+        conditions = base.split(" WHERE ", 1)[1] if " WHERE " in base else ""
+        query = f"SELECT {', '.join(selects)} FROM {quote_ident(measurement)}"
+        if conditions:
+            query += f" WHERE {conditions}"
+        groups = [f"time({int(every_s)}s)", *(quote_ident(t) for t in group_tags)]
+        query += f" GROUP BY {', '.join(groups)} fill(none)"
+        body = self.query_csv(query)
+        frames = []
+        for block in _blocks(body):
+            header = next(csv.reader([block.split(b"\n", 1)[0].decode()]))
+            df = pl.read_csv(
+                io.BytesIO(block),
+                has_header=False,
+                skip_rows=1,
+                new_columns=["\0name", "\0tags", *header[2:]],
+                infer_schema=False,
+            )
+            frames.append(df)
+        schema: dict[str, pl.DataType] = {"time": pl.Datetime("ns", "UTC")}
+        schema.update({t: pl.String() for t in group_tags})
+        schema.update({a: pl.Float64() for a in aggregates})
+        if not frames:
+            return pl.DataFrame(schema=schema)
+        df = pl.concat(frames, how="diagonal_relaxed")
+        tag_exprs = [
+            pl.col("\0tags")
+            .str.extract(rf"(?:^|[^\\],){t}=((?:[^,\\]|\\.)*)", 1)
+            .str.replace_all("\\,", ",", literal=True)
+            .str.replace_all("\\=", "=", literal=True)
+            .str.replace_all("\\ ", " ", literal=True)
+            .alias(t)
+            for t in group_tags
+        ]
+        return df.with_columns(tag_exprs).select(
+            pl.col("time").cast(pl.Int64).cast(pl.Datetime("ns", "UTC")),
+            *[pl.col(t) for t in group_tags],
+            *[pl.col(a).cast(pl.Float64) for a in aggregates],
+        )
+
     def close(self) -> None:
         if self._pool is not None:
             self._pool.clear()
             self._pool = None
+
+
+def _unescape_tag(value: str) -> str:
+    """InfluxDB's CSV ``tags`` column escapes commas, equals signs and spaces with a backslash."""
+    return value.replace("\\,", ",").replace("\\=", "=").replace("\\ ", " ")
 
 
 def _blocks(body: bytes) -> list[bytes]:

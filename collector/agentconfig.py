@@ -125,22 +125,28 @@ def _coerce(section: str, key: str, default: Any, value: Any, where: str) -> Any
     return value
 
 
-def load_config(
-    path: str | Path | None = None, environ: Mapping[str, str] | None = None
-) -> AgentConfig:
-    data: dict[str, dict[str, Any]] = copy.deepcopy(DEFAULTS)
+def merge_config(
+    defaults: Mapping[str, Mapping[str, Any]],
+    path: str | Path | None,
+    environ: Mapping[str, str] | None,
+    what: str,
+) -> dict[str, dict[str, Any]]:
+    """``defaults``, overridden by the TOML file at ``path``, then by ``GPUWARDEN_<SECTION>_<KEY>``
+    environment variables; every value coerced to its default's type. Shared by the agent's and
+    the analytics' configuration."""
+    data: dict[str, dict[str, Any]] = copy.deepcopy({k: dict(v) for k, v in defaults.items()})
     if path is not None:
         try:
             loaded = tomllib.loads(Path(path).read_text(encoding="utf-8"))
         except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read agent configuration {path}: {exc}") from exc
+            raise ConfigError(f"cannot read {what} configuration {path}: {exc}") from exc
         for section, values in loaded.items():
             if section not in data or not isinstance(values, dict):
                 raise ConfigError(f"{path}: unknown section [{section}]; known: {sorted(data)}")
             for key, value in values.items():
                 if key not in data[section]:
                     raise ConfigError(f"{path}: unknown setting {section}.{key}")
-                default = DEFAULTS[section][key]
+                default = defaults[section][key]
                 data[section][key] = _coerce(section, key, default, value, str(path))
     env = os.environ if environ is None else environ
     for name, value in env.items():
@@ -149,8 +155,14 @@ def load_config(
         rest = name[len("GPUWARDEN_") :].lower()
         section, _, key = rest.partition("_")
         if section in data and key in data[section]:
-            data[section][key] = _coerce(section, key, DEFAULTS[section][key], value, name)
-    config = AgentConfig(data)
+            data[section][key] = _coerce(section, key, defaults[section][key], value, name)
+    return data
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    config = AgentConfig(merge_config(DEFAULTS, path, environ, "agent"))
     config.sink  # noqa: B018  (validates the sink section now, not at first write)
     if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")

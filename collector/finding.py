@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "job", "rank")
+SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
 
 class Severity(StrEnum):

@@ -81,8 +81,14 @@ class Reporter:
         dtype: str = "bf16",
         recompute: bool = False,
         gpu_model: str = "",
+        tensor_parallel: int = 0,
+        pipeline_parallel: int = 0,
     ) -> None:
-        """The model shape, once per job (rank 0 is enough; every rank may call it)."""
+        """The model shape, once per job (rank 0 is enough; every rank may call it).
+
+        ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel ranks
+        fastest, then data-parallel, then pipeline stage) let analytics compare each rank with
+        the ranks of its own pipeline stage; 0 leaves them out."""
         fields: dict[str, int | bool | str] = {
             "params_count": params,
             "layers_count": layers,
@@ -94,6 +100,10 @@ class Reporter:
         }
         if gpu_model:
             fields["gpu_model"] = gpu_model
+        if tensor_parallel:
+            fields["tensor_parallel_count"] = tensor_parallel
+        if pipeline_parallel:
+            fields["pipeline_parallel_count"] = pipeline_parallel
         tags = {"cluster": self.cluster, "job": self.job, "dtype": dtype}
         self._put(Point("job_model", tags, fields, time.time_ns()))
 

@@ -346,8 +346,10 @@ class ScenarioGenerator:
                 )
                 sel = np.ix_(on, ports)
                 n_on, n_p = int(on.sum()), len(ports)
+                # xmit_wait ticks are 8 bytes of lost send opportunity (NVIDIA, ibdiagnet
+                # "congestion assessment"): half the severity of the link's bandwidth is lost.
                 ib_inc["port_xmit_wait_total"][sel] += self.rng.poisson(
-                    3e7 * f.severity * dt, (n_on, n_p)
+                    0.5 * f.severity * IB_RATE_GBPS * 1e9 / 64 * dt, (n_on, n_p)
                 )
                 ib_inc["np_cnp_sent_total"][sel] += self.rng.poisson(
                     2e4 * f.severity * dt, (n_on, n_p)

@@ -264,6 +264,8 @@ class JobSchedule:
                 "heads_count": jp.spec.heads_count,
                 "seq_len_tokens": jp.spec.seq_len_tokens,
                 "world_size_count": jp.spec.nodes * self.spec.gpus_per_node,
+                "tensor_parallel_count": jp.spec.tp,
+                "pipeline_parallel_count": jp.spec.pp,
                 "recompute_active": jp.spec.recompute_active,
                 "gpu_model": gpu_model,
             }

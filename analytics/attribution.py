@@ -1,0 +1,103 @@
+"""Why is this rank slow? Its GPU, its NIC, or its links, from its node's own telemetry.
+
+Called for each worker straggler with the node's ``gpu`` samples and port rates over the stretch
+the worker was slow. The suspect GPU is compared with the other GPUs of the same node (same
+job, same model, same cooling: the fairest peers there are):
+
+* **gpu**: its SM clock is lower than its node peers' (``clock_ratio`` below 0.95), or it spends
+  more time than they do in a hardware/thermal/power clock-event reason, or it draws clearly
+  less power at the same load;
+* **link**: the node's ports show physical-layer errors (symbol errors, link recoveries, the
+  link going down) during the stretch;
+* **nic**: the node's ports spend a noticeable share of time blocked (``xmit_wait``) or
+  receive ECN marks, i.e. the rank waits on the network;
+* **unknown** otherwise: the evidence still lists every number looked at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import polars as pl
+
+from analytics.scalars import num
+from collector.catalogue import CLOCK_EVENT_REASONS
+
+SLOW_REASONS = (
+    "hw_slowdown",
+    "sw_thermal_slowdown",
+    "hw_thermal_slowdown",
+    "hw_power_brake_slowdown",
+    "sw_power_cap",
+)
+_SLOW_MASK = sum(CLOCK_EVENT_REASONS[r] for r in SLOW_REASONS)
+
+
+def _median(df: pl.DataFrame, col: str) -> float | None:
+    if col not in df.columns or df.is_empty():
+        return None
+    value = df[col].drop_nulls().median()
+    return float(value) if isinstance(value, int | float) else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def attribute(
+    gpu: pl.DataFrame, ports: pl.DataFrame, suspect_gpu: str
+) -> tuple[str, dict[str, Any]]:
+    """``(cause, evidence)``. ``gpu``: the node's gpu samples (``gpu`` tag column and the
+    catalogue fields); ``ports``: the node's port rates from :func:`congestion.port_rates`."""
+    evidence: dict[str, Any] = {"gpu": suspect_gpu}
+    cause = "unknown"
+    if not gpu.is_empty() and "gpu" in gpu.columns:
+        if "clock_event_reasons_code" in gpu.columns:
+            gpu = gpu.with_columns(
+                ((pl.col("clock_event_reasons_code").fill_null(0) & _SLOW_MASK) > 0).alias(
+                    "_slowed"
+                )
+            )
+        mine = gpu.filter(pl.col("gpu") == suspect_gpu)
+        peers = gpu.filter(pl.col("gpu") != suspect_gpu)
+        clock = _ratio(_median(mine, "sm_clock_mhz"), _median(peers, "sm_clock_mhz"))
+        power = _ratio(_median(mine, "power_w"), _median(peers, "power_w"))
+        util = _ratio(_median(mine, "gpu_util_pct"), _median(peers, "gpu_util_pct"))
+        slowed = peers_slowed = None
+        if "_slowed" in gpu.columns and mine.height and peers.height:
+            slowed = num(mine["_slowed"].mean())
+            peers_slowed = num(peers["_slowed"].mean())
+        evidence.update(
+            clock_ratio=clock,
+            power_ratio=power,
+            util_ratio=util,
+            throttled_share=slowed,
+            peers_throttled_share=peers_slowed,
+            temp_c=_median(mine, "gpu_temp_c"),
+            peers_temp_c=_median(peers, "gpu_temp_c"),
+        )
+        busy_alike = util is None or util > 0.9
+        if (
+            (clock is not None and clock < 0.95)
+            or (slowed is not None and peers_slowed is not None and slowed - peers_slowed > 0.2)
+            or (power is not None and power < 0.85 and busy_alike)
+        ):
+            cause = "gpu"
+    if cause == "unknown" and not ports.is_empty():
+        errors = sum(
+            num(ports[c].drop_nulls().sum())
+            for c in (
+                "symbol_error_total_inc",
+                "link_error_recovery_total_inc",
+                "link_downed_total_inc",
+            )
+            if c in ports.columns
+        )
+        wait = _median(ports, "xmit_wait_ratio")
+        ecn = _median(ports, "ecn_marked_share")
+        evidence.update(link_errors=errors, xmit_wait_ratio=wait, ecn_marked_share=ecn)
+        if errors > 0:
+            cause = "link"
+        elif (wait or 0.0) >= 0.02 or (ecn or 0.0) >= 0.02:
+            cause = "nic"
+    return cause, {k: (round(v, 4) if isinstance(v, float) else v) for k, v in evidence.items()}

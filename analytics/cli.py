@@ -1,0 +1,209 @@
+"""``gpuwarden-analyze``: analyse telemetry in InfluxDB, or a real straggler trace from a file.
+
+gpuwarden-analyze run --config analytics.toml --start 2026-01-05T00:00:00Z --end ...
+gpuwarden-analyze run --config analytics.toml --every 60s      # periodic, until stopped
+gpuwarden-analyze stragglers --whatif-trace trace.parquet [--json]
+gpuwarden-analyze stragglers --minibatch-csv job_1_norm.csv [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from analytics.config import AnalyticsConfig, load_config
+from analytics.importers import (
+    TraceFormatError,
+    cite,
+    optype_slowdowns,
+    read_minibatch_csv,
+    read_whatif_trace,
+)
+from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
+from analytics.stragglers import Straggler, detect
+from collector.agentconfig import ConfigError
+from collector.replay_cli import _parse_when
+
+log = logging.getLogger("gpuwarden.analyze")
+NS = 1_000_000_000
+
+
+def parse_duration(text: str) -> float:
+    """``60``, ``60s``, ``5m``, ``1h`` -> seconds."""
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    text = text.strip()
+    try:
+        if text and text[-1] in units:
+            return float(text[:-1]) * units[text[-1]]
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 60s, 5m)") from None
+
+
+def _stragglers(args: argparse.Namespace) -> int:
+    path = args.whatif_trace or args.minibatch_csv
+    context: dict[str, Any] = {}
+    try:
+        if args.whatif_trace:
+            timings, ctx = read_whatif_trace(path)
+            context = {k: v for k, v in ctx.items() if k != "per_op"}
+            fmt = "whatif"
+        else:
+            timings, fmt = read_minibatch_csv(path), "minibatch"
+        source = cite(path)
+    except (TraceFormatError, OSError) as exc:
+        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        return 2
+    found: list[Straggler] = detect(timings)
+    items = []
+    for s in found:
+        item = s.to_json()
+        if fmt == "whatif" and s.kind == "stage" and s.stage is not None:
+            item["compute_op_slowdown"] = optype_slowdowns(ctx["per_op"], s.stage)
+        items.append(item)
+    if args.json:
+        doc: dict[str, Any] = {"input": str(path), "format": fmt, "source": source}
+        doc.update(context=context, findings=items)
+        print(json.dumps(doc, indent=2))
+    else:
+        print(f"input: {path} ({fmt}); source: {source}")
+        if not found:
+            print("no persistent straggler")
+        for s, item in zip(found, items, strict=True):
+            line = f"  {s.kind:<7} {s.describe()}"
+            if "compute_op_slowdown" in item:
+                ops = ", ".join(f"{k} {v}x" for k, v in item["compute_op_slowdown"].items())
+                line += f"; compute ops: {ops}"
+            print(line)
+    return 0
+
+
+def _summary(a: Analysis) -> list[str]:
+    lines = [
+        f"window {a.start_ns} .. {a.end_ns} ({(a.end_ns - a.start_ns) / NS:.0f} s), "
+        f"executor {a.executor}, {a.timings_s.get('total', 0):.1f} s"
+    ]
+    for j in a.jobs:
+        if j.mfu is not None:
+            lines.append(
+                f"  job {j.job}: MFU {j.mfu.mfu:.1%} ({j.mfu.tokens_per_s:,.0f} tokens/s), "
+                f"goodput {j.mfu.goodput:.1%}"
+            )
+        elif j.estimate is not None:
+            lines.append(f"  job {j.job}: MFU ESTIMATE from GPM tensor activity {j.estimate:.1%}")
+        for p in j.problems:
+            lines.append(f"  job {j.job}: {p}")
+        for s in j.stragglers:
+            cause = a.attributions.get((j.job, s.worker or ""), ("",))[0]
+            lines.append(f"    {s.describe()}" + (f"; cause {cause}" if cause else ""))
+    for sw in a.switches[:5]:
+        if sw.hot:
+            lines.append(f"  HOT switch {sw.switch}: score {sw.score:.3f}, {sw.hot_s:.0f} s hot")
+    return lines
+
+
+def _write(cfg: AnalyticsConfig, a: Analysis) -> tuple[int, int]:
+    from analytics.emit import findings, points
+    from collector.fastpath import FindingPoster
+    from collector.sink import InfluxSink, SinkConfig
+
+    found = findings(a)
+    pts = points(a, found)
+    if cfg["analysis"]["write_back"]:
+        db = cfg.reader_kwargs()
+        sink = InfluxSink(
+            SinkConfig(
+                url=db["url"],
+                database=db["database"],
+                retention_policy=db["retention_policy"] or "",
+                username=db["username"] or "",
+                password=db["password"] or "",
+                token=db["token"] or "",
+                spool_dir=cfg["analysis"]["spool_dir"],
+            )
+        )
+        sink.write_points(pts)
+        if not sink.close(timeout_s=60):
+            log.warning(
+                "results not all written yet; they wait in %s", cfg["analysis"]["spool_dir"]
+            )
+    url = cfg["findings"]["url"]
+    if url and found:
+        poster = FindingPoster(url, cfg["findings"]["token_file"])
+        for f in found:
+            poster.post(f)
+        poster.close(timeout_s=30)
+    return len(found), len(pts)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        return 2
+    if args.no_write:
+        cfg = AnalyticsConfig(
+            {**cfg.sections, "analysis": {**cfg["analysis"], "write_back": False}}
+        )
+    window = float(cfg["analysis"]["window_s"])
+    executor = executor_from_config(cfg, local=args.local)
+    stop = threading.Event()
+    if args.every:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while True:
+            tick = time.time()
+            end = _parse_when(args.end) if args.end else time.time_ns()
+            start = _parse_when(args.start) if args.start else end - int(window * NS)
+            a = analyse(cfg, start, end, executor, progress=stderr_progress)
+            n_found, n_points = _write(cfg, a)
+            for line in _summary(a):
+                print(line, flush=True)
+            print(f"findings={n_found} points={n_points}", flush=True)
+            if not args.every:
+                return 0
+            if stop.wait(max(0.0, args.every - (time.time() - tick))):
+                return 0
+    except KeyboardInterrupt:
+        return 130
+    finally:
+        executor.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    ap = argparse.ArgumentParser(
+        prog="gpuwarden-analyze",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = ap.add_subparsers(dest="command", required=True)
+    st = sub.add_parser("stragglers", help="find stragglers in a real trace file")
+    src = st.add_mutually_exclusive_group(required=True)
+    src.add_argument("--whatif-trace", type=Path, help="StragglerAnalysis parquet (ByteDance)")
+    src.add_argument("--minibatch-csv", type=Path, help="Alibaba mini-batch-time CSV")
+    st.add_argument("--json", action="store_true")
+    run = sub.add_parser("run", help="analyse a window of telemetry in InfluxDB")
+    run.add_argument("--config", type=Path, help="analytics TOML (default: built-in defaults)")
+    run.add_argument("--start", help="ISO time (default: end - analysis.window_s)")
+    run.add_argument("--end", help="ISO time or 'now' (default: now)")
+    run.add_argument("--every", type=parse_duration, help="run periodically, e.g. 60s")
+    run.add_argument("--local", action="store_true", help="single process, no Dask")
+    run.add_argument("--no-write", action="store_true", help="print only; write nothing back")
+    args = ap.parse_args(argv)
+    if args.command == "stragglers":
+        return _stragglers(args)
+    return _run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

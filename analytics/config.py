@@ -1,0 +1,98 @@
+"""Analytics configuration: TOML file, then ``GPUWARDEN_<SECTION>_<KEY>`` overrides, over the
+defaults. ``config/analytics.sample.toml`` lists every setting with its default (a test checks
+it equals :data:`DEFAULTS`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from analytics.congestion import CongestionConfig
+from analytics.stragglers import StragglerConfig
+from collector.agentconfig import ConfigError, merge_config
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "influxdb": {
+        "url": "http://127.0.0.1:8086",
+        "database": "gpuwarden",
+        "retention_policy": "",
+        "username": "",
+        "password_file": "",
+        "token_file": "",
+    },
+    "dask": {"scheduler": "", "workers": 2, "threads_per_worker": 1, "polars_threads": 1},
+    "analysis": {
+        "cluster": "",
+        "window_s": 3600.0,
+        "ib_bucket_s": 10,
+        "gpu_bucket_s": 60,
+        "nodes_per_task": 32,
+        "topology": "",
+        "write_back": True,
+        "spool_dir": "/var/lib/gpuwarden/analytics-spool",
+    },
+    "stragglers": asdict(StragglerConfig()),
+    "congestion": asdict(CongestionConfig()),
+    "findings": {"url": "", "token_file": ""},
+}
+
+
+def _secret(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read secret file {path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class AnalyticsConfig:
+    sections: Mapping[str, Mapping[str, Any]]
+
+    def __getitem__(self, section: str) -> Mapping[str, Any]:
+        return self.sections[section]
+
+    @property
+    def stragglers(self) -> StragglerConfig:
+        return StragglerConfig(**self.sections["stragglers"])
+
+    @property
+    def congestion(self) -> CongestionConfig:
+        return CongestionConfig(**self.sections["congestion"])
+
+    def reader_kwargs(self) -> dict[str, Any]:
+        db = self.sections["influxdb"]
+        return {
+            "url": db["url"],
+            "database": db["database"],
+            "retention_policy": db["retention_policy"] or None,
+            "username": db["username"] or None,
+            "password": _secret(db["password_file"]) or None,
+            "token": _secret(db["token_file"]) or None,
+        }
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> AnalyticsConfig:
+    config = AnalyticsConfig(merge_config(DEFAULTS, path, environ, "analytics"))
+    a = config["analysis"]
+    if a["window_s"] <= 0 or a["ib_bucket_s"] < 1 or a["gpu_bucket_s"] < 1:
+        raise ConfigError("analysis.window_s, ib_bucket_s and gpu_bucket_s must be positive")
+    if a["nodes_per_task"] < 1 or config["dask"]["workers"] < 1:
+        raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
+    return config
+
+
+def with_overrides(config: AnalyticsConfig, **sections: Mapping[str, Any]) -> AnalyticsConfig:
+    """A copy with some settings replaced (tests and the benchmark use it)."""
+    data = {k: dict(v) for k, v in config.sections.items()}
+    for section, values in sections.items():
+        unknown = set(values) - set(DEFAULTS[section])
+        if unknown:
+            raise ConfigError(f"unknown settings {section}.{sorted(unknown)}")
+        data[section].update(values)
+    return AnalyticsConfig(data)

@@ -1,0 +1,169 @@
+"""From an :class:`~analytics.runner.Analysis` to findings and catalogue points.
+
+Finding kinds (the remediation engine matches policies on them):
+
+* ``straggler``: one rank slower than its peers; ``evidence.cause`` says gpu, nic, link or
+  unknown (a gpu cause is actionable: the node can be drained);
+* ``pipeline_imbalance``: a pipeline stage slower than the others (a job layout matter, no
+  machine to blame);
+* ``load_imbalance``: spread over all workers, the slowest one changing step to step;
+* ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from analytics.runner import Analysis
+from analytics.tasks import CONGESTION_FIELDS, JobResult
+from collector.finding import Finding, Severity
+from collector.lineprotocol import Point
+
+SOURCE = "analytics"
+KIND = {"worker": "straggler", "stage": "pipeline_imbalance", "spread": "load_imbalance"}
+CAUSE = {"stage": "stage", "spread": "imbalance"}
+
+
+def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
+    out = []
+    for s in job.stragglers:
+        subject = {"cluster": job.cluster, "job": job.job}
+        evidence: dict[str, Any] = s.to_json()
+        onset = job.step_times.get(s.onset_step)
+        last = job.step_times.get(s.last_step)
+        if onset and last:
+            evidence.update(onset_step_index=onset[0], onset_time_ns=onset[1], last_time_ns=last[1])
+        cause = CAUSE.get(s.kind, "unknown")
+        if s.kind == "worker" and s.worker is not None:
+            subject["rank"] = s.worker
+            if s.node:
+                subject["node"] = s.node
+            cause, attr = a.attributions.get((job.job, s.worker), ("unknown", {}))
+            evidence["attribution"] = attr
+        evidence["cause"] = cause
+        severity = Severity.WARNING if cause in ("gpu", "nic", "link") else Severity.INFO
+        out.append(
+            Finding(
+                kind=KIND[s.kind],
+                subject={k: v for k, v in subject.items() if v},
+                severity=severity,
+                time_ns=a.end_ns,
+                evidence=evidence,
+                confidence=min(1.0, s.persistence),
+                summary=f"job {job.job}: {s.describe()}; cause {cause}",
+                source=SOURCE,
+            )
+        )
+    return out
+
+
+def findings(a: Analysis) -> list[Finding]:
+    out: list[Finding] = []
+    for job in a.jobs:
+        out += _job_findings(a, job)
+    cluster = next((j.cluster for j in a.jobs if j.cluster), "")
+    for rank, sw in enumerate(a.switches, start=1):
+        if not sw.hot:
+            continue
+        subject = (
+            {"cluster": cluster, "switch": sw.switch}
+            if sw.switch not in sw.nodes
+            else {
+                "cluster": cluster,
+                "node": sw.switch,
+            }
+        )
+        out.append(
+            Finding(
+                kind="link_congested",
+                subject={k: v for k, v in subject.items() if v},
+                severity=Severity.WARNING,
+                time_ns=a.end_ns,
+                evidence={
+                    "switch": sw.switch,
+                    "rank": rank,
+                    "score": round(sw.score, 4),
+                    "peak_score": round(sw.peak_score, 4),
+                    "hot_s": sw.hot_s,
+                    "first_hot_ns": sw.first_hot_ns,
+                    "last_hot_ns": sw.last_hot_ns,
+                    "nodes": sw.nodes,
+                    "jobs": sw.jobs,
+                },
+                confidence=min(1.0, sw.hot_s / max(1.0, (a.end_ns - a.start_ns) / 1e9)),
+                summary=(
+                    f"switch {sw.switch} congested {sw.hot_s:.0f} s (mean score {sw.score:.3f}); "
+                    f"jobs under it: {', '.join(j['job'] for j in sw.jobs) or 'none'}"
+                ),
+                source=SOURCE,
+            )
+        )
+    return out
+
+
+def points(a: Analysis, found: list[Finding]) -> list[Point]:
+    """The catalogue's derived measurements for this window, stamped at the window's end."""
+    t = a.end_ns
+    cluster = next((j.cluster for j in a.jobs if j.cluster), "")
+    out: list[Point] = []
+    for job in a.jobs:
+        base = {"cluster": job.cluster, "job": job.job, "source": SOURCE}
+        if job.mfu is not None and job.shape is not None:
+            fields: dict[str, Any] = {
+                "mfu_ratio": job.mfu.mfu,
+                "model_flops_per_s": job.mfu.model_flops_per_s_per_gpu,
+                "tokens_per_s": job.mfu.tokens_per_s,
+                "goodput_ratio": job.mfu.goodput,
+                "estimate_active": False,
+            }
+            if job.mfu.hfu is not None:
+                fields["hfu_ratio"] = job.mfu.hfu
+            tags = {**base, "gpu_model": job.shape.gpu_model, "dtype": job.shape.dtype}
+            out.append(Point("mfu", {k: v for k, v in tags.items() if v}, fields, t))
+        elif job.estimate is not None:
+            fields = {"mfu_ratio": job.estimate, "estimate_active": True}
+            out.append(Point("mfu", {k: v for k, v in base.items() if v}, fields, t))
+        if job.energy:
+            e = {
+                k: v
+                for k, v in job.energy.items()
+                if k in ("energy_j", "j_per_token", "j_per_step", "power_w")
+            }
+            out.append(Point("energy", {"cluster": job.cluster, "job": job.job}, e, t))
+        for s in job.stragglers:
+            tags = {"cluster": job.cluster, "job": job.job, "kind": s.kind}
+            for key, value in (
+                ("rank", s.worker),
+                ("node", s.node),
+                ("stage", s.stage),
+                ("dp_rank", s.dp_rank),
+            ):
+                if value is not None:
+                    tags[key] = str(value)
+            cause = (
+                CAUSE.get(s.kind) or a.attributions.get((job.job, s.worker or ""), ("unknown",))[0]
+            )
+            fields = {
+                "slowdown_ratio": s.slowdown,
+                "persistence_ratio": s.persistence,
+                "cause": cause,
+            }
+            if s.time_s is not None:
+                fields["step_time_s"] = s.time_s
+            if s.peer_time_s is not None:
+                fields["peer_median_step_time_s"] = s.peer_time_s
+            out.append(Point("straggler", {k: v for k, v in tags.items() if v}, fields, t))
+    if a.ports.height:
+        for row in a.ports.iter_rows(named=True):
+            tags = {"cluster": cluster, "node": row["node"], "hca": row["hca"], "port": row["port"]}
+            tags = {k: v for k, v in tags.items() if v}
+            sw = a.switch_of.get(row["node"])
+            if sw:
+                tags["switch"] = sw
+            fields = {c: row[c] for c in CONGESTION_FIELDS if row.get(c) is not None}
+            if fields:
+                out.append(Point("congestion", tags, fields, t))
+    for f in found:
+        ftags, ffields = f.to_point()
+        out.append(Point("finding", ftags, ffields, f.time_ns))  # type: ignore[arg-type]
+    return out

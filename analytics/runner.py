@@ -1,0 +1,231 @@
+"""The analytics runner: plan partitions, run them on Dask (or in-process), emit results.
+
+One analysis of a window ``[start, end)``:
+
+1. **Plan** (on the driver, two cheap grouped counts): the jobs with steps or GPUs in the
+   window, and the nodes with InfiniBand ports. Nodes are grouped so that every switch's hosts
+   land in one task (a switch's score is a median over its ports).
+2. **Phase 1** (parallel): one task per job (:func:`analytics.tasks.job_task`: MFU, goodput,
+   energy, stragglers) and one per node group (:func:`analytics.tasks.ports_task`: per-port
+   rates and per-switch congestion series).
+3. **Phase 2** (parallel, small): for each worker straggler, read its node's telemetry over the
+   slow stretch and attribute it (:func:`analytics.tasks.attribution_task`). Hot switches are
+   ranked and correlated with the step times of the jobs whose ranks sit under them.
+4. **Emit**: findings (the DESIGN contract) and the catalogue's derived measurements (``mfu``,
+   ``energy``, ``straggler``, ``congestion``, ``finding``), written back to InfluxDB through the
+   sink and, when ``[findings] url`` is set, posted to the remediation endpoint.
+
+The executor is the only difference between the Dask path and the plain single-process path
+(:class:`LocalExecutor`), so ``benchmarks/analytics.py`` compares like with like.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from analytics.config import AnalyticsConfig
+from analytics.congestion import SwitchReport, job_impact, rank_switches
+from analytics.reader import InfluxReader
+from analytics.tasks import JobResult, PortsResult, attribution_task, job_task, ports_task
+from analytics.topology import load_topology
+
+Call = tuple[Callable[..., Any], tuple[Any, ...]]
+Progress = Callable[[str, int, int], None]
+
+
+class LocalExecutor:
+    """Runs every task in this process, one after the other: the plain polars baseline."""
+
+    name = "polars"
+
+    def run(self, calls: Sequence[Call], label: str, progress: Progress | None = None) -> list[Any]:
+        out = []
+        for i, (fn, args) in enumerate(calls):
+            out.append(fn(*args))
+            if progress:
+                progress(label, i + 1, len(calls))
+        return out
+
+    def close(self) -> None:
+        pass
+
+
+class DaskExecutor:
+    """A ``LocalCluster`` of worker processes by default, or a running scheduler's address.
+
+    ``POLARS_MAX_THREADS`` is set before the workers start (polars reads it once): with one
+    thread per Dask worker, workers do not fight over cores."""
+
+    name = "dask"
+
+    def __init__(
+        self,
+        scheduler: str = "",
+        workers: int = 2,
+        threads_per_worker: int = 1,
+        polars_threads: int = 1,
+    ) -> None:
+        from dask.distributed import Client, LocalCluster
+
+        self._cluster = None
+        if scheduler:
+            self.client = Client(scheduler)  # type: ignore[no-untyped-call]
+        else:
+            os.environ["POLARS_MAX_THREADS"] = str(polars_threads)
+            self._cluster = LocalCluster(  # type: ignore[no-untyped-call]
+                n_workers=workers,
+                threads_per_worker=threads_per_worker,
+                processes=True,
+                dashboard_address=None,
+            )
+            self.client = Client(self._cluster)  # type: ignore[no-untyped-call]
+
+    def run(self, calls: Sequence[Call], label: str, progress: Progress | None = None) -> list[Any]:
+        from dask.distributed import as_completed
+
+        futures = [self.client.submit(fn, *args, pure=False) for fn, args in calls]
+        for done, _ in enumerate(as_completed(futures), start=1):  # type: ignore[no-untyped-call]
+            if progress:
+                progress(label, done, len(futures))
+        return list(self.client.gather(futures))  # type: ignore[no-untyped-call]
+
+    def close(self) -> None:
+        self.client.close()  # type: ignore[no-untyped-call]
+        if self._cluster is not None:
+            self._cluster.close()
+
+
+def executor_from_config(cfg: AnalyticsConfig, local: bool = False) -> LocalExecutor | DaskExecutor:
+    if local:
+        return LocalExecutor()
+    d = cfg["dask"]
+    return DaskExecutor(d["scheduler"], d["workers"], d["threads_per_worker"], d["polars_threads"])
+
+
+def stderr_progress(label: str, done: int, total: int) -> None:
+    """A one-line progress bar on stderr (redrawn in place on a terminal)."""
+    width = 30
+    filled = width * done // max(total, 1)
+    bar = "#" * filled + "." * (width - filled)
+    end = "\n" if done == total or not sys.stderr.isatty() else "\r"
+    if done == total or sys.stderr.isatty():
+        print(f"[analyze] {label:<12} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+
+@dataclass
+class Analysis:
+    start_ns: int
+    end_ns: int
+    executor: str
+    jobs: list[JobResult] = field(default_factory=list)
+    switches: list[SwitchReport] = field(default_factory=list)
+    ports: pl.DataFrame = field(default_factory=pl.DataFrame)
+    attributions: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
+    switch_of: dict[str, str] = field(default_factory=dict)
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def job(self, name: str) -> JobResult:
+        for j in self.jobs:
+            if j.job == name:
+                return j
+        raise KeyError(f"job {name!r} not in this analysis")
+
+
+def node_groups(nodes: Sequence[str], switch_of: Mapping[str, str], size: int) -> list[list[str]]:
+    """Groups of at most ``size`` nodes (or one whole larger switch) that never split a switch."""
+    by_switch: dict[str, list[str]] = {}
+    for n in sorted(nodes):
+        by_switch.setdefault(switch_of.get(n, n), []).append(n)
+    groups: list[list[str]] = []
+    current: list[str] = []
+    for members in by_switch.values():
+        if current and len(current) + len(members) > size:
+            groups.append(current)
+            current = []
+        current = current + members
+    if current:
+        groups.append(current)
+    return groups
+
+
+def analyse(
+    cfg: AnalyticsConfig,
+    start_ns: int,
+    end_ns: int,
+    executor: LocalExecutor | DaskExecutor,
+    progress: Progress | None = None,
+) -> Analysis:
+    """Everything but the writing: see the module docstring."""
+    t0 = time.perf_counter()
+    out = Analysis(start_ns, end_ns, executor.name)
+    a = cfg["analysis"]
+    out.switch_of = load_topology(a["topology"]) if a["topology"] else {}
+    where = {"cluster": a["cluster"]} if a["cluster"] else None
+    reader = InfluxReader(**cfg.reader_kwargs())
+    try:
+        jobs = set(reader.tag_values("job_step", "job", "step_time_s", start_ns, end_ns, where))
+        jobs |= set(reader.tag_values("gpu", "job", "power_w", start_ns, end_ns, where))
+        nodes = reader.tag_values(
+            "ib_port", "node", "port_xmit_data_bytes_total", start_ns, end_ns, where
+        )
+    finally:
+        reader.close()
+    groups = node_groups(nodes, out.switch_of, int(a["nodes_per_task"]))
+    out.timings_s["plan"] = time.perf_counter() - t0
+    calls: list[Call] = [(job_task, (cfg, j, start_ns, end_ns)) for j in sorted(jobs)]
+    calls += [
+        (
+            ports_task,
+            (cfg, g, {n: out.switch_of[n] for n in g if n in out.switch_of}, start_ns, end_ns),
+        )
+        for g in groups
+    ]
+    results = executor.run(calls, "read+analyse", progress)
+    out.jobs = [r for r in results if isinstance(r, JobResult)]
+    port_results = [r for r in results if isinstance(r, PortsResult)]
+    out.timings_s["phase1"] = time.perf_counter() - t0 - out.timings_s["plan"]
+    series = [p.series for p in port_results if p.series.height]
+    all_series = pl.concat(series) if series else pl.DataFrame()
+    port_frames = [p.ports for p in port_results if p.ports.height]
+    out.ports = pl.concat(port_frames) if port_frames else pl.DataFrame()
+    out.switches = rank_switches(all_series, out.switch_of, nodes, cfg.congestion)
+    bucket_s = float(a["ib_bucket_s"])
+    for sw in out.switches:
+        if not sw.hot:
+            continue
+        for job in out.jobs:
+            if set(job.nodes) & set(sw.nodes):
+                impact = job_impact(all_series, sw.switch, job.walls, max(bucket_s, 60.0))
+                if impact is not None:
+                    sw.jobs.append({"job": job.job, **{k: round(v, 4) for k, v in impact.items()}})
+    # Phase 2: attribute each slow worker from its node's telemetry over its slow stretch.
+    attr_calls: list[Call] = []
+    keys: list[tuple[str, str]] = []
+    for job in out.jobs:
+        for s in job.stragglers:
+            if s.kind != "worker" or s.worker is None:
+                continue
+            node = s.node or job.rank_node.get(s.worker, "")
+            if not node:
+                continue
+            lo = job.step_times.get(s.onset_step, (0, start_ns))[1]
+            hi = job.step_times.get(s.last_step, (0, end_ns))[1]
+            attr_calls.append(
+                (
+                    attribution_task,
+                    (cfg, job.job, s.worker, node, max(start_ns, lo - 60 * 10**9), hi + 1),
+                )
+            )
+            keys.append((job.job, s.worker))
+    if attr_calls:
+        for key, res in zip(keys, executor.run(attr_calls, "attribute", progress), strict=True):
+            out.attributions[key] = res
+    out.timings_s["total"] = time.perf_counter() - t0
+    return out

@@ -1,0 +1,235 @@
+"""The units of work the runner hands to Dask workers (or runs in-process).
+
+Each task opens its own InfluxDB reader, reads its own partition for the window straight from
+the server (a job, a group of nodes behind whole switches, one node), and returns a small
+result: a few rows per job, port or switch, never the raw telemetry. Functions are module-level
+so Dask can pickle them; their arguments are plain data.
+
+Where InfluxDB aggregates more cheaply than a raw export, it does (``GROUP BY time``): per-port
+counters are read as one ``last()`` per bucket (``analysis.ib_bucket_s``) and per-GPU energy
+and power as one value per minute (``analysis.gpu_bucket_s``). ``job_step`` is read raw: the
+per-step, per-rank times are what straggler detection needs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+from analytics.attribution import attribute
+from analytics.config import AnalyticsConfig
+from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
+from analytics.mfu import (
+    JobThroughput,
+    Mfu,
+    ModelShape,
+    UnknownGpuError,
+    compute_mfu,
+    executions,
+    job_energy,
+    tensor_activity_estimate,
+    throughput,
+    with_attempts,
+)
+from analytics.reader import InfluxReader
+from analytics.stragglers import Straggler, detect
+
+CONGESTION_FIELDS = (
+    "xmit_util_ratio",
+    "rcv_util_ratio",
+    "xmit_wait_ratio",
+    "cnp_per_s",
+    "ecn_marked_per_s",
+    "symbol_errors_per_s",
+    "score_ratio",
+)
+
+
+def _reader(cfg: AnalyticsConfig) -> InfluxReader:
+    return InfluxReader(**cfg.reader_kwargs())
+
+
+def _where(cfg: AnalyticsConfig, **tags: str | list[str]) -> dict[str, str | list[str]]:
+    where: dict[str, str | list[str]] = dict(tags)
+    if cfg["analysis"]["cluster"]:
+        where["cluster"] = cfg["analysis"]["cluster"]
+    return where
+
+
+@dataclass
+class JobResult:
+    job: str
+    cluster: str
+    shape: ModelShape | None = None
+    throughput: JobThroughput | None = None
+    mfu: Mfu | None = None
+    estimate: float | None = None
+    problems: list[str] = field(default_factory=list)
+    stragglers: list[Straggler] = field(default_factory=list)
+    step_times: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Straggler sample number -> (step_index, time_ns), to report onsets as steps and times."""
+    energy: dict[str, float] | None = None
+    walls: pl.DataFrame = field(default_factory=pl.DataFrame)
+    """One row per executed step: ``time_ns, wall_s`` (for congestion correlation)."""
+    nodes: list[str] = field(default_factory=list)
+    rank_node: dict[str, str] = field(default_factory=dict)
+
+
+def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]) -> pl.DataFrame:
+    """Add ``stage`` and ``dp_rank`` when the job reported its parallel layout (Megatron order:
+    tensor-parallel ranks fastest, then data-parallel, then pipeline stage)."""
+    tp = int(model.get("tensor_parallel_count") or 0)
+    pp = int(model.get("pipeline_parallel_count") or 0)
+    if shape is None or tp < 1 or pp < 1 or shape.world_size % (tp * pp):
+        return steps
+    per_stage = shape.world_size // pp
+    r = pl.col("rank").cast(pl.Int64)
+    return steps.with_columns(
+        (r // per_stage).alias("stage"), ((r % per_stage) // tp).alias("dp_rank")
+    )
+
+
+def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
+    """MFU, goodput, energy and stragglers of one job over the window."""
+    reader = _reader(cfg)
+    try:
+        steps = reader.read(
+            "job_step",
+            start_ns,
+            end_ns,
+            fields=["step_index", "step_time_s", "tokens_count"],
+            tags=["cluster", "node", "rank"],
+            where=_where(cfg, job=job),
+        ).drop_nulls(["step_index", "step_time_s", "rank"])
+        models = reader.read("job_model", None, end_ns, where=_where(cfg, job=job))
+        gpu = reader.aggregate(
+            "gpu",
+            {
+                "energy_j_total": "last:energy_j_total",
+                "power_w": "mean:power_w",
+                "gpm_tensor_active_pct": "mean:gpm_tensor_active_pct",
+            },
+            start_ns,
+            end_ns,
+            every_s=int(cfg["analysis"]["gpu_bucket_s"]),
+            group_tags=["node", "gpu"],
+            where=_where(cfg, job=job),
+        )
+    finally:
+        reader.close()
+    cluster = str(steps["cluster"].drop_nulls()[0]) if steps.height else ""
+    result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"])
+    model = models.sort("time").row(-1, named=True) if models.height else {}
+    if model and model.get("params_count") is not None:
+        try:
+            result.shape = ModelShape.from_row(model)
+        except (KeyError, TypeError, ValueError) as exc:
+            result.problems.append(f"job_model unusable: {exc}")
+    else:
+        result.problems.append("no job_model reported: MFU needs the model shape")
+    result.throughput = throughput(steps)
+    if result.shape is not None and result.throughput is not None:
+        try:
+            result.mfu = compute_mfu(result.shape, result.throughput)
+        except UnknownGpuError as exc:
+            result.problems.append(str(exc))
+        if result.mfu is not None and result.mfu.mfu > 1.0:
+            result.problems.append(
+                f"MFU {result.mfu.mfu:.0%} is above 100 %: the reported model shape, tokens per "
+                "step or GPU model cannot all be right"
+            )
+    if result.throughput is None:
+        result.estimate = tensor_activity_estimate(gpu)
+    result.energy = job_energy(gpu, result.throughput)
+    if steps.height:
+        result.nodes = sorted(set(steps["node"].drop_nulls()))
+        pairs = steps.select("rank", "node").unique("rank")
+        result.rank_node = dict(zip(pairs["rank"], pairs["node"], strict=True))
+        ex = executions(steps).with_row_index("sample")
+        result.walls = ex.select("time_ns", "wall_s")
+        result.step_times = {
+            int(r["sample"]): (int(r["step_index"]), int(r["time_ns"]))
+            for r in ex.iter_rows(named=True)
+        }
+        timings = (
+            _layout(with_attempts(steps), result.shape, model)
+            .join(ex.select("attempt", "step_index", "sample"), on=["attempt", "step_index"])
+            .rename({"rank": "worker", "sample": "step", "step_time_s": "time_s"})
+        )
+        result.stragglers = detect(timings, cfg.stragglers)
+    return result
+
+
+@dataclass
+class PortsResult:
+    nodes: list[str]
+    series: pl.DataFrame
+    """Per switch and bucket: ``switch, time, score, ports``."""
+    ports: pl.DataFrame
+    """Per port over the window: the catalogue's congestion fields (means; score also max)."""
+    problems: list[str] = field(default_factory=list)
+
+
+def read_port_rates(
+    reader: InfluxReader, cfg: AnalyticsConfig, nodes: list[str], start_ns: int, end_ns: int
+) -> pl.DataFrame:
+    ib = reader.aggregate(
+        "ib_port",
+        {c: f"last:{c}" for c in (*RATE_COUNTERS, "rate_gbps")},
+        start_ns,
+        end_ns,
+        every_s=int(cfg["analysis"]["ib_bucket_s"]),
+        group_tags=["node", "hca", "port"],
+        where=_where(cfg, node=nodes),
+    )
+    return port_rates(ib, cfg.congestion)
+
+
+def ports_task(
+    cfg: AnalyticsConfig, nodes: list[str], switch_of: Mapping[str, str], start_ns: int, end_ns: int
+) -> PortsResult:
+    """Congestion of a group of nodes that holds whole switches."""
+    reader = _reader(cfg)
+    try:
+        rates = read_port_rates(reader, cfg, nodes, start_ns, end_ns)
+    finally:
+        reader.close()
+    series = switch_series(rates, switch_of)
+    ports = rates.group_by("node", "hca", "port").agg(
+        *[pl.col(c).mean() for c in CONGESTION_FIELDS if c != "score_ratio"],
+        pl.col("score_ratio").mean(),
+        pl.col("score_ratio").max().alias("peak_score_ratio"),
+    )
+    return PortsResult(nodes=nodes, series=series, ports=ports)
+
+
+def attribution_task(
+    cfg: AnalyticsConfig, job: str, rank: str, node: str, start_ns: int, end_ns: int
+) -> tuple[str, dict[str, Any]]:
+    """Cause of one slow rank from its node's GPUs and ports over the slow stretch."""
+    reader = _reader(cfg)
+    try:
+        gpu = reader.read(
+            "gpu",
+            start_ns,
+            end_ns,
+            fields=[
+                "sm_clock_mhz",
+                "power_w",
+                "gpu_util_pct",
+                "gpu_temp_c",
+                "clock_event_reasons_code",
+            ],
+            tags=["gpu", "job", "rank"],
+            where=_where(cfg, node=node),
+        )
+        ports = read_port_rates(reader, cfg, [node], start_ns, end_ns)
+    finally:
+        reader.close()
+    mine = gpu.filter((pl.col("job") == job) & (pl.col("rank") == rank))
+    if mine.is_empty():
+        return "unknown", {"note": f"no gpu samples tagged job={job} rank={rank} on {node}"}
+    return attribute(gpu, ports, str(mine["gpu"][0]))

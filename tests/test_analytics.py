@@ -1,0 +1,184 @@
+"""Analytics end to end on SIMULATED scenarios replayed into the real InfluxDB (Debian influxd).
+
+Each test generates a library scenario (collector/scenario/library; marginals from the real
+AcmeTrace CDFs, ToRs from the real Lingjun topology), writes it through the sink, and runs the
+runner on it: the Dask path (LocalCluster, 2 workers) and the single-process path give the same
+results. What is injected is known, so the assertions are exact about *what* is found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from analytics.config import DEFAULTS, load_config, with_overrides
+from analytics.emit import findings, points
+from analytics.mfu import model_flops_per_token
+from analytics.runner import DaskExecutor, LocalExecutor, analyse
+from analytics.topology import TopologyError, load_topology, write_topology
+from collector.catalogue import check_point
+from collector.scenario.generator import TAGS, ScenarioGenerator
+from collector.scenario.spec import load_spec
+from collector.sink import InfluxSink, SinkConfig
+
+MEASUREMENTS = ("gpu", "ib_port", "job_step", "job_model")
+
+
+def _load(influxd, db, tmp_path, name, seed=1, interval_s=10, **changes):
+    spec = dataclasses.replace(
+        load_spec(name), interval_s=interval_s, measurements=MEASUREMENTS, **changes
+    ).validate()
+    gen = ScenarioGenerator(spec, seed=seed)
+    sink = InfluxSink(
+        SinkConfig(
+            url=influxd.url, database=db, spool_dir=str(tmp_path / "spool"), batch_size=20_000
+        )
+    )
+    frames: dict[str, list[pl.DataFrame]] = {}
+    for chunk in gen.chunks(ticks_per_chunk=60):
+        for m, df in chunk.items():
+            sink.write_frame(df, m, tags=[t for t in TAGS[m] if t in df.columns])
+            frames.setdefault(m, []).append(df)
+    assert sink.close(timeout_s=120)
+    topo = tmp_path / "topology.csv"
+    write_topology(dict(zip(gen.node_names, gen.switch_of, strict=True)), topo)
+    cfg = with_overrides(
+        load_config(environ={}),
+        influxdb={"url": influxd.url, "database": db},
+        analysis={"topology": str(topo), "spool_dir": str(tmp_path / "aspool")},
+    )
+    window = (spec.start_ns, spec.start_ns + spec.duration_s * 10**9 + 1)
+    return gen, {m: pl.concat(v) for m, v in frames.items()}, cfg, window
+
+
+def test_mfu_matches_the_hand_computed_value(influxd, influx_db, tmp_path):
+    """Must-show 2: MFU from job_step in InfluxDB against the injected shape and step times."""
+    gen, frames, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "healthy")
+    job = gen.spec.jobs[0]
+    a = analyse(cfg, start, end, LocalExecutor())
+    result = a.job(job.name)
+    assert result.mfu is not None and not result.problems
+    # by hand: global tokens per step over the mean synchronous step (slowest rank's time)
+    steps = frames["job_step"]
+    wall = steps.group_by("step_index").agg(pl.col("step_time_s").max())["step_time_s"].mean()
+    world = job.nodes * gen.spec.gpus_per_node
+    tokens_per_step = job.tokens_per_step // world * world
+    per_token = model_flops_per_token(
+        job.params_count, job.layers_count, job.hidden_size_count, job.seq_len_tokens
+    )
+    by_hand = tokens_per_step / wall * per_token / world / 312e12  # A100 bf16 dense peak
+    assert result.mfu.mfu == pytest.approx(by_hand, rel=0.01)
+    assert 0.2 < result.mfu.mfu < 0.7  # a plausible 13B run on A100s, not an impossible one
+    assert result.mfu.goodput > 0.98  # healthy: no restarts
+    assert result.energy is not None and result.energy["j_per_token"] > 0
+    assert not result.stragglers  # healthy: nothing flagged
+    assert not [s for s in a.switches if s.hot]
+
+
+def test_slow_gpu_is_found_and_attributed_to_the_gpu_on_dask(influxd, influx_db, tmp_path):
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=2400)
+    fault = gen.spec.faults[0]
+    rank = str(fault.node * gen.spec.gpus_per_node + fault.gpu)
+    executor = DaskExecutor(workers=2)
+    try:
+        a = analyse(cfg, start, end, executor)
+    finally:
+        executor.close()
+    local = analyse(cfg, start, end, LocalExecutor())
+    assert a.executor == "dask" and local.executor == "polars"
+    stragglers = a.job("llm-13b").stragglers
+    assert [(s.kind, s.worker) for s in stragglers] == [("worker", rank)]
+    assert [s.to_json() for s in stragglers] == [
+        s.to_json() for s in local.job("llm-13b").stragglers
+    ]
+    s = stragglers[0]
+    assert s.slowdown == pytest.approx(1 + fault.severity, rel=0.05)
+    onset_time = a.job("llm-13b").step_times[s.onset_step][1]
+    assert abs(onset_time - (gen.spec.start_ns + fault.at_s * 10**9)) < 30 * 10**9
+    cause, evidence = a.attributions[("llm-13b", rank)]
+    assert cause == "gpu" and evidence["clock_ratio"] < 0.95
+    (f,) = [f for f in findings(a) if f.kind == "straggler"]
+    assert f.subject["rank"] == rank and f.evidence["cause"] == "gpu"
+    assert f.subject["node"] == gen.node_names[fault.node]
+
+
+def test_slow_stage_is_a_pipeline_imbalance_not_a_worker(influxd, influx_db, tmp_path):
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-stage", duration_s=1200)
+    a = analyse(cfg, start, end, LocalExecutor())
+    found = a.job("llm-13b").stragglers
+    assert [(s.kind, s.stage) for s in found] == [("stage", 3)]
+    assert found[0].slowdown == pytest.approx(1.3, rel=0.05)
+    assert [f.kind for f in findings(a)] == ["pipeline_imbalance"]
+
+
+def test_congested_tor_ranks_first_and_healthy_flags_nothing(influxd, influx_db, tmp_path):
+    """Must-show 3, with the job's slowdown correlated to the hot switch."""
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "congested-tor")
+    a = analyse(cfg, start, end, LocalExecutor())
+    injected = gen.switch_of[gen.spec.faults[0].node]
+    assert a.switches[0].switch == injected and a.switches[0].hot
+    assert [s.switch for s in a.switches if s.hot] == [injected]
+    impact = a.switches[0].jobs
+    assert impact and impact[0]["job"] == "llm-13b" and impact[0]["correlation"] > 0.5
+    assert impact[0]["slowdown_while_hot"] > 1.1
+    (f,) = [f for f in findings(a) if f.kind == "link_congested"]
+    assert f.subject["switch"] == injected
+    # ranks under the switch are slower, but that is the network's doing, not a bad GPU
+    for s in a.job("llm-13b").stragglers:
+        assert a.attributions.get(("llm-13b", s.worker or ""), ("nic",))[0] != "gpu"
+
+
+def test_results_are_written_back_in_catalogue_terms(influxd, influx_db, tmp_path):
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)
+    a = analyse(cfg, start, end, LocalExecutor())
+    found = findings(a)
+    pts = points(a, found)
+    for p in pts:
+        check_point(p.measurement, p.tags, p.fields)
+    from analytics.cli import _write
+
+    n_found, n_points = _write(cfg, a)
+    assert (n_found, n_points) == (len(found), len(pts))
+    body = json.loads(influxd.query('SELECT "mfu_ratio","goodput_ratio" FROM "mfu"', influx_db))
+    mfu = body["results"][0]["series"][0]["values"][0]
+    assert 0 < mfu[1] < 1 and 0 < mfu[2] <= 1
+    body = json.loads(
+        influxd.query('SELECT "finding_id","cause" FROM "finding","straggler"', influx_db)
+    )
+    names = {s["name"] for s in body["results"][0]["series"]}
+    assert names == {"finding", "straggler"}
+
+
+def test_unreachable_influxdb_is_a_clear_error(tmp_path):
+    from analytics.reader import QueryError
+
+    cfg = with_overrides(load_config(environ={}), influxdb={"url": "http://127.0.0.1:9"})
+    with pytest.raises(QueryError, match="unreachable"):
+        analyse(cfg, 0, 10**9, LocalExecutor())
+
+
+def test_topology_files(tmp_path):
+    good = tmp_path / "t.csv"
+    good.write_text("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\n")
+    assert load_topology(good) == {"h1": "S1", "h2": "S2"}
+    bad = tmp_path / "b.csv"
+    bad.write_text("host,tor\nh1,S1\n")
+    with pytest.raises(TopologyError, match="need columns"):
+        load_topology(bad)
+    dup = tmp_path / "d.csv"
+    dup.write_text("node,switch\nh1,S1\nh1,S2\n")
+    with pytest.raises(TopologyError, match="twice"):
+        load_topology(dup)
+
+
+def test_analytics_sample_config_equals_defaults():
+    import tomllib
+
+    path = Path(__file__).parent.parent / "config/analytics.sample.toml"
+    assert load_config(path, environ={}).sections == DEFAULTS
+    for section, values in tomllib.loads(path.read_text()).items():
+        assert set(values) == set(DEFAULTS[section]), section
