@@ -107,7 +107,7 @@ def test_slow_gpu_is_found_and_attributed_to_the_gpu_on_dask(influxd, influx_db,
 
 
 def test_slow_stage_is_a_pipeline_imbalance_not_a_worker(influxd, influx_db, tmp_path):
-    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-stage", duration_s=1200)
+    _, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-stage", duration_s=1200)
     a = analyse(cfg, start, end, LocalExecutor())
     found = a.job("llm-13b").stragglers
     assert [(s.kind, s.stage) for s in found] == [("stage", 3)]
@@ -133,7 +133,7 @@ def test_congested_tor_ranks_first_and_healthy_flags_nothing(influxd, influx_db,
 
 
 def test_results_are_written_back_in_catalogue_terms(influxd, influx_db, tmp_path):
-    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)
+    _, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)
     a = analyse(cfg, start, end, LocalExecutor())
     found = findings(a)
     pts = points(a, found)
