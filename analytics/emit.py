@@ -24,9 +24,17 @@ KIND = {"worker": "straggler", "stage": "pipeline_imbalance", "spread": "load_im
 CAUSE = {"stage": "stage", "spread": "imbalance"}
 
 
+def _behind_switch(a: Analysis, job: JobResult, worker: str | None) -> str:
+    """The hot switch a slow worker is blamed on, if any."""
+    cause, attr = a.attributions.get((job.job, worker or ""), ("", {}))
+    return str(attr.get("switch", "")) if cause == "nic" else ""
+
+
 def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
     out = []
     for s in job.stragglers:
+        if s.kind == "worker" and _behind_switch(a, job, s.worker):
+            continue  # reported once, with the switch's link_congested finding
         subject = {"cluster": job.cluster, "job": job.job}
         evidence: dict[str, Any] = s.to_json()
         onset = job.step_times.get(s.onset_step)
@@ -34,6 +42,10 @@ def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
         if onset and last:
             evidence.update(onset_step_index=onset[0], onset_time_ns=onset[1], last_time_ns=last[1])
         cause = CAUSE.get(s.kind, "unknown")
+        if s.kind == "stage":
+            cause, attr = a.attributions.get((job.job, f"stage:{s.stage}"), (cause, {}))
+            if attr:
+                evidence["attribution"] = attr
         if s.kind == "worker" and s.worker is not None:
             subject["rank"] = s.worker
             if s.node:
@@ -89,6 +101,18 @@ def findings(a: Analysis) -> list[Finding]:
                     "last_hot_ns": sw.last_hot_ns,
                     "nodes": sw.nodes,
                     "jobs": sw.jobs,
+                    "slow_ranks": {
+                        j.job: sorted(
+                            (
+                                s.worker
+                                for s in j.stragglers
+                                if s.worker and _behind_switch(a, j, s.worker) == sw.switch
+                            ),
+                            key=lambda w: (len(w), w),
+                        )
+                        for j in a.jobs
+                        if any(_behind_switch(a, j, s.worker) == sw.switch for s in j.stragglers)
+                    },
                 },
                 confidence=min(1.0, sw.hot_s / max(1.0, (a.end_ns - a.start_ns) / 1e9)),
                 summary=(

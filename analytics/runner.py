@@ -155,6 +155,36 @@ def node_groups(nodes: Sequence[str], switch_of: Mapping[str, str], size: int) -
     return groups
 
 
+def _blame_network(out: Analysis) -> None:
+    """A stage, or a worker with no cause of its own, whose nodes sit mostly under a switch
+    that was hot at the time is slow because of the network: say so (cause ``nic``)."""
+    hot = [sw for sw in out.switches if sw.hot]
+    if not hot:
+        return
+    for job in out.jobs:
+        for s in job.stragglers:
+            if s.kind == "stage" and s.stage is not None:
+                key, nodes = (job.job, f"stage:{s.stage}"), set(job.stage_nodes.get(s.stage, []))
+            elif s.kind == "worker" and s.worker is not None:
+                key = (job.job, s.worker)
+                if out.attributions.get(key, ("unknown",))[0] != "unknown":
+                    continue
+                nodes = {s.node or job.rank_node.get(s.worker, "")} - {""}
+            else:
+                continue
+            onset = job.step_times.get(s.onset_step, (0, out.start_ns))[1]
+            last = job.step_times.get(s.last_step, (0, out.end_ns))[1]
+            for sw in hot:
+                under = nodes & set(sw.nodes)
+                lo, hi = sw.first_hot_ns or 0, sw.last_hot_ns or 0
+                overlaps = lo <= last and onset <= hi + 60 * 10**9
+                if nodes and len(under) * 2 >= len(nodes) and overlaps:
+                    evidence: dict[str, Any] = {"switch": sw.switch, "score": round(sw.score, 4)}
+                    evidence["nodes_under_switch"] = sorted(under)
+                    out.attributions[key] = ("nic", evidence)
+                    break
+
+
 def analyse(
     cfg: AnalyticsConfig,
     start_ns: int,
@@ -205,9 +235,9 @@ def analyse(
                 impact = job_impact(all_series, sw.switch, job.walls, max(bucket_s, 60.0))
                 if impact is not None:
                     sw.jobs.append({"job": job.job, **{k: round(v, 4) for k, v in impact.items()}})
-    # Phase 2: attribute each slow worker from its node's telemetry over its slow stretch.
-    attr_calls: list[Call] = []
-    keys: list[tuple[str, str]] = []
+    # Phase 2: attribute slow workers from their node's telemetry over the slow stretch,
+    # one task per (job, node) however many of its ranks are slow.
+    per_node: dict[tuple[str, str], tuple[list[str], int, int]] = {}
     for job in out.jobs:
         for s in job.stragglers:
             if s.kind != "worker" or s.worker is None:
@@ -215,17 +245,19 @@ def analyse(
             node = s.node or job.rank_node.get(s.worker, "")
             if not node:
                 continue
-            lo = job.step_times.get(s.onset_step, (0, start_ns))[1]
-            hi = job.step_times.get(s.last_step, (0, end_ns))[1]
-            attr_calls.append(
-                (
-                    attribution_task,
-                    (cfg, job.job, s.worker, node, max(start_ns, lo - 60 * 10**9), hi + 1),
-                )
-            )
-            keys.append((job.job, s.worker))
+            lo = job.step_times.get(s.onset_step, (0, start_ns))[1] - 60 * 10**9
+            hi = job.step_times.get(s.last_step, (0, end_ns))[1] + 1
+            ranks, lo0, hi0 = per_node.get((job.job, node), ([], lo, hi))
+            per_node[(job.job, node)] = ([*ranks, s.worker], min(lo, lo0), max(hi, hi0))
+    attr_calls: list[Call] = [
+        (attribution_task, (cfg, job, node, ranks, max(start_ns, lo), hi))
+        for (job, node), (ranks, lo, hi) in per_node.items()
+    ]
     if attr_calls:
-        for key, res in zip(keys, executor.run(attr_calls, "attribute", progress), strict=True):
-            out.attributions[key] = res
+        results_by_node = executor.run(attr_calls, "attribute", progress)
+        for (job_name, _), res in zip(per_node, results_by_node, strict=True):
+            for rank, cause in res.items():
+                out.attributions[(job_name, rank)] = cause
+    _blame_network(out)
     out.timings_s["total"] = time.perf_counter() - t0
     return out

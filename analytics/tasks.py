@@ -76,6 +76,7 @@ class JobResult:
     """One row per executed step: ``time_ns, wall_s`` (for congestion correlation)."""
     nodes: list[str] = field(default_factory=list)
     rank_node: dict[str, str] = field(default_factory=dict)
+    stage_nodes: dict[int, list[str]] = field(default_factory=dict)
 
 
 def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]) -> pl.DataFrame:
@@ -160,6 +161,12 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             .rename({"rank": "worker", "sample": "step", "step_time_s": "time_s"})
         )
         result.stragglers = detect(timings, cfg.stragglers)
+        if "stage" in timings.columns:
+            per_stage = timings.group_by("stage").agg(pl.col("node").unique().sort())
+            result.stage_nodes = {
+                int(r["stage"]): [n for n in r["node"] if n]
+                for r in per_stage.iter_rows(named=True)
+            }
     return result
 
 
@@ -207,9 +214,10 @@ def ports_task(
 
 
 def attribution_task(
-    cfg: AnalyticsConfig, job: str, rank: str, node: str, start_ns: int, end_ns: int
-) -> tuple[str, dict[str, Any]]:
-    """Cause of one slow rank from its node's GPUs and ports over the slow stretch."""
+    cfg: AnalyticsConfig, job: str, node: str, ranks: list[str], start_ns: int, end_ns: int
+) -> dict[str, tuple[str, dict[str, Any]]]:
+    """Cause of each slow rank of one node, from the node's GPUs and ports over the slow
+    stretch (read once for all the node's slow ranks)."""
     reader = _reader(cfg)
     try:
         gpu = reader.read(
@@ -229,7 +237,11 @@ def attribution_task(
         ports = read_port_rates(reader, cfg, [node], start_ns, end_ns)
     finally:
         reader.close()
-    mine = gpu.filter((pl.col("job") == job) & (pl.col("rank") == rank))
-    if mine.is_empty():
-        return "unknown", {"note": f"no gpu samples tagged job={job} rank={rank} on {node}"}
-    return attribute(gpu, ports, str(mine["gpu"][0]))
+    out: dict[str, tuple[str, dict[str, Any]]] = {}
+    for rank in ranks:
+        mine = gpu.filter((pl.col("job") == job) & (pl.col("rank") == rank))
+        if mine.is_empty():
+            out[rank] = ("unknown", {"note": f"no gpu samples tagged job={job} rank={rank}"})
+        else:
+            out[rank] = attribute(gpu, ports, str(mine["gpu"][0]))
+    return out
