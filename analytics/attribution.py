@@ -4,6 +4,9 @@ Called for each worker straggler with the node's ``gpu`` samples and port rates 
 the worker was slow. The suspect GPU is compared with the other GPUs of the same node (same
 job, same model, same cooling: the fairest peers there are):
 
+Only samples where the GPUs are busy (utilisation at least 50 %) are compared, when the suspect
+has enough of them: idle GPUs park their clocks.
+
 * **gpu**: its SM clock is lower than its node peers' (``clock_ratio`` below 0.95), or it spends
   more time than they do in a hardware/thermal/power clock-event reason, or it draws clearly
   less power at the same load;
@@ -30,6 +33,7 @@ SLOW_REASONS = (
     "hw_power_brake_slowdown",
     "sw_power_cap",
 )
+BUSY_UTIL_PCT = 50.0
 _SLOW_MASK = sum(CLOCK_EVENT_REASONS[r] for r in SLOW_REASONS)
 
 
@@ -58,6 +62,12 @@ def attribute(
                     "_slowed"
                 )
             )
+        if "gpu_util_pct" in gpu.columns:
+            # Clocks and power are only comparable while GPUs are busy: an idle GPU parks its
+            # clocks, and a busy one among idle peers would look "fast".
+            busy = gpu.filter(pl.col("gpu_util_pct") >= BUSY_UTIL_PCT)
+            if busy.filter(pl.col("gpu") == suspect_gpu).height >= 5:
+                gpu = busy
         mine = gpu.filter(pl.col("gpu") == suspect_gpu)
         peers = gpu.filter(pl.col("gpu") != suspect_gpu)
         clock = _ratio(_median(mine, "sm_clock_mhz"), _median(peers, "sm_clock_mhz"))

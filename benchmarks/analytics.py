@@ -71,9 +71,19 @@ def _spec(nodes: int, seconds: int) -> ScenarioSpec:
 def _summary(a: Analysis) -> str:
     job = a.job("llm")
     hot = [s.switch for s in a.switches if s.hot]
-    slow = [(s.kind, s.worker) for s in job.stragglers]
+    causes: dict[str, list[str]] = {}
+    for s in job.stragglers:
+        key = f"stage:{s.stage}" if s.kind == "stage" else (s.worker or "")
+        cause = a.attributions.get(("llm", key), ("-",))[0]
+        causes.setdefault(f"{s.kind}/{cause}", []).append(s.worker or str(s.stage))
+    slow = "; ".join(
+        f"{k}: {len(v)} ({', '.join(sorted(v, key=lambda w: (len(w), w))[:3])}...)"
+        if len(v) > 3
+        else f"{k}: {', '.join(v)}"
+        for k, v in sorted(causes.items())
+    )
     mfu = job.mfu.mfu if job.mfu else float("nan")
-    return f"MFU {mfu:.3f}, stragglers {slow}, hot switches {hot}"
+    return f"MFU {mfu:.3f}; stragglers (kind/cause) {slow or 'none'}; hot switches {hot}"
 
 
 def main() -> None:

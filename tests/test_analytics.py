@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -184,3 +185,81 @@ def test_analytics_sample_config_equals_defaults():
     assert load_config(path, environ={}).sections == DEFAULTS
     for section, values in tomllib.loads(path.read_text()).items():
         assert set(values) == set(DEFAULTS[section]), section
+
+
+def test_cli_run_writes_back_and_posts_findings_with_the_token(
+    influxd, influx_db, tmp_path, capsys
+):
+    from analytics.cli import main
+    from collector.finding import Finding
+    from tests.scripted_server import ScriptedServer
+
+    _, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    with ScriptedServer([]) as engine:
+        conf = tmp_path / "analytics.toml"
+        conf.write_text(
+            f'[influxdb]\nurl = "{influxd.url}"\ndatabase = "{influx_db}"\n'
+            f'[analysis]\ntopology = "{cfg["analysis"]["topology"]}"\n'
+            f'spool_dir = "{tmp_path / "spool2"}"\n'
+            f'[findings]\nurl = "{engine.url}/v1/findings"\ntoken_file = "{token}"\n'
+        )
+
+        def iso(ns: int) -> str:
+            return datetime.fromtimestamp(ns / 1e9, UTC).isoformat()
+
+        assert (
+            main(
+                ["run", "--config", str(conf), "--start", iso(start), "--end", iso(end), "--local"]
+            )
+            == 0
+        )
+        out = capsys.readouterr().out
+        assert "job llm-13b: MFU" in out and "findings=1" in out
+        (req,) = engine.requests
+        assert req[1] == "/v1/findings" and req[2]["Authorization"] == "Bearer s3cret"
+        posted = Finding.from_json(json.loads(req[3]))  # the id must match the content
+        assert posted.kind == "straggler" and posted.evidence["cause"] == "gpu"
+    body = json.loads(influxd.query('SELECT count("finding_id") FROM "finding"', influx_db))
+    assert body["results"][0]["series"][0]["values"][0][1] == 1
+
+
+def test_goodput_counts_redone_steps_and_downtime(influxd, influx_db, tmp_path):
+    """xid79-mid-run: a fatal XID stops the job; it restarts from its last checkpoint."""
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "xid79-mid-run")
+    a = analyse(cfg, start, end, LocalExecutor())
+    tp = a.job("llm-13b").throughput
+    assert tp is not None
+    job = gen.spec.jobs[0]
+    assert tp.down_s == pytest.approx(job.restart_s, rel=0.1)
+    assert tp.redone_s > 0  # steps since the last checkpoint ran twice
+    assert tp.goodput == pytest.approx(tp.productive_s / tp.elapsed_s)
+    assert tp.goodput < 0.9
+
+
+def test_mfu_estimate_from_gpm_for_a_job_that_reports_nothing(influxd, influx_db, tmp_path):
+    """H100 scenario without job_step: only the agent's telemetry (GPM tensor activity)."""
+    spec = dataclasses.replace(
+        load_spec("healthy"),
+        interval_s=10,
+        duration_s=600,
+        gpu_model="H100",
+        measurements=("gpu", "ib_port"),
+    ).validate()
+    gen = ScenarioGenerator(spec, seed=2)
+    sink = InfluxSink(
+        SinkConfig(url=influxd.url, database=influx_db, spool_dir=str(tmp_path / "s"))
+    )
+    for chunk in gen.chunks(ticks_per_chunk=60):
+        for m, df in chunk.items():
+            sink.write_frame(df, m, tags=[t for t in TAGS[m] if t in df.columns])
+    assert sink.close(timeout_s=60)
+    cfg = with_overrides(
+        load_config(environ={}), influxdb={"url": influxd.url, "database": influx_db}
+    )
+    a = analyse(cfg, spec.start_ns, spec.start_ns + 600 * 10**9 + 1, LocalExecutor())
+    job = a.job("llm-13b")
+    assert job.mfu is None and job.estimate is not None and 0 < job.estimate < 1
+    (mfu,) = [p for p in points(a, []) if p.measurement == "mfu"]
+    assert mfu.fields["estimate_active"] is True
