@@ -8,8 +8,8 @@ Only samples where the GPUs are busy (utilisation at least 50 %) are compared, w
 has enough of them: idle GPUs park their clocks.
 
 * **gpu**: its SM clock is lower than its node peers' (``clock_ratio`` below 0.95), or it spends
-  more time than they do in a hardware/thermal/power clock-event reason, or it draws clearly
-  less power at the same load;
+  more time than they do in a hardware/thermal/power clock-event reason (power is reported as
+  evidence only);
 * **link**: the node's ports show physical-layer errors (symbol errors, link recoveries, the
   link going down) during the stretch;
 * **nic**: the node's ports spend a noticeable share of time blocked (``xmit_wait``) or
@@ -86,11 +86,11 @@ def attribute(
             temp_c=_median(mine, "gpu_temp_c"),
             peers_temp_c=_median(peers, "gpu_temp_c"),
         )
-        busy_alike = util is None or util > 0.9
-        if (
-            (clock is not None and clock < 0.95)
-            or (slowed is not None and peers_slowed is not None and slowed - peers_slowed > 0.2)
-            or (power is not None and power < 0.85 and busy_alike)
+        # Power is evidence, not a verdict: GPUs of one node differ in draw by 10-20 % at the
+        # same work, so a low draw alone blamed healthy GPUs (seen on the congested-ToR
+        # benchmark); clocks and clock-event reasons are what a slow GPU shows.
+        if (clock is not None and clock < 0.95) or (
+            slowed is not None and peers_slowed is not None and slowed - peers_slowed > 0.2
         ):
             cause = "gpu"
     if cause == "unknown" and not ports.is_empty():

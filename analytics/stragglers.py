@@ -226,6 +226,21 @@ def _first(df: pl.DataFrame, col: str, value: Any, key: str) -> Any:
     return hit[0] if hit.len() else None
 
 
+def _from_row(kind: str, row: dict[str, Any], threshold: float, **who: Any) -> Straggler:
+    return Straggler(
+        kind=kind,
+        slowdown=row["slowdown"],
+        persistence=row["persistence"],
+        onset_step=row["onset_step"],
+        last_step=row["last_step"],
+        samples=row["samples"],
+        threshold=threshold,
+        time_s=row["unit_time_s"],
+        peer_time_s=row["peer_median_s"],
+        **who,
+    )
+
+
 def detect(timings: pl.DataFrame, cfg: StragglerConfig | None = None) -> list[Straggler]:
     """All persistent stragglers in ``timings`` (see the module docstring)."""
     cfg = cfg or StragglerConfig()
@@ -238,20 +253,7 @@ def detect(timings: pl.DataFrame, cfg: StragglerConfig | None = None) -> list[St
         per_stage = df.group_by("stage", "step").agg(pl.col("time_s").median())
         flags, thr = _persistent(_ratios(per_stage, "stage", []), "stage", cfg)
         for row in _reported(_summaries(flags, "stage"), cfg).iter_rows(named=True):
-            found.append(
-                Straggler(
-                    kind="stage",
-                    slowdown=row["slowdown"],
-                    persistence=row["persistence"],
-                    onset_step=row["onset_step"],
-                    last_step=row["last_step"],
-                    samples=row["samples"],
-                    threshold=thr,
-                    stage=int(row["stage"]),
-                    time_s=row["unit_time_s"],
-                    peer_time_s=row["peer_median_s"],
-                )
-            )
+            found.append(_from_row("stage", row, thr, stage=int(row["stage"])))
     peers = ["stage"] if staged else []
     ratios = _ratios(df, "worker", peers)
     flags, thr = _persistent(ratios, "worker", cfg)
@@ -261,20 +263,14 @@ def detect(timings: pl.DataFrame, cfg: StragglerConfig | None = None) -> list[St
         dp = _first(df, "dp_rank", w, "worker")
         node = _first(df, "node", w, "worker")
         found.append(
-            Straggler(
-                kind="worker",
-                slowdown=row["slowdown"],
-                persistence=row["persistence"],
-                onset_step=row["onset_step"],
-                last_step=row["last_step"],
-                samples=row["samples"],
-                threshold=thr,
+            _from_row(
+                "worker",
+                row,
+                thr,
                 worker=w,
                 dp_rank=None if dp is None else int(dp),
                 stage=None if stage is None else int(stage),
                 node=None if node is None else str(node),
-                time_s=row["unit_time_s"],
-                peer_time_s=row["peer_median_s"],
             )
         )
     if not found:

@@ -158,3 +158,33 @@ def test_counter_increases_handle_reset_and_saturation():
     assert inc[2] == 20  # reset: counted from zero
     assert inc[3] == IB32_MAX - 20  # reached the ceiling: still a real increase
     assert inc[4] is None and inc[5] is None  # stuck at the ceiling: unknown, not zero
+
+
+def test_attribution_tells_gpu_link_and_nic_apart():
+    """SIMULATED node telemetry, built by hand: one case per cause."""
+    from analytics.attribution import attribute
+
+    def gpus(clock3: float) -> pl.DataFrame:
+        rows = []
+        for t in range(20):
+            for g in range(8):
+                rows.append(
+                    {
+                        "time": t,
+                        "gpu": str(g),
+                        "sm_clock_mhz": clock3 if g == 3 else 1410.0,
+                        "power_w": 350.0,
+                        "gpu_util_pct": 99.0,
+                        "clock_event_reasons_code": 0,
+                    }
+                )
+        return pl.DataFrame(rows)
+
+    quiet = pl.DataFrame({"symbol_error_total_inc": [0.0] * 5, "xmit_wait_ratio": [0.0] * 5})
+    cause, ev = attribute(gpus(1100.0), quiet, "3")
+    assert cause == "gpu" and ev["clock_ratio"] == pytest.approx(1100 / 1410, abs=1e-3)
+    errors = quiet.with_columns(pl.Series("symbol_error_total_inc", [0.0, 12.0, 40.0, 3.0, 0.0]))
+    assert attribute(gpus(1410.0), errors, "3")[0] == "link"
+    waiting = quiet.with_columns(pl.Series("xmit_wait_ratio", [0.2] * 5))
+    assert attribute(gpus(1410.0), waiting, "3")[0] == "nic"
+    assert attribute(gpus(1410.0), quiet, "3")[0] == "unknown"
