@@ -30,7 +30,7 @@ from analytics.importers import (
 from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
 from analytics.stragglers import Straggler, detect
 from collector.agentconfig import ConfigError
-from collector.replay_cli import _parse_when
+from collector.replay_cli import parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
 NS = 1_000_000_000
@@ -162,8 +162,8 @@ def _run(args: argparse.Namespace) -> int:
     try:
         while True:
             tick = time.time()
-            end = _parse_when(args.end) if args.end else time.time_ns()
-            start = _parse_when(args.start) if args.start else end - int(window * NS)
+            end = parse_when(args.end) if args.end else time.time_ns()
+            start = parse_when(args.start) if args.start else end - int(window * NS)
             a = analyse(cfg, start, end, executor, progress=stderr_progress)
             n_found, n_points = _write(cfg, a)
             for line in _summary(a):

@@ -74,6 +74,13 @@ def findings(a: Analysis) -> list[Finding]:
     for job in a.jobs:
         out += _job_findings(a, job)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
+    behind: dict[str, dict[str, list[str]]] = {}  # switch -> job -> slow ranks it explains
+    for job in a.jobs:
+        for s in job.stragglers:
+            if s.kind == "worker" and s.worker and (sw_name := _behind_switch(a, job, s.worker)):
+                behind.setdefault(sw_name, {}).setdefault(job.job, []).append(s.worker)
+    for ranks in (r for jobs in behind.values() for r in jobs.values()):
+        ranks.sort(key=lambda w: (len(w), w))
     for rank, sw in enumerate(a.switches, start=1):
         if not sw.hot:
             continue
@@ -101,18 +108,7 @@ def findings(a: Analysis) -> list[Finding]:
                     "last_hot_ns": sw.last_hot_ns,
                     "nodes": sw.nodes,
                     "jobs": sw.jobs,
-                    "slow_ranks": {
-                        j.job: sorted(
-                            (
-                                s.worker
-                                for s in j.stragglers
-                                if s.worker and _behind_switch(a, j, s.worker) == sw.switch
-                            ),
-                            key=lambda w: (len(w), w),
-                        )
-                        for j in a.jobs
-                        if any(_behind_switch(a, j, s.worker) == sw.switch for s in j.stragglers)
-                    },
+                    "slow_ranks": behind.get(sw.switch, {}),
                 },
                 confidence=min(1.0, sw.hot_s / max(1.0, (a.end_ns - a.start_ns) / 1e9)),
                 summary=(

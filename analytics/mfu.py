@@ -24,6 +24,7 @@ from typing import Any
 
 import polars as pl
 
+from analytics.counters import increases
 from analytics.scalars import num
 
 T = 1e12
@@ -256,8 +257,6 @@ def job_energy(gpu: pl.DataFrame, tp: JobThroughput | None) -> dict[str, float] 
     """Energy of a job's GPUs from their ``energy_j_total`` counters (resets handled), per
     token and per step; mean power. ``gpu`` holds ``time, gpu_uuid or node+gpu, energy_j_total,
     power_w`` of the job's GPUs."""
-    from analytics.counters import increases
-
     if gpu.is_empty() or "energy_j_total" not in gpu.columns:
         return None
     keys = ["node", "gpu"] if "gpu_uuid" not in gpu.columns else ["gpu_uuid"]

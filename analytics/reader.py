@@ -62,6 +62,26 @@ _POLARS_TYPES: Mapping[FieldType, pl.DataType] = {
 }
 
 
+def build_where(
+    start_ns: int | None = None,
+    end_ns: int | None = None,
+    where: Mapping[str, str | Sequence[str]] | None = None,
+) -> str:
+    """`` WHERE time range AND tag filters`` (empty when there is nothing to filter)."""
+    conditions = []
+    if start_ns is not None:
+        conditions.append(f"time >= {int(start_ns)}")
+    if end_ns is not None:
+        conditions.append(f"time < {int(end_ns)}")
+    for tag, wanted in (where or {}).items():
+        values = [wanted] if isinstance(wanted, str) else list(wanted)
+        if not values:
+            raise ValueError(f"empty value list for tag {tag!r}")
+        alternatives = " OR ".join(f"{quote_ident(tag)} = {quote_literal(v)}" for v in values)
+        conditions.append(f"({alternatives})")
+    return " WHERE " + " AND ".join(conditions) if conditions else ""
+
+
 def build_select(
     measurement: str,
     fields: Sequence[str],
@@ -76,21 +96,7 @@ def build_select(
     columns = [f"{quote_ident(f)}::field" for f in fields]
     columns += [f"{quote_ident(t)}::tag" for t in tags]
     source = quote_ident(measurement)  # database and retention policy go as parameters
-    conditions = []
-    if start_ns is not None:
-        conditions.append(f"time >= {int(start_ns)}")
-    if end_ns is not None:
-        conditions.append(f"time < {int(end_ns)}")
-    for tag, wanted in (where or {}).items():
-        values = [wanted] if isinstance(wanted, str) else list(wanted)
-        if not values:
-            raise ValueError(f"empty value list for tag {tag!r}")
-        alternatives = " OR ".join(f"{quote_ident(tag)} = {quote_literal(v)}" for v in values)
-        conditions.append(f"({alternatives})")
-    query = f"SELECT {', '.join(columns)} FROM {source}"
-    if conditions:
-        query += " WHERE " + " AND ".join(conditions)
-    return query
+    return f"SELECT {', '.join(columns)} FROM {source}" + build_where(start_ns, end_ns, where)
 
 
 class InfluxReader:
@@ -219,12 +225,8 @@ class InfluxReader:
     ) -> list[str]:
         """Values of ``tag`` that have points of ``field`` in the window (``SHOW TAG VALUES``
         cannot be limited to a time range on InfluxDB 1.x; a grouped count can)."""
-        query = build_select(measurement, [field], [], start_ns, end_ns, where)
-        query = query.replace(
-            f"SELECT {quote_ident(field)}::field FROM",
-            f"SELECT count({quote_ident(field)}) FROM",
-            1,
-        )
+        query = f"SELECT count({quote_ident(field)}) FROM {quote_ident(measurement)}"
+        query += build_where(start_ns, end_ns, where)
         body = self.query_csv(f"{query} GROUP BY {quote_ident(tag)}")
         values: set[str] = set()
         for block in _blocks(body):
@@ -257,11 +259,8 @@ class InfluxReader:
             if fn not in ("mean", "last", "first", "max", "min", "sum", "count", "median"):
                 raise ValueError(f"unsupported aggregate {fn!r}")
             selects.append(f"{fn}({quote_ident(field)}) AS {quote_ident(alias)}")
-        base = build_select(measurement, ["x"], [], start_ns, end_ns, where)
-        conditions = base.split(" WHERE ", 1)[1] if " WHERE " in base else ""
         query = f"SELECT {', '.join(selects)} FROM {quote_ident(measurement)}"
-        if conditions:
-            query += f" WHERE {conditions}"
+        query += build_where(start_ns, end_ns, where)
         groups = [f"time({int(every_s)}s)", *(quote_ident(t) for t in group_tags)]
         query += f" GROUP BY {', '.join(groups)} fill(none)"
         body = self.query_csv(query)

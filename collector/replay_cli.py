@@ -41,7 +41,8 @@ def generate_trace(scenario: str | Path, seed: int, out: str | Path) -> TraceRea
     return TraceReader(out)
 
 
-def _parse_when(text: str) -> int:
+def parse_when(text: str) -> int:
+    """``now`` or an ISO time (UTC when no zone is given) as nanoseconds since the epoch."""
     if text == "now":
         return time.time_ns()
     dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
@@ -53,9 +54,9 @@ def _parse_when(text: str) -> int:
 def _shift(start_ns: int, end_ns: int, args: argparse.Namespace) -> int:
     """Shift so the trace starts at --start or ends at --end (a past window ending now)."""
     if args.start:
-        return _parse_when(args.start) - start_ns
+        return parse_when(args.start) - start_ns
     if args.end:
-        return _parse_when(args.end) - end_ns
+        return parse_when(args.end) - end_ns
     return 0
 
 
