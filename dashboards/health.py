@@ -1,0 +1,165 @@
+"""Health & risk: the failure predictor's risk per node and GPU, predictions against the
+hardware events that followed, and what the remediation engine did about them."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as model
+
+from dashboards.influxql import Agg, Cond, Scope
+from dashboards.panels import annotation, board, graph, grid, heat
+
+UID = "gpuwarden-health"
+S = Scope("cluster", "node")
+
+
+def build() -> model.Dashboard:
+    risk = [
+        heat(
+            "Failure risk by node",
+            "Highest predicted probability of a hardware fault within the horizon, per node",
+            S("failure_risk", Agg("max", "probability_ratio"), group_tags=("node",)),
+            unit="percentunit",
+            alias="$tag_node",
+            w=12,
+        ),
+        graph(
+            "Failure risk by GPU and horizon",
+            "Each scored GPU (gpu empty: the node as a whole), per prediction horizon",
+            S(
+                "failure_risk",
+                Agg("max", "probability_ratio"),
+                group_tags=("node", "gpu", "horizon"),
+            ),
+            unit="percentunit",
+            alias="$tag_node/$tag_gpu $tag_horizon",
+        ),
+        grid(
+            "Highest risks",
+            "Newest scores first, with the model version that produced them",
+            S(
+                "failure_risk",
+                *(
+                    Agg("raw", f)
+                    for f in ("node", "gpu", "horizon", "probability_ratio", "model_version")
+                ),
+                where=(Cond("probability_ratio", ">", 0.5),),
+                every=False,
+                order_desc=True,
+                limit=200,
+            ),
+        ),
+    ]
+    outcomes = [
+        graph(
+            "Predictions against hardware events",
+            "A: highest risk on the cluster. B: hardware faults (fatal XIDs, lost GPUs) as "
+            "they happened",
+            S("failure_risk", Agg("max", "probability_ratio", "highest_risk")),
+            S(
+                "gpu_event",
+                Agg("count", "xid_code", "fatal_events"),
+                where=(Cond("fatal_active", "=", True),),
+            ),
+            unit="none",
+            alias="$col",
+            w=24,
+        ),
+        graph(
+            "Injected faults (simulated scenarios only)",
+            "Ground truth of a replayed scenario: the faults it injected, by kind. Empty on "
+            "a real cluster",
+            S("scenario_fault", Agg("count", "fault_id", "faults"), group_tags=("kind",)),
+            unit="none",
+            alias="$tag_kind",
+            bars=True,
+        ),
+        graph(
+            "Fatal events by node",
+            "GPU events the XID catalogue counts as fatal",
+            S(
+                "gpu_event",
+                Agg("count", "xid_code", "fatal_events"),
+                where=(Cond("fatal_active", "=", True),),
+                group_tags=("node",),
+            ),
+            unit="none",
+            alias="$tag_node",
+            bars=True,
+        ),
+    ]
+    actions = [
+        graph(
+            "Remediation actions",
+            "Actions per interval by action and outcome (dry-run actions included)",
+            S(
+                "remediation_action",
+                Agg("count", "action_id", "actions"),
+                group_tags=("action", "outcome"),
+            ),
+            unit="none",
+            alias="$tag_action $tag_outcome",
+            bars=True,
+        ),
+        graph(
+            "Action duration",
+            "How long each action took, from decision to outcome",
+            S("remediation_action", Agg("max", "duration_s"), group_tags=("action",)),
+            unit="s",
+            alias="$tag_action",
+            points=True,
+        ),
+        grid(
+            "Audit trail",
+            "Finding -> action -> outcome, newest first (the engine's audit log, as events)",
+            S(
+                "remediation_action",
+                *(
+                    Agg("raw", f)
+                    for f in (
+                        "node",
+                        "job",
+                        "action",
+                        "adapter",
+                        "outcome",
+                        "dry_run_active",
+                        "duration_s",
+                        "message",
+                        "finding_id",
+                        "action_id",
+                    )
+                ),
+                every=False,
+                order_desc=True,
+                limit=500,
+            ),
+        ),
+    ]
+    return board(
+        UID,
+        "gpuwarden / Health and risk",
+        "Failure risk per node and GPU, predictions against events, remediation actions",
+        [("Risk", risk), ("Predictions and events", outcomes), ("Remediation", actions)],
+        scope=S,
+        annotations=[
+            annotation(
+                "Remediation actions",
+                S("remediation_action", Agg("raw", "message"), Agg("raw", "action"), every=False),
+                "purple",
+                text="message",
+                tags="action",
+            ),
+            annotation(
+                "Fatal XIDs",
+                S(
+                    "gpu_event",
+                    Agg("raw", "message"),
+                    Agg("raw", "event"),
+                    where=(Cond("fatal_active", "=", True),),
+                    every=False,
+                ),
+                "red",
+                text="message",
+                tags="event",
+            ),
+        ],
+    )

@@ -1,0 +1,197 @@
+"""Job: MFU, goodput and throughput from analytics; step time per rank with the stragglers
+analytics flagged drawn over it; the model's shape and its energy."""
+
+from __future__ import annotations
+
+from grafana_foundation_sdk.models import dashboard as model
+
+from dashboards.influxql import Agg, Cond, Scope, agg
+from dashboards.panels import annotation, board, graph, grid, single
+
+UID = "gpuwarden-job"
+S = Scope("cluster", "job")
+
+
+def build() -> model.Dashboard:
+    efficiency = [
+        single(
+            "MFU",
+            "Model FLOPs utilisation (PaLM definition) of the last analysis window; an "
+            "estimate from GPM tensor activity when the job reports no model shape",
+            S("mfu", Agg("last", "mfu_ratio"), every=False),
+            unit="percentunit",
+            thresholds=((None, "red"), (0.3, "orange"), (0.4, "green")),
+        ),
+        single(
+            "HFU",
+            "Hardware FLOPs utilisation (counts activation recomputation)",
+            S("mfu", Agg("last", "hfu_ratio"), every=False),
+            unit="percentunit",
+        ),
+        single(
+            "Goodput",
+            "Share of wall time spent on steps that were kept (not redone after a restart)",
+            S("mfu", Agg("last", "goodput_ratio"), every=False),
+            unit="percentunit",
+            thresholds=((None, "red"), (0.8, "orange"), (0.95, "green")),
+        ),
+        single(
+            "Tokens per second",
+            "Whole job, last analysis window",
+            S("mfu", Agg("last", "tokens_per_s"), every=False),
+            unit="suffix: tok/s",
+        ),
+        single(
+            "Energy per token",
+            "GPU energy from the energy counters over tokens trained",
+            S("energy", Agg("last", "j_per_token"), every=False),
+            unit="suffix: J/token",
+        ),
+        single(
+            "Model FLOP/s per GPU",
+            "Model FLOPs per second per GPU",
+            S("mfu", Agg("last", "model_flops_per_s"), every=False),
+            unit="flops",
+        ),
+    ]
+    trend = [
+        graph(
+            "MFU, HFU and goodput",
+            "Per analysis window; estimate_active marks MFU estimated from GPM",
+            S("mfu", agg("last", "mfu_ratio", "hfu_ratio", "goodput_ratio"), group_tags=("job",)),
+            S("mfu", Agg("last", "estimate_active"), group_tags=("job",)),
+            unit="percentunit",
+            alias="$tag_job $col",
+            points=True,
+        ),
+        graph(
+            "Throughput",
+            "Tokens per second",
+            S("mfu", Agg("last", "tokens_per_s"), group_tags=("job",)),
+            unit="suffix: tok/s",
+            alias="$tag_job",
+            points=True,
+        ),
+    ]
+    steps = [
+        graph(
+            "Step time per rank (stragglers as points)",
+            "A: each rank's own step time (compute, without waiting in collectives). "
+            "B: the ranks analytics flagged as stragglers, at their slow step time",
+            S("job_step", Agg("mean", "step_time_s"), group_tags=("job", "rank")),
+            S(
+                "straggler",
+                Agg("last", "step_time_s", "straggler_step_time_s"),
+                group_tags=("job", "rank", "kind"),
+            ),
+            unit="s",
+            alias=["rank $tag_rank", "STRAGGLER rank $tag_rank ($tag_kind)"],
+            w=24,
+            h=10,
+        ),
+        graph(
+            "Step time spread",
+            "Slowest, median and fastest rank per interval: the synchronous step waits for "
+            "the slowest",
+            S(
+                "job_step",
+                Agg("max", "step_time_s", "slowest"),
+                Agg("median", "step_time_s", "median"),
+                Agg("min", "step_time_s", "fastest"),
+                group_tags=("job",),
+            ),
+            unit="s",
+            alias="$tag_job $col",
+        ),
+        graph(
+            "Steps, tokens and samples",
+            "Step index reached and work per step, as the training reporter wrote them",
+            S(
+                "job_step",
+                agg("max", "step_index", "tokens_count", "samples_count"),
+                group_tags=("job",),
+            ),
+            S("job_step", Agg("mean", "loss_ratio"), group_tags=("job",)),
+            unit="none",
+            alias="$tag_job $col",
+        ),
+        grid(
+            "Stragglers",
+            "What analytics flagged: the rank, node or stage, how much slower than its "
+            "peers, for how much of the window, and the likely cause",
+            S(
+                "straggler",
+                *(
+                    Agg("raw", f)
+                    for f in (
+                        "job",
+                        "kind",
+                        "rank",
+                        "node",
+                        "stage",
+                        "dp_rank",
+                        "slowdown_ratio",
+                        "step_time_s",
+                        "peer_median_step_time_s",
+                        "persistence_ratio",
+                        "cause",
+                    )
+                ),
+                every=False,
+                order_desc=True,
+                limit=200,
+            ),
+        ),
+    ]
+    model_rows = [
+        grid(
+            "Model and parallelism",
+            "What the training reporter declared: shape, parallelism, precision and GPU",
+            S(
+                "job_model",
+                *(
+                    Agg("raw", f)
+                    for f in (
+                        "job",
+                        "dtype",
+                        "gpu_model",
+                        "params_count",
+                        "layers_count",
+                        "hidden_size_count",
+                        "heads_count",
+                        "seq_len_tokens",
+                        "world_size_count",
+                        "tensor_parallel_count",
+                        "pipeline_parallel_count",
+                        "recompute_active",
+                    )
+                ),
+                every=False,
+                order_desc=True,
+                limit=20,
+            ),
+            h=5,
+        ),
+    ]
+    return board(
+        UID,
+        "gpuwarden / Job",
+        "Training efficiency (MFU, goodput), step time per rank and stragglers",
+        [("Efficiency", efficiency), ("Trend", trend), ("Step time", steps), ("Model", model_rows)],
+        scope=S,
+        annotations=[
+            annotation(
+                "Job findings",
+                S(
+                    "finding",
+                    Agg("raw", "summary"),
+                    Agg("raw", "kind"),
+                    where=(Cond("job", "!=", ""),),
+                    every=False,
+                ),
+                "orange",
+                text="summary",
+                tags="kind",
+            ),
+        ],
+    )

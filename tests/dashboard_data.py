@@ -1,0 +1,219 @@
+"""The data the dashboard tests query: one InfluxDB database holding everything gpuwarden
+writes, each part from the path that really produces it.
+
+* SIMULATED scenario ``fleet-tour`` (16 nodes, one hour: a slow GPU, a congested ToR, ECC
+  errors ending in a row-remap failure, an XID 79), written through the sink;
+* the agent itself (``Agent.collect``) on node ``node-h100`` over the golden inputs: the
+  recorded 8xH100 NVML answers (constructed from NVML's documentation, see that case's
+  provenance), the constructed RAPL/hwmon/thermal tree, the REAL kernel log with XID 119,
+  and an InfiniBand tree with every counter the source reads (constructed here, growing);
+* analytics (``analyse`` + ``emit``) over the scenario in four windows: findings, MFU,
+  stragglers, congestion, energy;
+* STAND-INS for ``failure_risk`` and ``remediation_action``, whose producers (the failure
+  predictor, issue 6; the remediation engine, issue 7) do not exist yet: catalogue-checked
+  points derived from the scenario's ground truth, so the health dashboard's queries have
+  something to find. Replace them with the real producers when those land.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from analytics.config import load_config, with_overrides
+from analytics.emit import findings, points
+from analytics.runner import LocalExecutor, analyse
+from analytics.topology import write_topology
+from collector import sources
+from collector.agent import Agent
+from collector.catalogue import check_point
+from collector.lineprotocol import Point
+from collector.localinfluxd import LocalInfluxd
+from collector.reporter import Reporter
+from collector.scenario.generator import TAGS, ScenarioGenerator
+from collector.scenario.spec import MEASUREMENTS, load_spec
+from collector.sink import InfluxSink, SinkConfig
+from collector.sources.base import SourceContext
+from collector.sources.infiniband import COUNTERS
+from tests.test_golden import GOLDEN, materialise
+
+AGENT_NODE = "node-h100"
+AGENT_CYCLES = 6
+AGENT_EVERY_S = 300
+
+
+@dataclass(frozen=True)
+class Dataset:
+    database: str
+    start_ms: int
+    end_ms: int
+    cluster: str
+
+
+def _ib_tree(root: Path, step: int) -> None:
+    """Every counter the InfiniBand source reads, on two mlx5 ports, growing each step."""
+    for hca, port in (("mlx5_0", "1"), ("mlx5_1", "1")):
+        base = root / "class" / "infiniband" / hca / "ports" / port
+        for i, name in enumerate(sorted(COUNTERS)):
+            sub = "hw_counters" if name in _HW else "counters"
+            path = base / sub / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(f"{(i + 1) * 1000 * (step + 1)}\n")
+        for name, value in (
+            ("state", "4: ACTIVE"),
+            ("phys_state", "5: LinkUp"),
+            ("rate", "400 Gb/sec (4X NDR)"),
+            ("link_layer", "InfiniBand"),
+        ):
+            (base / name).write_text(value + "\n")
+
+
+_HW = {
+    "np_cnp_sent",
+    "rp_cnp_handled",
+    "rp_cnp_ignored",
+    "np_ecn_marked_roce_packets",
+    "out_of_sequence",
+    "packet_seq_err",
+    "local_ack_timeout_err",
+    "implied_nak_seq_err",
+    "rnr_nak_retry_err",
+    "duplicate_request",
+    "req_cqe_error",
+    "resp_cqe_error",
+}
+
+
+def _agent_points(tmp: Path, sink: InfluxSink, cluster: str, start_ns: int) -> None:
+    sysfs = tmp / "sys"
+    context = SourceContext(cluster, AGENT_NODE, sysfs=sysfs, procfs=tmp / "proc")
+    nvml_case = GOLDEN / "nvml-h100-8gpu"
+    materialise(nvml_case / "proc.csv", tmp)
+    made = [
+        sources.create(
+            "nvml",
+            context,
+            {
+                "backend": "recorded",
+                "recording": str(nvml_case / "nvml.json"),
+                "events": "poll",
+                "jobmap_dir": str(tmp / "jobs"),
+            },
+        ),
+        sources.create("power", context, {}),
+        sources.create("thermal", context, {}),
+        sources.create("infiniband", context, {}),
+        sources.create(
+            "xid", context, {"path": str(GOLDEN / "xid-kmsg-real" / "kmsg.log"), "lookback_s": 0.0}
+        ),
+    ]
+    agent = Agent(
+        made, sink, cluster=cluster, node=AGENT_NODE, sink_stats=lambda: sink.stats().fields()
+    )
+    context.emit_finding = agent.add_finding  # the fast path's findings, as agent_cli wires
+    thermal_steps = sorted((GOLDEN / "power-thermal").glob("sysfs-*.csv"))
+    for cycle in range(AGENT_CYCLES):
+        materialise(thermal_steps[min(cycle, len(thermal_steps) - 1)], tmp)
+        _ib_tree(sysfs, cycle)
+        now = start_ns + (60 + cycle * AGENT_EVERY_S) * 10**9
+        pts = agent.collect(now)
+        for p in pts:
+            assert check_point(p.measurement, p.tags, p.fields) == [], p
+        sink.write_points(pts)
+    for s in made:
+        s.close()
+
+
+def _reporter_steps(url: str, database: str, cluster: str, start_ns: int) -> None:
+    """A small job on the agent's node reporting through the real training-side reporter,
+    with its loss (the scenario's jobs do not report one)."""
+    rep = Reporter("tiny-run", 0, url=url, database=database, cluster=cluster, node=AGENT_NODE)
+    for i in range(120):
+        t = start_ns + (30 * i + 5) * 10**9
+        rep.step(i, 0.9 + 0.01 * (i % 7), 4096, 2, loss=4.0 * 0.99**i, time_ns=t)
+    assert rep.close(timeout_s=30) and rep.dropped == 0, rep.last_error
+
+
+def _stand_ins(cluster: str, gen: ScenarioGenerator) -> list[Point]:
+    """STAND-IN failure_risk and remediation_action points (see the module docstring)."""
+    truth = {(f.node, f.type) for f in gen.spec.faults}
+    start = gen.spec.start_ns
+    out: list[Point] = []
+    for i, node in enumerate(gen.node_names):
+        doomed = (i, "ecc_row_remap") in truth
+        for k in range(12):  # every 5 minutes
+            t = start + k * 300 * 10**9
+            p = min(0.95, 0.05 + 0.09 * k) if doomed else 0.02
+            out.append(
+                Point(
+                    "failure_risk",
+                    {"cluster": cluster, "node": node, "horizon": "1h"},
+                    {"probability_ratio": p, "model_version": "stand-in"},
+                    t,
+                )
+            )
+    for k, (action, outcome) in enumerate((("checkpoint", "ok"), ("drain", "dry_run"))):
+        out.append(
+            Point(
+                "remediation_action",
+                {
+                    "cluster": cluster,
+                    "node": gen.node_names[7],
+                    "job": gen.spec.jobs[0].name,
+                    "action": action,
+                    "adapter": "slurm",
+                    "outcome": outcome,
+                },
+                {
+                    "finding_id": "stand-in-risk-node-007",
+                    "action_id": f"stand-in-{k}",
+                    "dry_run_active": True,
+                    "duration_s": 1.5 + k,
+                    "message": f"STAND-IN {action} of {gen.node_names[7]} (issue 7 not built)",
+                },
+                start + (1800 + 60 * k) * 10**9,
+            )
+        )
+    for p in out:
+        assert check_point(p.measurement, p.tags, p.fields) == [], p
+    return out
+
+
+def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
+    influxd.create_database(database)
+    spec = dataclasses.replace(load_spec("fleet-tour"), measurements=MEASUREMENTS).validate()
+    gen = ScenarioGenerator(spec, seed=1)
+    sink = InfluxSink(
+        SinkConfig(
+            url=influxd.url, database=database, spool_dir=str(tmp / "spool"), batch_size=20_000
+        )
+    )
+    cluster = ""
+    for chunk in gen.chunks(ticks_per_chunk=60):
+        for m, df in chunk.items():
+            sink.write_frame(df, m, tags=[t for t in TAGS[m] if t in df.columns])
+            if not cluster and "cluster" in df.columns and df.height:
+                cluster = str(df["cluster"][0])
+    _agent_points(tmp / "agent", sink, cluster, spec.start_ns)
+    _reporter_steps(influxd.url, database, cluster, spec.start_ns)
+    sink.write_points(_stand_ins(cluster, gen))
+    assert sink.close(timeout_s=120)
+
+    topo = tmp / "topology.csv"
+    write_topology(dict(zip(gen.node_names, gen.switch_of, strict=True)), topo)
+    cfg = with_overrides(
+        load_config(environ={}),
+        influxdb={"url": influxd.url, "database": database},
+        analysis={"topology": str(topo), "spool_dir": str(tmp / "aspool")},
+    )
+    end_ns = spec.start_ns + spec.duration_s * 10**9
+    windows = 4
+    step = (end_ns - spec.start_ns) // windows
+    out = InfluxSink(SinkConfig(url=influxd.url, database=database, spool_dir=str(tmp / "aspool2")))
+    for w in range(windows):
+        a = analyse(cfg, spec.start_ns + w * step, spec.start_ns + (w + 1) * step, LocalExecutor())
+        found = findings(a)
+        out.write_points(points(a, found))
+    assert out.close(timeout_s=120)
+    return Dataset(database, spec.start_ns // 10**6, end_ns // 10**6, cluster)
