@@ -247,16 +247,19 @@ class InfluxQLTarget(cogvariants.Dataquery):
         result_format: ResultFormat = "time_series",
         alias: str = "",
         hide: bool = False,
+        datasource_uid: str = "",
     ) -> None:
         self.ref_id = ref_id
         self.query = query
         self.result_format = result_format
         self.alias = alias
         self.hide = hide
+        self.datasource_uid = datasource_uid  # alert rules name the datasource, not a variable
 
     def to_json(self) -> dict[str, object]:
+        uid = self.datasource_uid or DATASOURCE.uid
         out: dict[str, object] = {
-            "datasource": DATASOURCE.to_json(),
+            "datasource": {"type": DATASOURCE_TYPE, "uid": uid},
             "query": self.query,
             "rawQuery": True,
             "refId": self.ref_id,
@@ -271,6 +274,7 @@ class InfluxQLTarget(cogvariants.Dataquery):
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Self:
         fmt = data.get("resultFormat", "time_series")
+        uid = str((data.get("datasource") or {}).get("uid", DATASOURCE.uid))
         if fmt not in ("time_series", "table"):
             raise ValueError(f"resultFormat {fmt!r} is not one gpuwarden writes")
         return cls(
@@ -279,6 +283,7 @@ class InfluxQLTarget(cogvariants.Dataquery):
             fmt,
             str(data.get("alias", "")),
             bool(data.get("hide", False)),
+            "" if uid == DATASOURCE.uid else uid,
         )
 
 
@@ -292,8 +297,11 @@ class Target(cogbuilder.Builder[cogvariants.Dataquery]):
         *,
         alias: str = "",
         result_format: ResultFormat = "time_series",
+        datasource_uid: str = "",
     ) -> None:
-        self._target = InfluxQLTarget(ref_id, query.render(), result_format, alias)
+        self._target = InfluxQLTarget(
+            ref_id, query.render(), result_format, alias, datasource_uid=datasource_uid
+        )
 
     def build(self) -> cogvariants.Dataquery:
         return self._target

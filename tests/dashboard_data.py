@@ -59,7 +59,9 @@ def _ib_tree(root: Path, step: int) -> None:
             sub = "hw_counters" if name in _HW else "counters"
             path = base / sub / name
             path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(f"{(i + 1) * 1000 * (step + 1)}\n")
+            # data in 4-byte words and packets grow fast; errors and xmit_wait slowly
+            rate = 10**9 if name.endswith("_data") else 10**7 if "packets" in name else i + 1
+            path.write_text(f"{rate * (step + 1)}\n")
         for name, value in (
             ("state", "4: ACTIVE"),
             ("phys_state", "5: LinkUp"),
@@ -201,7 +203,8 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
     assert sink.close(timeout_s=120)
 
     topo = tmp / "topology.csv"
-    write_topology(dict(zip(gen.node_names, gen.switch_of, strict=True)), topo)
+    switches = dict(zip(gen.node_names, gen.switch_of, strict=True))
+    write_topology({**switches, AGENT_NODE: "P99-S1"}, topo)
     cfg = with_overrides(
         load_config(environ={}),
         influxdb={"url": influxd.url, "database": database},

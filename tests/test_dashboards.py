@@ -8,20 +8,28 @@ from __future__ import annotations
 
 import copy
 import json
+import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from collector.catalogue import CATALOGUE
 from collector.localinfluxd import LocalInfluxd
+from dashboards.alerts import rule_specs, rules_file
 from dashboards.check import catalogue_problems, problems, queries
+from dashboards.cli import main as dashboards_cli
+from dashboards.config import DEFAULTS as DASHBOARD_DEFAULTS
+from dashboards.config import load_config as load_dashboards_config
 from dashboards.errors import CatalogueNameError, QueryFailedError
 from dashboards.export import encode, generate, load
 from dashboards.grafana import ALL, QueryContext, interpolate, referenced_variables
 from dashboards.influx import InfluxQLClient
 from dashboards.influxql import Agg, Select
+from dashboards.render import render_all
 from tests.dashboard_data import AGENT_NODE, Dataset
 from tests.dashboard_data import load as load_data
 
@@ -201,6 +209,157 @@ def test_influxdb_errors_are_clear(influxd: LocalInfluxd, dataset: Dataset) -> N
         InfluxQLClient("http://127.0.0.1:9", "x", timeout_s=2).series("SHOW DATABASES")
 
 
-def test_export_writes_checked_json(tmp_path: Path, boards: dict[str, dict[str, Any]]) -> None:
+def test_every_dashboard_renders_to_png_panels(
+    boards: dict[str, dict[str, Any]], dataset: Dataset, client: InfluxQLClient, tmp_path: Path
+) -> None:
+    """Must-show 4: an HTML page per dashboard with one PNG per panel, from the same queries;
+    every panel drew data, and the page says what the data is."""
+    label = "SIMULATED: scenario fleet-tour (tests/dashboard_data.py)"
+    done = render_all(client, boards, dataset.start_ms, dataset.end_ms, tmp_path, label, 30_000)
+    assert set(done) == set(boards)
+    for name, rendered in done.items():
+        page = (tmp_path / f"{name}.html").read_text()
+        assert label in page
+        n_panels = sum(1 for p in boards[name]["panels"] if p["type"] != "row")
+        assert len(rendered) == n_panels
+        for r in rendered:
+            png = (tmp_path / name / r.png).read_bytes()
+            assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 2000, (name, r.title)
+            assert r.points > 0, (name, r.title)
+            assert f"{name}/{r.png}" in page
+    assert "fleet.html" in (tmp_path / "index.html").read_text()
+
+
+def _series_values(client: InfluxQLClient, query: str, ds: Dataset, end_ms: int, window_s: int):
+    ctx = QueryContext(end_ms - window_s * 1000, end_ms)
+    return {
+        tuple(sorted(s.tags.items())): s.values[-1][1]
+        for s in client.series(interpolate(query, ctx))
+    }
+
+
+def test_alert_rules_fire_where_the_scenario_put_the_faults(
+    dataset: Dataset, client: InfluxQLClient
+) -> None:
+    """Each rule's query runs on the real InfluxDB; evaluated as Grafana's reduce(last) and
+    threshold would, the fatal-XID rule fires for the XID 64 and XID 79 nodes of the SIMULATED
+    scenario (and the REAL XID 119 log's node) and nowhere else."""
+    cfg = load_dashboards_config(environ={})
+    doc = rules_file(cfg)
+    rules = {r["uid"]: r for r in doc["groups"][0]["rules"]}
+    assert len(rules) == len(rule_specs(cfg)) >= 10
+    for r in rules.values():
+        model_ = r["data"][0]["model"]
+        assert r["data"][0]["datasourceUid"] == model_["datasource"]["uid"] == "gpuwarden-influxdb"
+        assert catalogue_problems(model_["query"]) == []
+        assert [d["refId"] for d in r["data"]] == ["A", "B", "C"] and r["condition"] == "C"
+    fatal = rules["gw-fatal-xid"]
+    values = _series_values(
+        client, fatal["data"][0]["model"]["query"], dataset, dataset.end_ms, 3600
+    )
+    firing = {dict(k)["node"] for k, v in values.items() if v > 0}
+    assert firing == {"node-007", "node-014", AGENT_NODE}
+    hot = rules["gw-gpu-hot"]["data"][0]["model"]["query"]
+    temps = _series_values(client, hot, dataset, dataset.end_ms, 3600)
+    assert temps and all(v < cfg["alerts"]["gpu_temp_c"] for v in temps.values())
+
+
+def test_export_writes_dashboards_and_provisioning(tmp_path: Path) -> None:
+    assert dashboards_cli(["export", "--out", str(tmp_path)]) == 0
+    boards = sorted((tmp_path / "dashboards").glob("*.json"))
     assert len(boards) == 6
-    assert len({b["uid"] for b in boards.values()}) == 6
+    for path in boards:
+        assert problems(json.loads(path.read_text())) == []
+    prov = tmp_path / "provisioning"
+    ds = yaml.safe_load((prov / "datasources/gpuwarden.yaml").read_text())["datasources"][0]
+    rules = yaml.safe_load((prov / "alerting/gpuwarden-rules.yaml").read_text())
+    provider = yaml.safe_load((prov / "dashboards/gpuwarden.yaml").read_text())["providers"][0]
+    contacts = yaml.safe_load((prov / "alerting/gpuwarden-contact-points.yaml").read_text())
+    assert ds["type"] == "influxdb" and ds["jsonData"]["timeInterval"] == "10s"
+    uids = {d["datasourceUid"] for g in rules["groups"] for r in g["rules"] for d in r["data"]}
+    assert uids == {ds["uid"], "__expr__"}
+    assert Path(provider["options"]["path"]) == (tmp_path / "dashboards").resolve()
+    receivers = {c["name"] for c in contacts["contactPoints"]}
+    routed = {r["receiver"] for p in contacts["policies"] for r in p["routes"]}
+    assert routed <= receivers and contacts["policies"][0]["receiver"] in receivers
+
+
+def test_dashboards_sample_config_equals_defaults() -> None:
+    path = Path(__file__).parent.parent / "config/dashboards.sample.toml"
+    assert load_dashboards_config(path, environ={}) == DASHBOARD_DEFAULTS
+    cfg = load_dashboards_config(path, environ={"GPUWARDEN_GRAFANA_FOLDER": "ops"})
+    assert cfg["grafana"]["folder"] == "ops"
+
+
+class FakeGrafana:
+    """Loopback stand-in for the Grafana HTTP API calls ``push`` makes: checks the bearer
+    token, keeps what it was sent, answers 404 for unknown datasources and alert rules."""
+
+    def __init__(self, token: str) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        self.rules: set[str] = set()
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _reply(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length)) if length else None
+                fake.requests.append((self.command, self.path, body))
+                if self.headers.get("Authorization") != f"Bearer {token}":
+                    status, out = 401, {"message": "invalid API key"}
+                elif self.command == "GET" or (
+                    self.command == "PUT" and self.path.rsplit("/", 1)[1] not in fake.rules
+                ):
+                    status, out = 404, {"message": "not found"}
+                else:
+                    if self.command == "POST" and "alert-rules" in self.path and body:
+                        fake.rules.add(body["uid"])
+                    status, out = 200, {"status": "success"}
+                data = json.dumps(out).encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_POST = do_PUT = _reply  # noqa: N815 (http.server's names)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_push_upserts_everything_and_reports_refusals(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    grafana = FakeGrafana("s3cret")
+    try:
+        token = tmp_path / "token"
+        token.write_text("s3cret\n")
+        conf = tmp_path / "d.toml"
+        conf.write_text(f'[grafana]\ntoken_file = "{token}"\n')
+        monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
+        for _ in range(2):  # the second push updates what the first created
+            assert dashboards_cli(["--config", str(conf), "push", "--url", grafana.url]) == 0
+        dashboards = [b for m, p, b in grafana.requests if p == "/api/dashboards/db"]
+        assert len(dashboards) == 12 and all(b["overwrite"] for b in dashboards)
+        assert {b["dashboard"]["uid"] for b in dashboards} == {
+            f"gpuwarden-{n}" for n in ("fleet", "node", "job", "fabric", "power", "health")
+        }
+        creates = [p for m, p, _ in grafana.requests if m == "POST" and "alert-rules" in p]
+        updates = [p for m, p, _ in grafana.requests if m == "PUT"]
+        assert len(creates) == len(grafana.rules) and len(updates) == 2 * len(grafana.rules)
+        monkeypatch.setenv("GRAFANA_TOKEN", "wrong")
+        assert dashboards_cli(["--config", str(conf), "push", "--url", grafana.url]) == 2
+        assert "HTTP 401 (check the token" in capsys.readouterr().err
+    finally:
+        grafana.close()
+    monkeypatch.delenv("GRAFANA_TOKEN")
+    assert dashboards_cli(["push", "--url", "http://127.0.0.1:9"]) == 2
+    assert "no Grafana token" in capsys.readouterr().err

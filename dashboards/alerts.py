@@ -1,0 +1,344 @@
+"""Grafana-managed alert rules for the rule-based conditions, contact points for the webhooks,
+and a notification policy routing by severity -- in Grafana's file-provisioning format.
+
+Each rule is the SDK's ``Rule``: query A (InfluxQL, one series per node/GPU/port), B reduces
+each series to one number, C compares it with a threshold; the rule fires per series. Rules
+that the failure predictor and analytics replace with findings (stragglers, risk) are still
+here because an operator wants a page even when analytics is down. Thresholds come from
+``[alerts]`` in the dashboards configuration.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from grafana_foundation_sdk.builders import alerting as al
+from grafana_foundation_sdk.builders import expr
+from grafana_foundation_sdk.cog.encoder import JSONEncoder
+from grafana_foundation_sdk.models import alerting as am
+
+from dashboards.influxql import Agg, Cond, Select, Target
+
+GROUP = "gpuwarden"
+Op = Literal["gt", "lt"]
+
+
+@dataclass(frozen=True)
+class RuleSpec:
+    uid: str
+    title: str
+    query: Select
+    op: Op
+    threshold: float
+    severity: Literal["critical", "warning"]
+    summary: str
+    for_: str = "0s"
+    window_s: int = 600
+    no_data: Literal["OK", "NoData", "Alerting"] = "OK"
+
+
+def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
+    a = cfg["alerts"]
+    gpu = ("cluster", "node", "gpu")
+    port = ("cluster", "node", "hca", "port")
+    return [
+        RuleSpec(
+            "gw-fatal-xid",
+            "Fatal XID",
+            Select(
+                "gpu_event",
+                (Agg("count", "xid_code", "fatal_xids"),),
+                where=(Cond("fatal_active", "=", True),),
+                group_tags=("cluster", "node"),
+                every=False,
+            ),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }}: a fatal XID in the last 10 minutes; drain and reset the GPU",
+        ),
+        RuleSpec(
+            "gw-row-remap-failure",
+            "Row remap failure or pending remap",
+            Select(
+                "gpu",
+                (Agg("count", "remapped_rows_failure_active", "remap_problems"),),
+                where=(Cond("remapped_rows_failure_active", "=", True),),
+                group_tags=gpu,
+                every=False,
+            ),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }} GPU {{ $labels.gpu }}: row remapping failed; replace the GPU",
+        ),
+        RuleSpec(
+            "gw-ecc-dbe",
+            "Uncorrectable ECC errors",
+            Select(
+                "gpu",
+                (Agg("spread", "ecc_dbe_volatile_total", "dbe_new"),),
+                group_tags=gpu,
+                every=False,
+            ),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }} GPU {{ $labels.gpu }}: new double-bit ECC errors",
+        ),
+        RuleSpec(
+            "gw-gpu-hot",
+            "GPU temperature high",
+            Select("gpu", (Agg("max", "gpu_temp_c"),), group_tags=gpu, every=False),
+            "gt",
+            float(a["gpu_temp_c"]),
+            "warning",
+            "{{ $labels.node }} GPU {{ $labels.gpu }} above the configured temperature",
+            for_="5m",
+        ),
+        RuleSpec(
+            "gw-thermal-slowdown",
+            "GPU thermal slowdown",
+            Select(
+                "gpu",
+                (Agg("count", "clock_event_hw_thermal_slowdown_active", "slowed"),),
+                where=(Cond("clock_event_hw_thermal_slowdown_active", "=", True),),
+                group_tags=gpu,
+                every=False,
+            ),
+            "gt",
+            0,
+            "warning",
+            "{{ $labels.node }} GPU {{ $labels.gpu }} is slowed by hardware thermal protection",
+            for_="5m",
+        ),
+        RuleSpec(
+            "gw-ib-link-down",
+            "InfiniBand link went down",
+            Select(
+                "ib_port",
+                (Agg("spread", "link_downed_total", "link_downs"),),
+                group_tags=port,
+                every=False,
+            ),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }} {{ $labels.hca }}/{{ $labels.port }}: the link went down",
+        ),
+        RuleSpec(
+            "gw-ib-symbol-errors",
+            "InfiniBand symbol errors",
+            Select(
+                "ib_port",
+                (Agg("spread", "symbol_error_total", "symbol_errors"),),
+                group_tags=port,
+                every=False,
+            ),
+            "gt",
+            float(a["symbol_errors_per_10m"]),
+            "warning",
+            "{{ $labels.node }} {{ $labels.hca }}/{{ $labels.port }}: symbol errors climbing "
+            "(a cable or transceiver going bad)",
+        ),
+        RuleSpec(
+            "gw-congested-switch",
+            "Congested leaf switch",
+            Select(
+                "congestion",
+                (Agg("max", "score_ratio"),),
+                group_tags=("cluster", "switch"),
+                every=False,
+            ),
+            "gt",
+            float(a["congestion_score"]),
+            "warning",
+            "switch {{ $labels.switch }}: ports waiting for credits",
+            window_s=1800,
+        ),
+        RuleSpec(
+            "gw-failure-risk",
+            "High predicted failure risk",
+            Select(
+                "failure_risk",
+                (Agg("max", "probability_ratio"),),
+                group_tags=("cluster", "node"),
+                every=False,
+            ),
+            "gt",
+            float(a["failure_risk"]),
+            "warning",
+            "{{ $labels.node }}: the predictor expects a hardware fault; checkpoint soon",
+            window_s=1800,
+        ),
+        RuleSpec(
+            "gw-agent-silent",
+            "Agent stopped reporting",
+            Select(
+                "agent",
+                (Agg("count", "cycle_lag_s", "cycles"),),
+                group_tags=("cluster", "node"),
+                every=False,
+            ),
+            "lt",
+            1,
+            "warning",
+            "{{ $labels.node }}: no agent cycle in 10 minutes (agent, node or network down)",
+            no_data="Alerting",
+        ),
+        RuleSpec(
+            "gw-sink-dropping",
+            "Agent dropping data",
+            Select(
+                "sink",
+                (Agg("spread", "points_dropped_total", "dropped"),),
+                group_tags=("cluster", "node"),
+                every=False,
+            ),
+            "gt",
+            0,
+            "warning",
+            "{{ $labels.node }}: the spool overflowed while InfluxDB was unreachable",
+        ),
+    ]
+
+
+def _rule(spec: RuleSpec, datasource_uid: str) -> al.Rule:
+    query = (
+        al.Query("A")
+        .datasource_uid(datasource_uid)
+        .relative_time_range(am.RelativeTimeRange(from_val=spec.window_s, to=0))
+        .model(Target(spec.query, "A", datasource_uid=datasource_uid))
+    )
+    reduce = (
+        al.Query("B")
+        .datasource_uid("__expr__")
+        .model(expr.TypeReduce().ref_id("B").expression("A").reducer("last"))
+    )
+    evaluator = expr.ExprTypeThresholdConditionsEvaluator().type(spec.op).params([spec.threshold])
+    threshold = (
+        al.Query("C")
+        .datasource_uid("__expr__")
+        .model(
+            expr.TypeThreshold()
+            .ref_id("C")
+            .expression("B")
+            .conditions([expr.ExprTypeThresholdConditions().evaluator(evaluator)])
+        )
+    )
+    return (
+        al.Rule(spec.title)
+        .uid(spec.uid)
+        .queries([query, reduce, threshold])
+        .condition("C")
+        .for_val(spec.for_)
+        .no_data_state(spec.no_data)
+        .exec_err_state("Error")
+        .labels({"severity": spec.severity, "source": "gpuwarden"})
+        .annotations({"summary": spec.summary})
+    )
+
+
+def _plain(obj: object) -> Any:
+    return json.loads(JSONEncoder().encode(obj))
+
+
+def rules_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Alert rules in Grafana's provisioning format (``provisioning/alerting/*.yaml``)."""
+    uid = cfg["grafana"]["datasource_uid"]
+    rules = []
+    for spec in rule_specs(cfg):
+        r = _plain(_rule(spec, uid).build())
+        rules.append(
+            {
+                "uid": r["uid"],
+                "title": r["title"],
+                "condition": r["condition"],
+                "data": r["data"],
+                "for": r["for"],
+                "noDataState": r["noDataState"],
+                "execErrState": r["execErrState"],
+                "labels": r["labels"],
+                "annotations": r["annotations"],
+                "isPaused": False,
+            }
+        )
+    return {
+        "apiVersion": 1,
+        "groups": [
+            {
+                "orgId": cfg["grafana"]["org_id"],
+                "name": GROUP,
+                "folder": cfg["grafana"]["folder"],
+                "interval": cfg["alerts"]["evaluate_every"],
+                "rules": rules,
+            }
+        ],
+    }
+
+
+def contact_points_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """Contact points (the webhook; Slack when configured) and the severity routing.
+
+    The webhook's bearer token is read by Grafana itself from ``webhook_token_file``
+    (``$__file{...}`` in provisioning files), so it never lands in the exported files."""
+    a = cfg["alerts"]
+    org = cfg["grafana"]["org_id"]
+    settings: dict[str, Any] = {"url": a["webhook_url"], "httpMethod": "POST"}
+    if a["webhook_token_file"]:
+        settings["authorization_scheme"] = "Bearer"
+        settings["authorization_credentials"] = "$__file{" + a["webhook_token_file"] + "}"
+    points = [
+        (
+            "gpuwarden-webhook",
+            al.ContactPoint()
+            .name("gpuwarden-webhook")
+            .type("webhook")
+            .uid("gpuwarden-webhook")
+            .settings(settings),
+        ),
+    ]
+    if a["slack_url"]:
+        points.append(
+            (
+                "gpuwarden-slack",
+                al.ContactPoint()
+                .name("gpuwarden-slack")
+                .type("slack")
+                .uid("gpuwarden-slack")
+                .settings({"url": a["slack_url"]}),
+            )
+        )
+    contact_points = []
+    for name, cp in points:
+        p = _plain(cp.build())
+        receiver = {
+            "uid": p["uid"],
+            "type": p["type"],
+            "settings": p["settings"],
+            "disableResolveMessage": False,
+        }
+        contact_points.append({"orgId": org, "name": name, "receivers": [receiver]})
+    warning_to = "gpuwarden-slack" if a["slack_url"] else "gpuwarden-webhook"
+    policy = {
+        "orgId": org,
+        "receiver": "gpuwarden-webhook",
+        "group_by": ["alertname", "cluster", "node"],
+        "routes": [
+            {
+                "receiver": "gpuwarden-webhook",
+                "object_matchers": [["severity", "=", "critical"]],
+                "group_wait": "0s",
+                "repeat_interval": "1h",
+            },
+            {
+                "receiver": warning_to,
+                "object_matchers": [["severity", "=", "warning"]],
+                "repeat_interval": "4h",
+            },
+        ],
+    }
+    return {"apiVersion": 1, "contactPoints": contact_points, "policies": [policy]}

@@ -1,0 +1,225 @@
+"""``gpuwarden-dashboards``: export, push, check and render the dashboards and alert rules.
+
+    gpuwarden-dashboards export --out /etc/grafana/gpuwarden     # JSON + provisioning files
+    gpuwarden-dashboards push --url http://grafana:3000           # token: GRAFANA_TOKEN or file
+    gpuwarden-dashboards render --influx-url http://127.0.0.1:8086 --database gpuwarden \\
+        --from 2026-11-01T00:00:00Z --to 2026-11-01T06:00:00Z --out /tmp/dashboards
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import urllib3
+import yaml
+
+from collector.agentconfig import ConfigError
+from collector.replay_cli import parse_when
+from dashboards.alerts import contact_points_file, rules_file
+from dashboards.config import grafana_token, load_config
+from dashboards.errors import DashboardError, PushError
+from dashboards.export import encode, generate
+from dashboards.grafana import parse_duration
+
+Config = Mapping[str, Mapping[str, Any]]
+
+
+def datasource_file(cfg: Config) -> dict[str, Any]:
+    i = cfg["influxdb"]
+    ds: dict[str, Any] = {
+        "name": "gpuwarden InfluxDB",
+        "uid": cfg["grafana"]["datasource_uid"],
+        "type": "influxdb",
+        "access": "proxy",
+        "url": i["url"],
+        "orgId": cfg["grafana"]["org_id"],
+        "jsonData": {
+            "dbName": i["database"],
+            "httpMode": i["http_mode"],
+            "timeInterval": i["min_interval"],
+        },
+    }
+    if i["username"]:
+        ds["user"] = i["username"]
+    if i["password_file"]:
+        ds["secureJsonData"] = {"password": "$__file{" + i["password_file"] + "}"}
+    return {"apiVersion": 1, "datasources": [ds]}
+
+
+def provider_file(cfg: Config, dashboards_dir: str) -> dict[str, Any]:
+    return {
+        "apiVersion": 1,
+        "providers": [
+            {
+                "name": "gpuwarden",
+                "orgId": cfg["grafana"]["org_id"],
+                "folder": cfg["grafana"]["folder"],
+                "type": "file",
+                "disableDeletion": False,
+                "allowUiUpdates": False,
+                "options": {"path": dashboards_dir, "foldersFromFilesStructure": False},
+            }
+        ],
+    }
+
+
+def export(cfg: Config, out: Path) -> list[Path]:
+    """``out/dashboards/*.json`` and ``out/provisioning/{datasources,dashboards,alerting}``."""
+    boards = generate()
+    written = []
+    (out / "dashboards").mkdir(parents=True, exist_ok=True)
+    for name, board in boards.items():
+        path = out / "dashboards" / f"gpuwarden-{name}.json"
+        path.write_text(encode(board), encoding="utf-8")
+        written.append(path)
+    files = {
+        "datasources/gpuwarden.yaml": datasource_file(cfg),
+        "dashboards/gpuwarden.yaml": provider_file(cfg, str((out / "dashboards").resolve())),
+        "alerting/gpuwarden-rules.yaml": rules_file(cfg),
+        "alerting/gpuwarden-contact-points.yaml": contact_points_file(cfg),
+    }
+    for rel, doc in files.items():
+        path = out / "provisioning" / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
+        written.append(path)
+    return written
+
+
+class Grafana:
+    """The few Grafana HTTP API calls ``push`` needs, with a service-account token."""
+
+    def __init__(self, url: str, token: str, timeout_s: float = 30.0) -> None:
+        if not token:
+            raise PushError("no Grafana token: set GRAFANA_TOKEN or [grafana] token_file")
+        self.url = url.rstrip("/")
+        self.headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
+        self._http = urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout_s), retries=False)
+
+    def call(self, method: str, path: str, body: Any = None, ok: Sequence[int] = (200,)) -> int:
+        """The HTTP status, when it is one of ``ok``; otherwise :class:`PushError`."""
+        try:
+            resp = self._http.request(
+                method,
+                self.url + path,
+                body=None if body is None else json.dumps(body).encode(),
+                headers=self.headers,
+            )
+        except urllib3.exceptions.HTTPError as exc:
+            raise PushError(f"Grafana at {self.url} unreachable: {exc}") from exc
+        if resp.status not in ok:
+            text = resp.data[:300].decode(errors="replace")
+            hint = " (check the token and its role)" if resp.status in (401, 403) else ""
+            raise PushError(f"{method} {path}: HTTP {resp.status}{hint}: {text}")
+        return int(resp.status)
+
+
+def push(cfg: Config, url: str, token: str) -> list[str]:
+    """Folder, datasource, dashboards and alert rules through the Grafana HTTP API; every
+    call is an upsert, so pushing twice is harmless."""
+    g = Grafana(url, token)
+    folder = cfg["grafana"]["folder"]
+    done = []
+    g.call("POST", "/api/folders", {"uid": folder, "title": folder}, ok=(200, 409, 412))
+    ds = datasource_file(cfg)["datasources"][0]
+    if g.call("GET", f"/api/datasources/uid/{ds['uid']}", ok=(200, 404)) == 404:
+        g.call("POST", "/api/datasources", ds)
+    done.append(f"datasource {ds['uid']}")
+    for board in generate().values():
+        body = {"dashboard": board, "folderUid": folder, "overwrite": True}
+        g.call("POST", "/api/dashboards/db", {**body, "message": "gpuwarden push"})
+        done.append(f"dashboard {board['uid']}")
+    for group in rules_file(cfg)["groups"]:
+        for rule in group["rules"]:
+            body = {**rule, "folderUID": folder, "ruleGroup": group["name"]}
+            body["orgID"] = group["orgId"]
+            path = f"/api/v1/provisioning/alert-rules/{rule['uid']}"
+            if g.call("PUT", path, body, ok=(200, 404)) == 404:
+                g.call("POST", "/api/v1/provisioning/alert-rules", body, ok=(200, 201))
+            done.append(f"alert rule {rule['uid']}")
+    return done
+
+
+def _render(args: argparse.Namespace, cfg: Config) -> int:
+    from dashboards.influx import InfluxQLClient
+    from dashboards.render import render_all
+
+    client = InfluxQLClient(
+        args.influx_url or cfg["influxdb"]["url"], args.database or cfg["influxdb"]["database"]
+    )
+    start = parse_when(args.from_) // 10**6
+    end = parse_when(args.to) // 10**6
+    done = render_all(
+        client,
+        generate(),
+        start,
+        end,
+        Path(args.out),
+        args.label,
+        parse_duration(args.min_interval or cfg["influxdb"]["min_interval"]),
+    )
+    for name, panels in done.items():
+        empty = [p.title for p in panels if not p.points]
+        print(
+            f"{name}: {len(panels)} panels, {len(empty)} without data"
+            + (f" ({', '.join(empty)})" if empty else "")
+        )
+    print(f"open {Path(args.out) / 'index.html'}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="gpuwarden-dashboards",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--config", help="dashboards TOML (config/dashboards.sample.toml)")
+    sub = parser.add_subparsers(dest="command", required=True)
+    ex = sub.add_parser("export", help="write dashboard JSON and Grafana provisioning files")
+    ex.add_argument("--out", required=True)
+    pu = sub.add_parser("push", help="upsert folder, datasource, dashboards, alert rules")
+    pu.add_argument("--url", help="Grafana URL (default: [grafana] url)")
+    sub.add_parser("check", help="build and check every dashboard; print the problems")
+    re_ = sub.add_parser("render", help="PNG panels on HTML pages, from InfluxDB, no Grafana")
+    re_.add_argument("--influx-url", default="")
+    re_.add_argument("--database", default="")
+    re_.add_argument("--from", dest="from_", required=True, help="an RFC 3339 time")
+    re_.add_argument("--to", default="now")
+    re_.add_argument("--out", required=True)
+    re_.add_argument("--min-interval", default="", help="e.g. 30s (default: [influxdb])")
+    re_.add_argument(
+        "--label",
+        default="data: as found in InfluxDB",
+        help="printed on every page: say whether the data is real or simulated",
+    )
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.config)
+        if args.command == "export":
+            for path in export(cfg, Path(args.out)):
+                print(path)
+        elif args.command == "push":
+            for line in push(cfg, args.url or cfg["grafana"]["url"], grafana_token(cfg)):
+                print("pushed", line)
+        elif args.command == "check":
+            boards = generate()
+            print(
+                f"{len(boards)} dashboards, "
+                f"{sum(len(b['panels']) for b in boards.values())} panels: OK"
+            )
+        else:
+            return _render(args, cfg)
+    except (DashboardError, ConfigError, ValueError) as exc:
+        print(f"gpuwarden-dashboards: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
