@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.influxql import Agg, Cond, Scope, agg
-from dashboards.panels import annotation, board, graph, heat, states
+from dashboards.panels import board, graph, heat, marks, states
 
 UID = "gpuwarden-fabric"
 S = Scope("cluster", "node", "hca")
@@ -157,18 +157,14 @@ def build() -> model.Dashboard:
         [("Throughput", throughput), ("Congestion", congestion), ("Errors", errors)],
         scope=S,
         annotations=[
-            annotation(
+            marks(
+                S,
                 "Congestion findings",
-                S(
-                    "finding",
-                    Agg("raw", "summary"),
-                    Agg("raw", "kind"),
-                    where=(Cond("kind", "=", "link_congested"),),
-                    every=False,
-                ),
+                "finding",
+                "summary",
+                "kind",
                 "orange",
-                text="summary",
-                tags="kind",
+                where=(Cond("kind", "=", "link_congested"),),
             ),
         ],
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.influxql import Agg, Cond, Scope
-from dashboards.panels import annotation, board, graph, grid, single, states, unit_of
+from dashboards.panels import board, graph, grid, marks, single, states, unit_of
 
 UID = "gpuwarden-fleet"
 S = Scope("cluster")
@@ -110,24 +110,19 @@ def build() -> model.Dashboard:
         grid(
             "Latest findings",
             "Newest first: what analytics and the agents found, on what, and how sure",
-            S(
+            S.latest(
                 "finding",
-                *(
-                    Agg("raw", f)
-                    for f in (
-                        "severity",
-                        "kind",
-                        "node",
-                        "gpu",
-                        "job",
-                        "summary",
-                        "probability_ratio",
-                        "confidence_ratio",
-                        "finding_id",
-                    )
+                (
+                    "severity",
+                    "kind",
+                    "node",
+                    "gpu",
+                    "job",
+                    "summary",
+                    "probability_ratio",
+                    "confidence_ratio",
+                    "finding_id",
                 ),
-                every=False,
-                order_desc=True,
                 limit=200,
             ),
         ),
@@ -174,25 +169,15 @@ def build() -> model.Dashboard:
         [("Now", now), ("Utilisation and power", usage), ("Health", health), ("Agent", agent)],
         scope=S,
         annotations=[
-            annotation(
+            marks(
+                S,
                 "Critical findings",
-                S(
-                    "finding",
-                    Agg("raw", "summary"),
-                    Agg("raw", "kind"),
-                    where=(Cond("severity", "=", "critical"),),
-                    every=False,
-                ),
+                "finding",
+                "summary",
+                "kind",
                 "red",
-                text="summary",
-                tags="kind",
+                where=(Cond("severity", "=", "critical"),),
             ),
-            annotation(
-                "Remediation actions",
-                S("remediation_action", Agg("raw", "message"), Agg("raw", "action"), every=False),
-                "purple",
-                text="message",
-                tags="action",
-            ),
+            marks(S, "Remediation actions", "remediation_action", "message", "action", "purple"),
         ],
     )

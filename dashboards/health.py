@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.influxql import Agg, Cond, Scope
-from dashboards.panels import annotation, board, graph, grid, heat
+from dashboards.panels import board, graph, grid, heat, marks
 
 UID = "gpuwarden-health"
 S = Scope("cluster", "node")
@@ -36,16 +36,11 @@ def build() -> model.Dashboard:
         grid(
             "Highest risks",
             "Newest scores first, with the model version that produced them",
-            S(
+            S.latest(
                 "failure_risk",
-                *(
-                    Agg("raw", f)
-                    for f in ("node", "gpu", "horizon", "probability_ratio", "model_version")
-                ),
-                where=(Cond("probability_ratio", ">", 0.5),),
-                every=False,
-                order_desc=True,
+                ("node", "gpu", "horizon", "probability_ratio", "model_version"),
                 limit=200,
+                where=(Cond("probability_ratio", ">", 0.5),),
             ),
         ),
     ]
@@ -111,25 +106,20 @@ def build() -> model.Dashboard:
         grid(
             "Audit trail",
             "Finding -> action -> outcome, newest first (the engine's audit log, as events)",
-            S(
+            S.latest(
                 "remediation_action",
-                *(
-                    Agg("raw", f)
-                    for f in (
-                        "node",
-                        "job",
-                        "action",
-                        "adapter",
-                        "outcome",
-                        "dry_run_active",
-                        "duration_s",
-                        "message",
-                        "finding_id",
-                        "action_id",
-                    )
+                (
+                    "node",
+                    "job",
+                    "action",
+                    "adapter",
+                    "outcome",
+                    "dry_run_active",
+                    "duration_s",
+                    "message",
+                    "finding_id",
+                    "action_id",
                 ),
-                every=False,
-                order_desc=True,
                 limit=500,
             ),
         ),
@@ -141,25 +131,15 @@ def build() -> model.Dashboard:
         [("Risk", risk), ("Predictions and events", outcomes), ("Remediation", actions)],
         scope=S,
         annotations=[
-            annotation(
-                "Remediation actions",
-                S("remediation_action", Agg("raw", "message"), Agg("raw", "action"), every=False),
-                "purple",
-                text="message",
-                tags="action",
-            ),
-            annotation(
+            marks(S, "Remediation actions", "remediation_action", "message", "action", "purple"),
+            marks(
+                S,
                 "Fatal XIDs",
-                S(
-                    "gpu_event",
-                    Agg("raw", "message"),
-                    Agg("raw", "event"),
-                    where=(Cond("fatal_active", "=", True),),
-                    every=False,
-                ),
+                "gpu_event",
+                "message",
+                "event",
                 "red",
-                text="message",
-                tags="event",
+                where=(Cond("fatal_active", "=", True),),
             ),
         ],
     )

@@ -206,6 +206,17 @@ class Scope:
             kw["filters"] = filters_for(measurement, self.variables) + tuple(kw.get("filters", ()))
         return Select(measurement, tuple(flat), **kw)
 
+    def latest(
+        self,
+        measurement: str,
+        fields: Sequence[str],
+        limit: int = 200,
+        where: tuple[Cond, ...] = (),
+    ) -> Select:
+        """Rows of fields and tags, newest first: for tables and annotations."""
+        aggs = tuple(Agg("raw", f) for f in fields)
+        return self(measurement, aggs, where=where, every=False, order_desc=True, limit=limit)
+
     def values(self, measurement: str, key: str) -> TagValues:
         """Tag values narrowed by the variables before ``key`` in this dashboard's order."""
         before = self.variables[: self.variables.index(key)] if key in self.variables else ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.influxql import Agg, Cond, Scope, agg
-from dashboards.panels import annotation, board, graph, grid, single
+from dashboards.panels import board, graph, grid, marks, single
 
 UID = "gpuwarden-job"
 S = Scope("cluster", "job")
@@ -119,26 +119,21 @@ def build() -> model.Dashboard:
             "Stragglers",
             "What analytics flagged: the rank, node or stage, how much slower than its "
             "peers, for how much of the window, and the likely cause",
-            S(
+            S.latest(
                 "straggler",
-                *(
-                    Agg("raw", f)
-                    for f in (
-                        "job",
-                        "kind",
-                        "rank",
-                        "node",
-                        "stage",
-                        "dp_rank",
-                        "slowdown_ratio",
-                        "step_time_s",
-                        "peer_median_step_time_s",
-                        "persistence_ratio",
-                        "cause",
-                    )
+                (
+                    "job",
+                    "kind",
+                    "rank",
+                    "node",
+                    "stage",
+                    "dp_rank",
+                    "slowdown_ratio",
+                    "step_time_s",
+                    "peer_median_step_time_s",
+                    "persistence_ratio",
+                    "cause",
                 ),
-                every=False,
-                order_desc=True,
                 limit=200,
             ),
         ),
@@ -147,27 +142,22 @@ def build() -> model.Dashboard:
         grid(
             "Model and parallelism",
             "What the training reporter declared: shape, parallelism, precision and GPU",
-            S(
+            S.latest(
                 "job_model",
-                *(
-                    Agg("raw", f)
-                    for f in (
-                        "job",
-                        "dtype",
-                        "gpu_model",
-                        "params_count",
-                        "layers_count",
-                        "hidden_size_count",
-                        "heads_count",
-                        "seq_len_tokens",
-                        "world_size_count",
-                        "tensor_parallel_count",
-                        "pipeline_parallel_count",
-                        "recompute_active",
-                    )
+                (
+                    "job",
+                    "dtype",
+                    "gpu_model",
+                    "params_count",
+                    "layers_count",
+                    "hidden_size_count",
+                    "heads_count",
+                    "seq_len_tokens",
+                    "world_size_count",
+                    "tensor_parallel_count",
+                    "pipeline_parallel_count",
+                    "recompute_active",
                 ),
-                every=False,
-                order_desc=True,
                 limit=20,
             ),
             h=5,
@@ -180,18 +170,14 @@ def build() -> model.Dashboard:
         [("Efficiency", efficiency), ("Trend", trend), ("Step time", steps), ("Model", model_rows)],
         scope=S,
         annotations=[
-            annotation(
+            marks(
+                S,
                 "Job findings",
-                S(
-                    "finding",
-                    Agg("raw", "summary"),
-                    Agg("raw", "kind"),
-                    where=(Cond("job", "!=", ""),),
-                    every=False,
-                ),
+                "finding",
+                "summary",
+                "kind",
                 "orange",
-                text="summary",
-                tags="kind",
+                where=(Cond("job", "!=", ""),),
             ),
         ],
     )

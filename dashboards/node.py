@@ -12,7 +12,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from collector.catalogue import CATALOGUE
 from dashboards.influxql import Agg, Scope, Select, agg
-from dashboards.panels import AnyPanel, annotation, board, graph, grid, states
+from dashboards.panels import AnyPanel, board, graph, grid, marks, states
 
 UID = "gpuwarden-node"
 S = Scope("cluster", "node", "gpu")
@@ -229,37 +229,28 @@ def build() -> model.Dashboard:
         grid(
             "GPU events (XID)",
             "Newest first, with NVIDIA's recommended resolution from the XID catalogue",
-            S(
+            S.latest(
                 "gpu_event",
-                *(
-                    Agg("raw", f)
-                    for f in (
-                        "node",
-                        "gpu",
-                        "event",
-                        "severity",
-                        "xid_code",
-                        "fatal_active",
-                        "message",
-                        "resolution",
-                        "pid",
-                        "source",
-                    )
+                (
+                    "node",
+                    "gpu",
+                    "event",
+                    "severity",
+                    "xid_code",
+                    "fatal_active",
+                    "message",
+                    "resolution",
+                    "pid",
+                    "source",
                 ),
-                every=False,
-                order_desc=True,
                 limit=500,
             ),
         ),
         grid(
             "GPU processes",
             "Processes on the GPUs, the job each belongs to, and their memory",
-            S(
-                "gpu_process",
-                *(Agg("raw", f) for f in ("node", "gpu", "job", "rank", "pid", "used_mem_bytes")),
-                every=False,
-                order_desc=True,
-                limit=500,
+            S.latest(
+                "gpu_process", ("node", "gpu", "job", "rank", "pid", "used_mem_bytes"), limit=500
             ),
         ),
     ]
@@ -301,19 +292,7 @@ def build() -> model.Dashboard:
         rows,
         scope=S,
         annotations=[
-            annotation(
-                "XIDs",
-                S("gpu_event", Agg("raw", "message"), Agg("raw", "event"), every=False),
-                "red",
-                text="message",
-                tags="event",
-            ),
-            annotation(
-                "Findings",
-                S("finding", Agg("raw", "summary"), Agg("raw", "kind"), every=False),
-                "orange",
-                text="summary",
-                tags="kind",
-            ),
+            marks(S, "XIDs", "gpu_event", "message", "event", "red"),
+            marks(S, "Findings", "finding", "summary", "kind", "orange"),
         ],
     )

@@ -22,6 +22,8 @@ from dashboards.influxql import (
     DATASOURCE,
     DATASOURCE_TYPE,
     DATASOURCE_VAR,
+    Agg,
+    Cond,
     ResultFormat,
     Scope,
     Select,
@@ -235,6 +237,21 @@ class _Built(cogbuilder.Builder[model.AnnotationQuery]):
 
 def annotation(name: str, query: Select, color: str, text: str, tags: str) -> _Built:
     return _Built(InfluxAnnotation(name, query, color, text, tags))
+
+
+def marks(
+    scope: Scope,
+    name: str,
+    measurement: str,
+    text: str,
+    tags: str,
+    color: str,
+    where: tuple[Cond, ...] = (),
+) -> _Built:
+    """Annotations from a measurement's rows: the ``text`` field as the marker's text, the
+    ``tags`` tag as its tags (findings, XIDs, remediation actions)."""
+    query = scope(measurement, Agg("raw", text), Agg("raw", tags), where=where, every=False)
+    return annotation(name, query, color, text=text, tags=tags)
 
 
 def board(

@@ -20,15 +20,8 @@ def build() -> model.Dashboard:
             "Energy per job",
             "Per analysis window: GPU energy (from the energy counters, reset-aware), "
             "joules per token and per step, mean power",
-            S(
-                "energy",
-                *(
-                    Agg("raw", f)
-                    for f in ("job", "energy_j", "j_per_token", "j_per_step", "power_w")
-                ),
-                every=False,
-                order_desc=True,
-                limit=100,
+            S.latest(
+                "energy", ("job", "energy_j", "j_per_token", "j_per_step", "power_w"), limit=100
             ),
             h=6,
         ),
