@@ -4,6 +4,8 @@ gpuwarden-analyze run --config analytics.toml --start 2026-01-05T00:00:00Z --end
 gpuwarden-analyze run --config analytics.toml --every 60s      # periodic, until stopped
 gpuwarden-analyze stragglers --whatif-trace trace.parquet [--json]
 gpuwarden-analyze stragglers --minibatch-csv job_1_norm.csv [--json]
+gpuwarden-analyze train --start ... --end ... --out risk.pkl     # the failure predictor
+gpuwarden-analyze evaluate --model risk.pkl --start ... --end ... --report DIR
 """
 
 from __future__ import annotations
@@ -110,13 +112,16 @@ def _summary(a: Analysis) -> list[str]:
     return lines
 
 
-def _write(cfg: AnalyticsConfig, a: Analysis) -> tuple[int, int]:
+def _write(
+    cfg: AnalyticsConfig, a: Analysis, extra: tuple[list[Any], list[Any]] = ([], [])
+) -> tuple[int, int]:
+    """Write the analysis' points and findings (and ``extra``: the risk scorer's) back."""
     from analytics.emit import findings, points
     from collector.fastpath import FindingPoster
     from collector.sink import InfluxSink, SinkConfig
 
-    found = findings(a)
-    pts = points(a, found)
+    found = findings(a) + list(extra[1])
+    pts = points(a, found) + list(extra[0])
     if cfg["analysis"]["write_back"]:
         db = cfg.reader_kwargs()
         sink = InfluxSink(
@@ -155,6 +160,15 @@ def _run(args: argparse.Namespace) -> int:
             {**cfg.sections, "analysis": {**cfg["analysis"], "write_back": False}}
         )
     window = float(cfg["analysis"]["window_s"])
+    model = None
+    if cfg["predictor"]["model"]:
+        from analytics.predict.model import ModelError, RiskModel
+
+        try:
+            model = RiskModel.load(cfg["predictor"]["model"])
+        except ModelError as exc:
+            print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+            return 2
     executor = executor_from_config(cfg, local=args.local)
     stop = threading.Event()
     if args.every:
@@ -165,7 +179,8 @@ def _run(args: argparse.Namespace) -> int:
             end = parse_when(args.end) if args.end else time.time_ns()
             start = parse_when(args.start) if args.start else end - int(window * NS)
             a = analyse(cfg, start, end, executor, progress=stderr_progress)
-            n_found, n_points = _write(cfg, a)
+            extra = _risk(cfg, model, start, end, executor) if model else ([], [])
+            n_found, n_points = _write(cfg, a, extra)
             for line in _summary(a):
                 print(line, flush=True)
             print(f"findings={n_found} points={n_points}", flush=True)
@@ -175,6 +190,46 @@ def _run(args: argparse.Namespace) -> int:
                 return 0
     except KeyboardInterrupt:
         return 130
+    finally:
+        executor.close()
+
+
+def _risk(
+    cfg: AnalyticsConfig, model: Any, start: int, end: int, executor: Any
+) -> tuple[list[Any], list[Any]]:
+    """Failure risk of every GPU that reported in the window, at its end."""
+    from analytics.predict.scoring import score
+    from analytics.reader import InfluxReader
+
+    reader = InfluxReader(**cfg.reader_kwargs())
+    try:
+        nodes = reader.tag_values("gpu", "node", "power_w", start, end)
+    finally:
+        reader.close()
+    scored = score(cfg, model, end, executor, cluster=cfg["analysis"]["cluster"], nodes=nodes)
+    print(
+        f"failure risk: {scored.frame.height} GPUs scored, {len(scored.findings)} above the "
+        "threshold",
+        flush=True,
+    )
+    return scored.points, scored.findings
+
+
+def _predict(args: argparse.Namespace) -> int:
+    from analytics.predict.cli import run as predict_run
+    from analytics.predict.model import ModelError
+
+    try:
+        cfg = load_config(args.config)
+    except ConfigError as exc:
+        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        return 2
+    executor = executor_from_config(cfg, local=args.local)
+    try:
+        return predict_run(args, cfg, executor)
+    except (ModelError, ValueError) as exc:
+        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        return 2
     finally:
         executor.close()
 
@@ -199,9 +254,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--every", type=parse_duration, help="run periodically, e.g. 60s")
     run.add_argument("--local", action="store_true", help="single process, no Dask")
     run.add_argument("--no-write", action="store_true", help="print only; write nothing back")
+    from analytics.predict.cli import add_commands
+
+    add_commands(sub)
     args = ap.parse_args(argv)
     if args.command == "stragglers":
         return _stragglers(args)
+    if args.command in ("train", "evaluate"):
+        return _predict(args)
     return _run(args)
 
 

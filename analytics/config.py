@@ -12,6 +12,7 @@ from typing import Any
 from analytics.congestion import CongestionConfig
 from analytics.stragglers import StragglerConfig
 from collector.agentconfig import ConfigError, merge_config
+from collector.xidcat import DEFAULT_FATAL_XIDS
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {
@@ -36,6 +37,27 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),
     "findings": {"url": "", "token_file": ""},
+    "predictor": {
+        # a model trained by `gpuwarden-analyze train`; empty: no online failure-risk scoring
+        "model": "",
+        "step_s": 60,
+        "horizons_s": [600, 3600, 7200, 86400],
+        # the horizon a trained model predicts, and the one its findings are about
+        "horizon_s": 7200,
+        # label rules: which events count as a failure to predict
+        "fatal_xids": list(DEFAULT_FATAL_XIDS),
+        "label_dbe": True,
+        "label_link_down": True,
+        "label_node_down": True,
+        # a GPU or node is out of service (not scored, not evaluated) this long after a failure:
+        # about the median repair time of hardware faults in the real StepFun trace (1.4 days)
+        "down_s": 86400.0,
+        # the operating threshold is the lowest risk whose alerts reach this precision on the
+        # validation slice of the training period
+        "min_precision": 0.9,
+        # 0: use the model's own operating threshold
+        "risk_threshold": 0.0,
+    },
 }
 
 

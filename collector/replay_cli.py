@@ -24,7 +24,7 @@ import polars as pl
 
 from collector.errors import CollectorError
 from collector.scenario.generator import TAGS, ScenarioGenerator
-from collector.scenario.spec import library_names, load_spec
+from collector.scenario.spec import ScenarioSpec, library_names, load_spec
 from collector.sink import InfluxSink, SinkConfig
 from collector.trace import NS, ReplayStats, TraceReader, TraceWriter, replay
 
@@ -39,6 +39,39 @@ def generate_trace(scenario: str | Path, seed: int, out: str | Path) -> TraceRea
         writer.next_chunk()
     writer.close(scenario=spec.name, seed=seed, description=spec.description)
     return TraceReader(out)
+
+
+def stream_scenario(
+    scenario: str | Path | ScenarioSpec,
+    seed: int,
+    url: str,
+    database: str,
+    spool_dir: str | Path,
+    *,
+    shift_ns: int = 0,
+) -> ReplayStats:
+    """Generate a scenario and write it into InfluxDB as fast as the server takes it, losing
+    nothing (the sink waits on a full spool instead of dropping). SIMULATED data."""
+    spec = scenario if isinstance(scenario, ScenarioSpec) else load_spec(scenario)
+    gen = ScenarioGenerator(spec, seed)
+    sink = InfluxSink(
+        SinkConfig(
+            url=url,
+            database=database,
+            spool_dir=str(spool_dir),
+            batch_size=20_000,
+            spool_max_bytes=1 * 2**30,
+            backpressure_bytes=64 * 2**20,
+        )
+    )
+    try:
+        stats = replay(gen.chunks(), TAGS, sink, shift_ns=shift_ns)
+    finally:
+        flushed = sink.close(timeout_s=600)
+    lost = sink.stats().points_dropped
+    if not flushed or lost:
+        raise CollectorError(f"scenario {spec.name} seed {seed}: {lost} points dropped or unsent")
+    return stats
 
 
 def parse_when(text: str) -> int:

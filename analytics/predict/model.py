@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -102,13 +103,25 @@ def fit(
     seed: int = 0,
     version: str = "",
     params: Mapping[str, Any] | None = None,
+    monotone: Mapping[str, int] | None = None,
+    max_negatives: int = 150_000,
 ) -> RiskModel:
-    """Fit on the earlier ``1 - calibration_share`` of the rows (by time), calibrate on the
+    """``monotone`` maps a feature to +1 (risk never falls as it grows) or -1. Beyond
+    ``max_negatives`` negative rows, negatives are sampled (every positive kept) and weighted
+    up by the inverse of the sampling rate, so the calibrated probabilities stay true.
+
+    Fit on the earlier ``1 - calibration_share`` of the rows (by time), calibrate on the
     rest. ``frame`` must not contain ``down`` rows (the caller drops them)."""
     frame = frame.sort("t")
     y_all = frame[label].to_numpy().astype(int)
     if y_all.sum() < 2:
         raise ModelError(f"{int(y_all.sum())} positive rows of {label}: nothing to learn from")
+    n_neg = int((y_all == 0).sum())
+    rate = min(1.0, max_negatives / n_neg) if n_neg else 1.0
+    keep = pl.col(label) | (pl.int_range(pl.len()).shuffle(seed).truediv(pl.len()) < rate)
+    weight = pl.when(pl.col(label)).then(1.0).otherwise(1.0 / rate).alias("_weight")
+    rows = frame.height
+    frame = frame.filter(keep).with_columns(weight)
     cut_t = float(np.quantile(frame["t"].to_numpy(), 1.0 - calibration_share))
     early = frame.filter(pl.col("t") < cut_t)
     late = frame.filter(pl.col("t") >= cut_t)
@@ -124,12 +137,22 @@ def fit(
             "l2_regularization": 1.0,
             "class_weight": "balanced",
             "random_state": seed,
+            "monotonic_cst": [int((monotone or {}).get(f, 0)) for f in features],
             **(params or {}),
         }
     )
-    trees.fit(x_early, early[label].to_numpy().astype(int))
+    trees.fit(
+        x_early, early[label].to_numpy().astype(int), sample_weight=early["_weight"].to_numpy()
+    )
     calibrated = CalibratedClassifierCV(FrozenEstimator(trees), method="sigmoid")
-    calibrated.fit(late.select(features).to_numpy().astype(np.float64), late[label].to_numpy())
+    with warnings.catch_warnings():
+        # the weights are meant for the calibration only: the trees are already fitted
+        warnings.filterwarnings("ignore", message="Since FrozenEstimator")
+        calibrated.fit(
+            late.select(features).to_numpy().astype(np.float64),
+            late[label].to_numpy(),
+            sample_weight=late["_weight"].to_numpy(),
+        )
     meta = Metadata(
         features=list(features),
         label=label,
@@ -137,7 +160,7 @@ def fit(
         threshold=threshold,
         train_start_s=float(frame["t"].min()),  # type: ignore[arg-type]
         train_end_s=float(frame["t"].max()),  # type: ignore[arg-type]
-        rows=frame.height,
+        rows=rows,
         positives=int(y_all.sum()),
         version=version,
     )
@@ -154,6 +177,43 @@ GRID: tuple[dict[str, Any], ...] = (
 )
 
 
+def select_params(
+    frame: pl.DataFrame,
+    features: Sequence[str],
+    label: str,
+    *,
+    horizon_s: float,
+    validation_share: float = 0.3,
+    grid: Sequence[Mapping[str, Any]] = GRID,
+    monotone: Mapping[str, int] | None = None,
+    seed: int = 0,
+) -> tuple[dict[str, Any], float]:
+    """The grid entry with the best PR-AUC on the latest ``validation_share`` of ``frame``
+    (split by time with a horizon-long gap), and that PR-AUC (NaN when it cannot be told)."""
+    from analytics.predict.metrics import pr_auc
+
+    cut = float(np.quantile(frame["t"].to_numpy(), 1.0 - validation_share))
+    inner, valid = time_split(frame, cut, horizon_s)
+    y = valid[label].to_numpy().astype(int)
+    scored: list[tuple[float, int]] = []
+    if inner[label].sum() >= 2 and y.sum() >= 1:
+        for i, params in enumerate(grid):
+            m = fit(
+                inner,
+                features,
+                label,
+                horizon_s=horizon_s,
+                params=params,
+                seed=seed,
+                monotone=monotone,
+            )
+            scored.append((pr_auc(y, m.predict(valid)), i))
+    if not scored:
+        return dict(grid[0]), float("nan")
+    best_auc, best = max(scored)
+    return dict(grid[best]), best_auc
+
+
 def fit_selected(
     frame: pl.DataFrame,
     features: Sequence[str],
@@ -164,24 +224,56 @@ def fit_selected(
     grid: Sequence[Mapping[str, Any]] = GRID,
     version: str = "",
     seed: int = 0,
+    monotone: Mapping[str, int] | None = None,
 ) -> RiskModel:
-    """Choose the parameters by PR-AUC on the latest ``validation_share`` of the training
-    period (itself split by time with a horizon-long gap), then refit on all of it. The test
-    period is never looked at."""
-    from analytics.predict.metrics import pr_auc
-
-    cut = float(np.quantile(frame["t"].to_numpy(), 1.0 - validation_share))
-    inner, valid = time_split(frame, cut, horizon_s)
-    y = valid[label].to_numpy().astype(int)
-    scored: list[tuple[float, int]] = []
-    if inner[label].sum() >= 2 and y.sum() >= 1:
-        for i, params in enumerate(grid):
-            m = fit(inner, features, label, horizon_s=horizon_s, params=params, seed=seed)
-            scored.append((pr_auc(y, m.predict(valid)), i))
-    best = max(scored)[1] if scored else 0
-    model = fit(frame, features, label, horizon_s=horizon_s, params=grid[best], seed=seed)
+    """Choose the parameters on a validation slice at the end of the training period
+    (:func:`select_params`), then refit on all of it. The test period is never looked at."""
+    params, auc = select_params(
+        frame,
+        features,
+        label,
+        horizon_s=horizon_s,
+        validation_share=validation_share,
+        grid=grid,
+        monotone=monotone,
+        seed=seed,
+    )
+    model = fit(
+        frame, features, label, horizon_s=horizon_s, params=params, seed=seed, monotone=monotone
+    )
     model.meta.version = version
-    model.meta.notes = f"parameters {dict(grid[best])} chosen on the validation slice"
-    if scored:
-        model.meta.metrics["validation_pr_auc"] = max(scored)[0]
+    model.meta.notes = f"parameters {params} chosen on the validation slice"
+    if not np.isnan(auc):
+        model.meta.metrics["validation_pr_auc"] = auc
     return model
+
+
+def out_of_fold(
+    frame: pl.DataFrame,
+    features: Sequence[str],
+    label: str,
+    *,
+    horizon_s: float,
+    params: Mapping[str, Any],
+    folds: int = 4,
+    monotone: Mapping[str, int] | None = None,
+) -> pl.DataFrame:
+    """``frame`` with ``risk`` scored by models that never saw its time block: the frame is
+    cut into ``folds`` blocks by time; each is scored by a model fitted on the other blocks,
+    less a horizon-long gap on each side (blocked cross-validation). For choosing an operating
+    threshold on the training period without scoring the rows a model learned from."""
+    t = frame["t"].to_numpy()
+    edges = np.quantile(t, np.linspace(0, 1, folds + 1))
+    parts = []
+    for k in range(folds):
+        lo, hi = edges[k], edges[k + 1]
+        block = frame.filter((pl.col("t") >= lo) & ((pl.col("t") < hi) | (k == folds - 1)))
+        rest = frame.filter((pl.col("t") < lo - horizon_s) | (pl.col("t") >= hi + horizon_s))
+        if block.is_empty():
+            continue
+        if rest[label].sum() < 2:
+            parts.append(block.with_columns(pl.lit(0.0).alias("risk")))
+            continue
+        m = fit(rest, features, label, horizon_s=horizon_s, params=params, monotone=monotone)
+        parts.append(block.with_columns(pl.Series("risk", m.predict(block))))
+    return pl.concat(parts)

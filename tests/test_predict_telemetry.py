@@ -1,0 +1,212 @@
+"""The telemetry failure predictor on a small SIMULATED scenario in a real influxd: failures
+found where the scenario injected them, features that never look ahead, labels and outages,
+and the train -> evaluate -> online scoring path through the CLI. (Quality on unseen seeds is
+the benchmark's job: benchmarks/predict_simulated.py.)"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from analytics.cli import main as analyze
+from analytics.config import AnalyticsConfig, load_config, with_overrides
+from analytics.predict.cli import dataset
+from analytics.predict.dataset import Dataset
+from analytics.predict.evaluate import alert_starts, first_failures
+from analytics.predict.model import RiskModel
+from analytics.predict.scoring import score
+from analytics.predict.telemetry import FEATURES
+from analytics.runner import LocalExecutor
+from collector.localinfluxd import LocalInfluxd
+from collector.replay_cli import stream_scenario
+from collector.scenario.spec import FaultSpec, ScenarioSpec, load_spec
+
+HOUR = 3600
+
+
+def _spec() -> ScenarioSpec:
+    return dataclasses.replace(
+        load_spec("predictor-day"),
+        name="predictor-test",
+        nodes=8,
+        duration_s=5 * HOUR,
+        stepfun=None,
+        faults=(
+            FaultSpec(type="ecc_row_remap", at_s=3 * HOUR, node=1, gpu=4, xid=48),
+            FaultSpec(type="ib_flap", at_s=3.5 * HOUR, node=3, hca=2),
+            FaultSpec(type="xid79", at_s=4 * HOUR, node=5, gpu=2),
+            FaultSpec(type="thermal_slowdown", at_s=2 * HOUR, node=6, gpu=1),
+        ),
+    ).validate()
+
+
+@pytest.fixture(scope="module")
+def loaded(
+    influxd: LocalInfluxd, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[AnalyticsConfig, ScenarioSpec, Dataset]:
+    spec = _spec()
+    influxd.create_database("predict")
+    stream_scenario(spec, 7, influxd.url, "predict", tmp_path_factory.mktemp("spool"))
+    cfg = with_overrides(
+        load_config(environ={}), influxdb={"url": influxd.url, "database": "predict"}
+    )
+    end = spec.start_ns + spec.duration_s * 10**9
+    return cfg, spec, dataset(cfg, spec.start_ns, end, LocalExecutor())
+
+
+def test_failures_are_found_where_the_scenario_put_them(
+    loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset],
+) -> None:
+    _, spec, ds = loaded
+    t0 = spec.start_ns / 1e9
+    found: dict[tuple[str, str], float] = {}
+    for e in ds.events:
+        if e.failure:
+            found.setdefault((e.kind, e.subject), e.start_s - t0)
+    assert found.keys() >= {
+        ("xid 48", "node-001/4"),
+        ("link_down", "node-003"),
+        ("xid 79", "node-005/2"),
+    }
+    # the DBE counter moves within a bucket of the XID 48; a thermal slowdown is no failure
+    assert abs(found[("dbe", "node-001/4")] - 3 * HOUR) <= 120
+    assert len(first_failures(ds.events)) == 3  # the DBE and its XID are one failure
+    assert abs(found[("xid 48", "node-001/4")] - 3 * HOUR) <= 60
+    assert abs(found[("link_down", "node-003")] - 3.5 * HOUR) <= 60
+    assert not [k for k in found if k[1].startswith("node-006")]
+    # the xid79 GPU stops reporting: one GPU silent is not a node down
+    assert not [k for k in found if k[0] == "node_down"]
+
+
+def test_features_never_look_ahead(loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset]) -> None:
+    """Features from a window that ends at t equal those from the whole run, up to t."""
+    cfg, spec, ds = loaded
+    cut = spec.start_ns + int(3.2 * HOUR) * 10**9
+    early = dataset(cfg, spec.start_ns, cut, LocalExecutor()).frame
+    upto = cut / 1e9 - 60
+    a = (
+        early.filter(pl.col("t") <= upto)
+        .sort("node", "gpu", "t")
+        .select("node", "gpu", "t", *FEATURES)
+    )
+    b = (
+        ds.frame.filter(pl.col("t") <= upto)
+        .sort("node", "gpu", "t")
+        .select("node", "gpu", "t", *FEATURES)
+    )
+    assert a.height == b.height > 0
+    assert a.equals(b)
+
+
+def test_precursor_rows_are_positive_and_failed_parts_are_out(
+    loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset],
+) -> None:
+    _, spec, ds = loaded
+    t0 = spec.start_ns / 1e9
+    gpu = ds.frame.filter((pl.col("node") == "node-001") & (pl.col("gpu") == "4"))
+    before = gpu.filter((pl.col("t") > t0 + 1.5 * HOUR) & (pl.col("t") < t0 + 3 * HOUR - 60))
+    assert before["y_7200s"].all() and not before["down"].any()
+    assert before["sbe_30m"].max() > 0  # type: ignore[operator]
+    assert gpu.filter(pl.col("t") > t0 + 3 * HOUR)["down"].all()
+    node3 = ds.frame.filter((pl.col("node") == "node-003") & (pl.col("t") < t0 + 3.4 * HOUR))
+    assert node3.filter(pl.col("t") > t0 + 2.5 * HOUR)["y_3600s"].all()  # every GPU of it
+    healthy = ds.frame.filter(pl.col("node") == "node-007")
+    assert not healthy["y_7200s"].any() and not healthy["down"].any()
+
+
+def test_train_evaluate_and_score_online(
+    loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The CLI path on the same small window (plumbing, not quality): train saves a model with
+    its metadata; evaluate reports model and baselines with plots; the scorer writes
+    failure_risk for every GPU and a finding, with its drivers, for the GPU in its precursor;
+    `run` scores when a model is configured."""
+    cfg, spec, _ = loaded
+    conf = tmp_path / "a.toml"
+    influx = cfg["influxdb"]
+    conf.write_text(
+        f'[influxdb]\nurl = "{influx["url"]}"\ndatabase = "predict"\n'
+        f'[predictor]\nmodel = "{tmp_path / "risk.pkl"}"\n'
+        f'[analysis]\nspool_dir = "{tmp_path / "spool"}"\n'
+    )
+    start = "2026-01-05T00:00:00Z"
+    end = "2026-01-05T05:00:00Z"
+    common = ["--config", str(conf), "--start", start, "--end", end, "--local"]
+    assert analyze(["train", *common, "--out", str(tmp_path / "risk.pkl")]) == 0
+    model = RiskModel.load(tmp_path / "risk.pkl")
+    meta = json.loads((tmp_path / "risk.pkl.json").read_text())
+    assert meta["features"] == list(FEATURES) and meta["horizon_s"] == 7200
+    assert meta["positives"] > 0 and "oof_pr_auc" in meta["metrics"]
+    report = tmp_path / "report"
+    code = analyze(
+        [
+            "evaluate",
+            *common,
+            "--model",
+            str(tmp_path / "risk.pkl"),
+            "--report",
+            str(report),
+            "--label",
+            "SIMULATED: test",
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "PR-AUC: model" in out and "fixed thresholds" in out and "has failed before" in out
+    for name in ("report.html", "pr_curve.png", "lead_time.png", "report.json"):
+        assert (report / name).stat().st_size > 0
+    assert json.loads((report / "report.json").read_text())["events"]["model"]["failures"] >= 2
+
+    t_ns = spec.start_ns + int(2.75 * HOUR) * 10**9  # 15 min before the XID 48, in precursor
+    nodes = [f"node-{i:03d}" for i in range(8)]
+    scored = score(cfg, model, t_ns, LocalExecutor(), cluster="sim", nodes=nodes, threshold=0.2)
+    assert scored.frame.height == 64
+    per_gpu = [p for p in scored.points if "gpu" in p.tags]
+    per_node = [p for p in scored.points if "gpu" not in p.tags]
+    assert len(per_gpu) == 64 and len(per_node) == 8
+    risk = {(p.tags["node"], p.tags["gpu"]): p.fields["probability_ratio"] for p in per_gpu}
+    assert risk[("node-001", "4")] == max(risk.values())
+    hit = [f for f in scored.findings if f.subject.get("gpu") == "4"]
+    assert hit and hit[0].kind == "failure_risk" and hit[0].subject["node"] == "node-001"
+    drivers = [d["feature"] for d in hit[0].evidence["drivers"]]
+    assert drivers and any(d.startswith(("sbe", "remap", "error")) for d in drivers), drivers
+    assert not [f for f in scored.findings if f.subject["node"] == "node-007"]
+
+    assert (
+        analyze(
+            [
+                "run",
+                "--config",
+                str(conf),
+                "--start",
+                start,
+                "--end",
+                "2026-01-05T02:45:00Z",
+                "--local",
+                "--no-write",
+            ]
+        )
+        == 0
+    )
+    assert "failure risk: 64 GPUs scored" in capsys.readouterr().out
+
+
+def test_alerts_rearm_only_after_the_cooldown() -> None:
+    frame = pl.DataFrame(
+        {
+            "node": ["n"] * 6,
+            "gpu": ["0"] * 6,
+            "t": [0.0, 60, 120, 180, 240, 4000],
+            "risk": [0.9, 0.1, 0.9, 0.1, 0.9, 0.9],
+        }
+    )
+    assert alert_starts(frame, "risk", 0.5, 60)["t"].to_list() == [0.0, 120.0, 240.0, 4000.0]
+    assert alert_starts(frame, "risk", 0.5, 60, rearm_s=3600)["t"].to_list() == [0.0, 4000.0]
+    assert np.isfinite(frame["t"].max())  # type: ignore[arg-type]
