@@ -114,11 +114,13 @@ def _coerce(section: str, key: str, default: Any, value: Any, where: str) -> Any
             value = [v.strip() for v in value.split(",") if v.strip()]
         if not isinstance(value, list):
             raise ConfigError(f"{what} must be a list, got {value!r}")
-        if key.endswith("xids"):
+        numeric = bool(default) and all(isinstance(d, int | float) for d in default)
+        if key.endswith("xids") or numeric:
+            kind = float if any(isinstance(d, float) for d in default) else int
             try:
-                return [int(v) for v in value]
+                return [kind(v) for v in value]
             except (TypeError, ValueError):
-                raise ConfigError(f"{what} must be a list of XID numbers") from None
+                raise ConfigError(f"{what} must be a list of numbers") from None
         return [str(v) for v in value]
     if not isinstance(value, str):
         raise ConfigError(f"{what} must be a string, got {value!r}")

@@ -9,10 +9,11 @@ writes, each part from the path that really produces it.
   and an InfiniBand tree with every counter the source reads (constructed here, growing);
 * analytics (``analyse`` + ``emit``) over the scenario in four windows: findings, MFU,
   stragglers, congestion, energy;
-* STAND-INS for ``failure_risk`` and ``remediation_action``, whose producers (the failure
-  predictor, issue 6; the remediation engine, issue 7) do not exist yet: catalogue-checked
-  points derived from the scenario's ground truth, so the health dashboard's queries have
-  something to find. Replace them with the real producers when those land.
+* the failure predictor (trained on this same hour: plumbing, not a model to trust) scoring
+  every GPU every 5 minutes: ``failure_risk`` and its findings;
+* a STAND-IN for ``remediation_action``, whose producer (the remediation engine, issue 7)
+  does not exist yet: catalogue-checked points, so the health dashboard's queries have
+  something to find. Replace it with the engine's audit events when that lands.
 """
 
 from __future__ import annotations
@@ -21,8 +22,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from analytics.config import load_config, with_overrides
+from analytics.config import AnalyticsConfig, load_config, with_overrides
 from analytics.emit import findings, points
+from analytics.predict.cli import dataset, train
+from analytics.predict.model import RiskModel
+from analytics.predict.scoring import score
 from analytics.runner import LocalExecutor, analyse
 from analytics.topology import write_topology
 from collector import sources
@@ -138,23 +142,9 @@ def _reporter_steps(url: str, database: str, cluster: str, start_ns: int) -> Non
 
 
 def _stand_ins(cluster: str, gen: ScenarioGenerator) -> list[Point]:
-    """STAND-IN failure_risk and remediation_action points (see the module docstring)."""
-    truth = {(f.node, f.type) for f in gen.spec.faults}
+    """STAND-IN remediation_action points (see the module docstring)."""
     start = gen.spec.start_ns
     out: list[Point] = []
-    for i, node in enumerate(gen.node_names):
-        doomed = (i, "ecc_row_remap") in truth
-        for k in range(12):  # every 5 minutes
-            t = start + k * 300 * 10**9
-            p = min(0.95, 0.05 + 0.09 * k) if doomed else 0.02
-            out.append(
-                Point(
-                    "failure_risk",
-                    {"cluster": cluster, "node": node, "horizon": "1h"},
-                    {"probability_ratio": p, "model_version": "stand-in"},
-                    t,
-                )
-            )
     for k, (action, outcome) in enumerate((("checkpoint", "ok"), ("drain", "dry_run"))):
         out.append(
             Point(
@@ -180,6 +170,15 @@ def _stand_ins(cluster: str, gen: ScenarioGenerator) -> list[Point]:
     for p in out:
         assert check_point(p.measurement, p.tags, p.fields) == [], p
     return out
+
+
+def _risk_model(cfg: AnalyticsConfig, start_ns: int, end_ns: int) -> RiskModel:
+    """The failure predictor trained on this same hour (one ECC failure with a precursor, one
+    XID 79): a plumbing model, so failure_risk comes from the real scorer -- its numbers mean
+    nothing beyond this test."""
+    ds = dataset(cfg, start_ns, end_ns, LocalExecutor())
+    model, _ = train(cfg, [ds], version="dashboards-test")
+    return model
 
 
 def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
@@ -214,9 +213,16 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
     windows = 4
     step = (end_ns - spec.start_ns) // windows
     out = InfluxSink(SinkConfig(url=influxd.url, database=database, spool_dir=str(tmp / "aspool2")))
+    risk = _risk_model(cfg, spec.start_ns, end_ns)
+    nodes = [*gen.node_names, AGENT_NODE]
     for w in range(windows):
         a = analyse(cfg, spec.start_ns + w * step, spec.start_ns + (w + 1) * step, LocalExecutor())
         found = findings(a)
+        for k in range(3):  # the failure predictor, every 5 minutes
+            at = spec.start_ns + w * step + (k + 1) * step // 3
+            scored = score(cfg, risk, at, LocalExecutor(), cluster=cluster, nodes=nodes)
+            out.write_points(scored.points)
+            found += scored.findings
         out.write_points(points(a, found))
     assert out.close(timeout_s=120)
     return Dataset(database, spec.start_ns // 10**6, end_ns // 10**6, cluster)
