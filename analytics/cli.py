@@ -149,11 +149,17 @@ def _write(
     return len(found), len(pts)
 
 
-def _run(args: argparse.Namespace) -> int:
+def _config(args: argparse.Namespace) -> AnalyticsConfig | None:
     try:
-        cfg = load_config(args.config)
+        return load_config(args.config)
     except ConfigError as exc:
         print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    cfg = _config(args)
+    if cfg is None:
         return 2
     if args.no_write:
         cfg = AnalyticsConfig(
@@ -219,10 +225,8 @@ def _predict(args: argparse.Namespace) -> int:
     from analytics.predict.cli import run as predict_run
     from analytics.predict.model import ModelError
 
-    try:
-        cfg = load_config(args.config)
-    except ConfigError as exc:
-        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+    cfg = _config(args)
+    if cfg is None:
         return 2
     executor = executor_from_config(cfg, local=args.local)
     try:

@@ -41,6 +41,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # a model trained by `gpuwarden-analyze train`; empty: no online failure-risk scoring
         "model": "",
         "step_s": 60,
+        # GPU nodes per feature task (Dask runs the tasks in parallel)
+        "nodes_per_task": 8,
         "horizons_s": [600, 3600, 7200, 86400],
         # the horizon a trained model predicts, and the one its findings are about
         "horizon_s": 7200,

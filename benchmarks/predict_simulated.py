@@ -1,7 +1,10 @@
 """The failure predictor on SIMULATED precursors: a simulated 32-node cluster over 12 days
 (one ``predictor-day`` scenario per day: faults drawn from the real StepFun process, 150x
 compressed), replayed into a real influxd; trained from InfluxDB on days 1-8 (seeds 1-8),
-evaluated on days 9-12, whose seeds (101-104) were never used while the predictor was built.
+evaluated on days 9-12, whose seeds (201-204) were never used while the predictor was built.
+(Seeds 101-104 were the first held-out set; the run on them exposed that choosing parameters by
+row PR-AUC gave a model with no alerts, so selection moved to alerts -- and those seeds became
+development data. A change made after looking at held-out results needs new held-out seeds.)
 
     uv run python -m benchmarks.predict_simulated [--days-train 8 --days-test 4]
 
@@ -35,7 +38,7 @@ def main() -> None:
     ap.add_argument("--days-test", type=int, default=4)
     args = ap.parse_args()
     spec = load_spec("predictor-day")
-    seeds = list(range(1, args.days_train + 1)) + [101 + i for i in range(args.days_test)]
+    seeds = list(range(1, args.days_train + 1)) + [201 + i for i in range(args.days_test)]
     with tempfile.TemporaryDirectory() as tmp, LocalInfluxd(Path(tmp) / "influxd") as influx:
         influx.create_database("sim")
         t0 = time.monotonic()

@@ -65,7 +65,7 @@ def score(
     step = int(p["step_s"])
     thr = threshold if threshold is not None else (p["risk_threshold"] or model.meta.threshold)
     start = end_ns - LOOKBACK_S * 10**9
-    per = int(cfg["analysis"]["nodes_per_task"])
+    per = int(p["nodes_per_task"])
     ordered = sorted(nodes)
     groups = [ordered[i : i + per] for i in range(0, len(ordered), per)]
     calls = [

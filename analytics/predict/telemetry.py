@@ -132,27 +132,15 @@ def read_node_group(
 ) -> Buckets:
     """Per-``step_s`` aggregates of the GPUs, NVLinks and HCAs of ``nodes``, and their XIDs."""
     where = {"node": list(nodes)}
-    gpu = reader.aggregate(
-        "gpu", GPU_AGG, start_ns, end_ns, every_s=step_s, group_tags=["node", "gpu"], where=where
-    )
-    nvl = reader.aggregate(
-        "gpu_nvlink",
-        NVLINK_AGG,
-        start_ns,
-        end_ns,
-        every_s=step_s,
-        group_tags=["node", "gpu", "link"],
-        where=where,
-    )
-    ib = reader.aggregate(
-        "ib_port",
-        IB_AGG,
-        start_ns,
-        end_ns,
-        every_s=step_s,
-        group_tags=["node", "hca", "port"],
-        where=where,
-    )
+
+    def agg(measurement: str, fields: dict[str, str], tags: list[str]) -> pl.DataFrame:
+        return reader.aggregate(
+            measurement, fields, start_ns, end_ns, every_s=step_s, group_tags=tags, where=where
+        )
+
+    gpu = agg("gpu", GPU_AGG, ["node", "gpu"])
+    nvl = agg("gpu_nvlink", NVLINK_AGG, ["node", "gpu", "link"])
+    ib = agg("ib_port", IB_AGG, ["node", "hca", "port"])
     xid = reader.read(
         "gpu_event", start_ns, end_ns, fields=["xid_code"], tags=["node", "gpu"], where=where
     )
