@@ -34,13 +34,15 @@ def build() -> model.Dashboard:
             alias="$tag_node/$tag_gpu $tag_horizon",
         ),
         grid(
-            "Highest risks",
-            "Newest scores first, with the model version that produced them",
-            S.latest(
+            "Highest risk per GPU",
+            "Each scored GPU's highest risk in the range and the model that gave it (sort by "
+            "the risk column)",
+            S(
                 "failure_risk",
-                ("node", "gpu", "horizon", "probability_ratio", "model_version"),
-                limit=200,
-                where=(Cond("probability_ratio", ">", 0.5),),
+                Agg("max", "probability_ratio"),
+                Agg("last", "model_version"),
+                group_tags=("node", "gpu", "horizon"),
+                every=False,
             ),
         ),
     ]

@@ -148,26 +148,31 @@ def _draw_stat(ax: Any, panel: dict[str, Any], lines: list[Line]) -> None:
 
 
 def _draw_table(ax: Any, raw: list[Series]) -> None:
+    """Rows of every series, the series' tags (GROUP BY) as leading columns."""
     ax.axis("off")
     if not raw:
         ax.text(0.5, 0.5, "No data", ha="center", transform=ax.transAxes)
         return
-    s = raw[0]
-    cols = s.columns
-    rows = []
-    for row in s.values[:MAX_TABLE_ROWS]:
-        cells = []
-        for c, cell in zip(cols, row, strict=True):
-            v = cell
-            if c == "time" and isinstance(cell, int):
-                v = datetime.fromtimestamp(cell / 1000, UTC).strftime("%m-%d %H:%M:%S")
-            text = "" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v))
-            cells.append(text[:38])
-        rows.append(cells)
+    tag_keys = sorted({k for s in raw for k in s.tags})
+    cols = [*tag_keys, *raw[0].columns]
+    rows: list[list[str]] = []
+    total = 0
+    for s in raw:
+        total += len(s.values)
+        for row in s.values:
+            if len(rows) >= MAX_TABLE_ROWS:
+                break
+            cells = [s.tags.get(k, "") for k in tag_keys]
+            for c, cell in zip(s.columns, row, strict=True):
+                v = cell
+                if c == "time" and isinstance(cell, int):
+                    v = datetime.fromtimestamp(cell / 1000, UTC).strftime("%m-%d %H:%M:%S")
+                cells.append("" if v is None else (f"{v:.3g}" if isinstance(v, float) else str(v)))
+            rows.append([c[:38] for c in cells])
     t = ax.table(cellText=rows, colLabels=cols, loc="upper left", cellLoc="left")
     t.auto_set_font_size(False)
     t.set_fontsize(6)
-    ax.text(0, -0.02, f"{len(s.values)} rows", fontsize=6, transform=ax.transAxes)
+    ax.text(0, -0.02, f"{total} rows", fontsize=6, transform=ax.transAxes)
 
 
 def _draw_bands(ax: Any, panel: dict[str, Any], lines: list[Line], heat: bool) -> None:
