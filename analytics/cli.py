@@ -212,7 +212,13 @@ def _risk(
         nodes = reader.tag_values("gpu", "node", "power_w", start, end)
     finally:
         reader.close()
-    scored = score(cfg, model, end, executor, cluster=cfg["analysis"]["cluster"], nodes=nodes)
+    from analytics.predict.model import ModelError
+
+    try:
+        scored = score(cfg, model, end, executor, cluster=cfg["analysis"]["cluster"], nodes=nodes)
+    except ModelError as exc:  # a model that does not fit the data must not stop the analysis
+        log.error("failure risk not scored: %s", exc)
+        return [], []
     print(
         f"failure risk: {scored.frame.height} GPUs scored, {len(scored.findings)} above the "
         "threshold",

@@ -18,7 +18,7 @@ from analytics.config import AnalyticsConfig, load_config, with_overrides
 from analytics.predict.cli import dataset
 from analytics.predict.dataset import Dataset
 from analytics.predict.evaluate import alert_starts, first_failures
-from analytics.predict.model import RiskModel
+from analytics.predict.model import RiskModel, fit
 from analytics.predict.scoring import score
 from analytics.predict.telemetry import FEATURES
 from analytics.runner import LocalExecutor
@@ -210,3 +210,38 @@ def test_alerts_rearm_only_after_the_cooldown() -> None:
     assert alert_starts(frame, "risk", 0.5, 60)["t"].to_list() == [0.0, 120.0, 240.0, 4000.0]
     assert alert_starts(frame, "risk", 0.5, 60, rearm_s=3600)["t"].to_list() == [0.0, 4000.0]
     assert np.isfinite(frame["t"].max())  # type: ignore[arg-type]
+
+
+def test_a_model_that_does_not_fit_the_data_does_not_stop_the_analysis(
+    loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg, _, _ = loaded
+    rng = np.random.default_rng(0)
+    frame = pl.DataFrame(
+        {"t": np.arange(400.0), "bogus": rng.random(400), "y": rng.random(400) > 0.8}
+    )
+    fit(frame, ["bogus"], "y", horizon_s=60.0).save(tmp_path / "other.pkl")
+    conf = tmp_path / "a.toml"
+    conf.write_text(
+        f'[influxdb]\nurl = "{cfg["influxdb"]["url"]}"\ndatabase = "predict"\n'
+        f'[predictor]\nmodel = "{tmp_path / "other.pkl"}"\n'
+    )
+    code = analyze(
+        [
+            "run",
+            "--config",
+            str(conf),
+            "--start",
+            "2026-01-05T00:00:00Z",
+            "--end",
+            "2026-01-05T01:00:00Z",
+            "--local",
+            "--no-write",
+        ]
+    )
+    assert code == 0
+    assert "findings=" in capsys.readouterr().out
+    assert "failure risk not scored" in caplog.text and "bogus" in caplog.text
