@@ -7,13 +7,13 @@ imported (DESIGN.md: dashboards sit beside analytics, not below it).
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from typing import Any
 
 import urllib3
 
+from collector.transport import auth_headers
 from dashboards.errors import QueryFailedError
 
 
@@ -48,12 +48,7 @@ class InfluxQLClient:
             raise QueryFailedError(f"InfluxDB url {url!r} must start with http:// or https://")
         self.url = url.rstrip("/")
         self.database = database
-        self.headers: dict[str, str] = {}
-        if token:
-            self.headers["Authorization"] = f"Token {token}"
-        elif username:
-            raw = f"{username}:{password}".encode()
-            self.headers["Authorization"] = "Basic " + base64.b64encode(raw).decode()
+        self.headers = auth_headers(username or None, password, token or None)
         self._http = urllib3.PoolManager(timeout=urllib3.Timeout(total=timeout_s), retries=False)
 
     def series(self, query: str) -> list[Series]:
