@@ -40,21 +40,34 @@ class RuleSpec:
     no_data: Literal["OK", "NoData", "Alerting"] = "OK"
 
 
+def _count_true(
+    measurement: str, flag: str, alias: str, tags: tuple[str, ...], counted: str = ""
+) -> Select:
+    """Per series: how many samples in the window had ``flag`` set."""
+    return Select(
+        measurement,
+        (Agg("count", counted or flag, alias),),
+        where=(Cond(flag, "=", True),),
+        group_tags=tags,
+        every=False,
+    )
+
+
+def _growth(measurement: str, counter: str, alias: str, tags: tuple[str, ...]) -> Select:
+    """Per series: how much a counter grew in the window (max - min; a reset also shows)."""
+    return Select(measurement, (Agg("spread", counter, alias),), group_tags=tags, every=False)
+
+
 def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
     a = cfg["alerts"]
     gpu = ("cluster", "node", "gpu")
     port = ("cluster", "node", "hca", "port")
+    node = ("cluster", "node")
     return [
         RuleSpec(
             "gw-fatal-xid",
             "Fatal XID",
-            Select(
-                "gpu_event",
-                (Agg("count", "xid_code", "fatal_xids"),),
-                where=(Cond("fatal_active", "=", True),),
-                group_tags=("cluster", "node"),
-                every=False,
-            ),
+            _count_true("gpu_event", "fatal_active", "fatal_xids", node, counted="xid_code"),
             "gt",
             0,
             "critical",
@@ -63,13 +76,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-row-remap-failure",
             "Row remap failure or pending remap",
-            Select(
-                "gpu",
-                (Agg("count", "remapped_rows_failure_active", "remap_problems"),),
-                where=(Cond("remapped_rows_failure_active", "=", True),),
-                group_tags=gpu,
-                every=False,
-            ),
+            _count_true("gpu", "remapped_rows_failure_active", "remap_problems", gpu),
             "gt",
             0,
             "critical",
@@ -78,12 +85,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-ecc-dbe",
             "Uncorrectable ECC errors",
-            Select(
-                "gpu",
-                (Agg("spread", "ecc_dbe_volatile_total", "dbe_new"),),
-                group_tags=gpu,
-                every=False,
-            ),
+            _growth("gpu", "ecc_dbe_volatile_total", "dbe_new", gpu),
             "gt",
             0,
             "critical",
@@ -102,13 +104,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-thermal-slowdown",
             "GPU thermal slowdown",
-            Select(
-                "gpu",
-                (Agg("count", "clock_event_hw_thermal_slowdown_active", "slowed"),),
-                where=(Cond("clock_event_hw_thermal_slowdown_active", "=", True),),
-                group_tags=gpu,
-                every=False,
-            ),
+            _count_true("gpu", "clock_event_hw_thermal_slowdown_active", "slowed", gpu),
             "gt",
             0,
             "warning",
@@ -118,12 +114,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-ib-link-down",
             "InfiniBand link went down",
-            Select(
-                "ib_port",
-                (Agg("spread", "link_downed_total", "link_downs"),),
-                group_tags=port,
-                every=False,
-            ),
+            _growth("ib_port", "link_downed_total", "link_downs", port),
             "gt",
             0,
             "critical",
@@ -132,12 +123,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-ib-symbol-errors",
             "InfiniBand symbol errors",
-            Select(
-                "ib_port",
-                (Agg("spread", "symbol_error_total", "symbol_errors"),),
-                group_tags=port,
-                every=False,
-            ),
+            _growth("ib_port", "symbol_error_total", "symbol_errors", port),
             "gt",
             float(a["symbol_errors_per_10m"]),
             "warning",
@@ -192,12 +178,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         RuleSpec(
             "gw-sink-dropping",
             "Agent dropping data",
-            Select(
-                "sink",
-                (Agg("spread", "points_dropped_total", "dropped"),),
-                group_tags=("cluster", "node"),
-                every=False,
-            ),
+            _growth("sink", "points_dropped_total", "dropped", node),
             "gt",
             0,
             "warning",
