@@ -1,0 +1,32 @@
+"""Adapters by name. Each module is imported on first use, so a Slurm site never loads the
+Kubernetes client and an engine with only webhooks starts in milliseconds."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Mapping
+from typing import Any
+
+from remediation.model import Adapter
+
+ADAPTERS: dict[str, str] = {
+    "slurm": "remediation.adapters.slurm:SlurmAdapter",
+    "kubernetes": "remediation.adapters.kubernetes:KubernetesAdapter",
+    "torch_elastic": "remediation.adapters.torch_elastic:TorchElasticAdapter",
+    "webhook": "remediation.adapters.webhook:WebhookAdapter",
+}
+
+
+class UnknownAdapterError(KeyError):
+    pass
+
+
+def create(name: str, settings: Mapping[str, Any]) -> Adapter:
+    """Build the adapter registered as ``name`` from its configuration section."""
+    try:
+        module_name, _, cls_name = ADAPTERS[name].partition(":")
+    except KeyError:
+        raise UnknownAdapterError(f"unknown adapter {name!r}; known: {sorted(ADAPTERS)}") from None
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    adapter: Adapter = cls(**settings)
+    return adapter

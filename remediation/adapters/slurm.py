@@ -1,0 +1,252 @@
+"""Slurm: drain and resume nodes, ask jobs to checkpoint, requeue them, via the client commands.
+
+Only ``scontrol``, ``scancel``, ``sinfo --json`` and ``squeue --json`` are used: Slurm 22.05's
+slurmrestd has no node-update or requeue endpoint, and ``scontrol --json`` does not exist
+there. Facts this module is built on (measured on 22.05.8):
+
+* ``squeue --json`` ignores ``-w/--nodelist``: jobs are filtered here, by the allocated node
+  names in ``job_resources`` (already expanded, no hostlist parsing needed);
+* ``scancel -s USR1 <job>`` signals only job steps; a batch job without an ``srun`` step gets
+  nothing and the command still returns 0: ``--full`` signals the batch shell and every step;
+* a drained node keeps running its jobs: moving them is ``requeue``, which works only for
+  jobs that allow it (``--requeue`` or ``JobRequeue=1``); a job that does not is reported,
+  not killed.
+
+Checkpoint requests follow :mod:`collector.checkpoint_hook`: a request file per job under
+``checkpoint_dir`` (shared storage the job can read), and, if ``checkpoint_signal`` is set, that
+signal to the batch shell and every step; the adapter then waits for the job's acknowledgement
+file, up to ``checkpoint_timeout_s``. No signal is sent by default: bash dies of ``SIGUSR1``
+unless the batch script traps it or ``exec``s the trainer, and killing the job is exactly what
+a checkpoint request must not do. Sites whose jobs handle it (``#SBATCH --signal=USR1@120``
+users, PyTorch Lightning) set ``checkpoint_signal = "USR1"``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+from collector.checkpoint_hook import ack_path, request_path, write_json_atomic
+from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
+
+# node states and flags that mean "takes no new work"
+OUT_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "future", "maint"})
+OUT_FLAGS = frozenset({"DRAIN", "DOWN", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED"})
+
+
+class SlurmAdapter:
+    name = "slurm"
+    actions = frozenset(
+        {
+            ActionKind.CHECKPOINT,
+            ActionKind.CORDON,
+            ActionKind.DRAIN,
+            ActionKind.REQUEUE,
+            ActionKind.UNCORDON,
+        }
+    )
+
+    def __init__(
+        self,
+        *,
+        conf: str = "",
+        checkpoint_dir: str = "",
+        checkpoint_signal: str = "",
+        checkpoint_timeout_s: float = 120.0,
+        command_timeout_s: float = 30.0,
+        poll_s: float = 0.2,
+    ) -> None:
+        self.conf = conf
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_signal = checkpoint_signal
+        self.checkpoint_timeout_s = checkpoint_timeout_s
+        self.command_timeout_s = command_timeout_s
+        self.poll_s = poll_s
+
+    # -- commands -----------------------------------------------------------------------------
+
+    def _run(self, *argv: str) -> str:
+        if self.conf and not Path(self.conf).is_file():
+            # the client commands would retry for 60 s before saying so
+            raise AdapterError(f"Slurm configuration {self.conf} does not exist")
+        env = {**os.environ, "SLURM_CONF": self.conf} if self.conf else None
+        try:
+            res = subprocess.run(
+                argv,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=self.command_timeout_s,
+                check=False,
+            )
+        except FileNotFoundError:
+            raise AdapterError(f"{argv[0]} not found: is the Slurm client installed?") from None
+        except subprocess.TimeoutExpired:
+            raise AdapterError(
+                f"{' '.join(argv)} timed out after {self.command_timeout_s} s"
+            ) from None
+        if res.returncode != 0:
+            raise AdapterError(
+                f"{' '.join(argv)} failed (rc={res.returncode}): {res.stderr.strip()}"
+            )
+        return res.stdout
+
+    def _json(self, *argv: str) -> dict[str, Any]:
+        out = self._run(*argv)
+        try:
+            data = json.loads(out)
+        except ValueError:
+            raise AdapterError(f"{' '.join(argv)} did not print JSON: {out[:200]!r}") from None
+        if not isinstance(data, dict):
+            raise AdapterError(f"{' '.join(argv)}: unexpected JSON {type(data).__name__}")
+        if data.get("errors"):
+            raise AdapterError(f"{' '.join(argv)} reported errors: {data['errors']}")
+        return data
+
+    # -- what is there ------------------------------------------------------------------------
+
+    def nodes(self) -> list[dict[str, Any]]:
+        nodes = self._json("sinfo", "--json").get("nodes")
+        if not isinstance(nodes, list):
+            raise AdapterError("sinfo --json has no 'nodes' list")
+        return nodes
+
+    def inventory(self) -> Inventory:
+        partitions: dict[str, str] = {}
+        out = set()
+        for n in self.nodes():
+            name = str(n.get("name", ""))
+            parts = n.get("partitions") or [""]
+            partitions[name] = str(parts[0])
+            flags = {str(f).upper() for f in n.get("state_flags") or []}
+            if str(n.get("state", "")).lower() in OUT_STATES or flags & OUT_FLAGS:
+                out.add(name)
+        return Inventory(partitions, frozenset(out))
+
+    def node(self, name: str) -> dict[str, Any]:
+        for n in self.nodes():
+            if n.get("name") == name:
+                return n
+        raise AdapterError(f"Slurm has no node {name!r}")
+
+    def jobs_on(self, node: str) -> list[dict[str, Any]]:
+        """Running jobs with an allocation on ``node``."""
+        jobs = self._json("squeue", "--json").get("jobs") or []
+        out = []
+        for job in jobs:
+            if str(job.get("job_state", "")).upper() not in ("RUNNING", "SUSPENDED"):
+                continue
+            alloc = (job.get("job_resources") or {}).get("allocated_nodes") or []
+            names = {str(a.get("nodename", "")) for a in alloc}
+            if node in names or job.get("batch_host") == node:
+                out.append(job)
+        return out
+
+    # -- acting -------------------------------------------------------------------------------
+
+    def describe(self, action: Action) -> str:
+        node = action.node
+        return {
+            ActionKind.CHECKPOINT: f"ask the jobs on {node} to checkpoint and wait up to "
+            f"{self.checkpoint_timeout_s:.0f} s for their acknowledgement",
+            ActionKind.CORDON: f"drain {node} (reason {action.reason!r}); its jobs keep running",
+            ActionKind.DRAIN: f"drain {node} (reason {action.reason!r})",
+            ActionKind.REQUEUE: f"requeue the jobs running on {node}",
+            ActionKind.UNCORDON: f"resume {node}",
+        }.get(action.kind, f"{action.kind} {node}")
+
+    def perform(self, action: Action) -> Outcome:
+        if not action.node:
+            raise AdapterError(f"{action.kind} needs a node; the finding named none")
+        if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
+            return self._drain(action)
+        if action.kind is ActionKind.CHECKPOINT:
+            return self._checkpoint(action)
+        if action.kind is ActionKind.REQUEUE:
+            return self._requeue(action)
+        if action.kind is ActionKind.UNCORDON:
+            return self._resume(action)
+        raise AdapterError(f"slurm cannot {action.kind}")
+
+    def _drain(self, action: Action) -> Outcome:
+        node = self.node(action.node)
+        flags = {str(f).upper() for f in node.get("state_flags") or []}
+        if "DRAIN" in flags:
+            return Outcome(Status.OK, f"{action.node} already draining: {node.get('reason')!r}")
+        reason = action.reason.replace("\n", " ")[:200]
+        self._run(
+            "scontrol", "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={reason}"
+        )
+        return Outcome(Status.OK, f"drained {action.node}", {"reason": reason})
+
+    def _resume(self, action: Action) -> Outcome:
+        node = self.node(action.node)
+        flags = {str(f).upper() for f in node.get("state_flags") or []}
+        if not flags & {"DRAIN", "DOWN", "FAIL"} and str(node.get("state")) != "down":
+            return Outcome(Status.OK, f"{action.node} already in service")
+        self._run("scontrol", "update", f"NodeName={action.node}", "State=RESUME")
+        return Outcome(Status.OK, f"resumed {action.node}")
+
+    def _requeue(self, action: Action) -> Outcome:
+        jobs = self.jobs_on(action.node)
+        done, refused = [], []
+        for job in jobs:
+            jid = str(job["job_id"])
+            if not job.get("requeue", False):
+                refused.append(jid)
+                continue
+            self._run("scontrol", "requeue", jid)
+            done.append(jid)
+        details = {"requeued": done, "not_requeueable": refused}
+        if refused:
+            msg = f"requeued {done}; jobs {refused} do not allow requeue (left running)"
+            return Outcome(Status.FAILED, msg, details)
+        return Outcome(Status.OK, f"requeued {done or 'no jobs'} from {action.node}", details)
+
+    def _checkpoint(self, action: Action) -> Outcome:
+        jobs = [str(j["job_id"]) for j in self.jobs_on(action.node)]
+        if not jobs:
+            return Outcome(Status.OK, f"no running jobs on {action.node}")
+        request = {"request_id": action.id, "reason": action.reason, "time": time.time()}
+        if self.checkpoint_dir:
+            Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+            for jid in jobs:
+                write_json_atomic(request_path(self.checkpoint_dir, jid), request | {"job": jid})
+        if self.checkpoint_signal:
+            for jid in jobs:
+                self._run("scancel", "--full", "-s", self.checkpoint_signal, jid)
+        if not self.checkpoint_dir:
+            if not self.checkpoint_signal:
+                raise AdapterError("set slurm.checkpoint_dir and/or slurm.checkpoint_signal")
+            return Outcome(Status.OK, f"signalled {jobs} (no checkpoint_dir: cannot wait)")
+        started = time.monotonic()
+        waiting = set(jobs)
+        acks: dict[str, Any] = {}
+        while waiting and time.monotonic() - started < self.checkpoint_timeout_s:
+            for jid in sorted(waiting):
+                ack = _read_ack(ack_path(self.checkpoint_dir, jid), action.id)
+                if ack is not None:
+                    acks[jid] = ack | {"ack_s": round(time.monotonic() - started, 3)}
+                    waiting.discard(jid)
+            if waiting:
+                time.sleep(self.poll_s)
+        details = {"jobs": jobs, "acks": acks, "missing": sorted(waiting)}
+        if waiting:
+            msg = f"no checkpoint from {sorted(waiting)} within {self.checkpoint_timeout_s:.0f} s"
+            return Outcome(Status.TIMEOUT, msg, details)
+        steps = {j: a.get("step") for j, a in acks.items()}
+        return Outcome(Status.OK, f"checkpointed {steps}", details)
+
+
+def _read_ack(path: Path, request_id: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(data, dict) and data.get("request_id") == request_id:
+        return data
+    return None

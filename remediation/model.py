@@ -1,0 +1,130 @@
+"""What the engine decides and what adapters do: actions, their outcomes, and the adapter interface.
+
+An :class:`Action` is one step of a policy's ladder applied to one subject (usually a node).
+Its ``id`` is stable (finding, step, adapter, node, job), which is what makes actions
+idempotent: an action whose id the audit log already shows as done is never done again, and
+adapters themselves treat "already drained" or "already cordoned" as success.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol, runtime_checkable
+
+
+class ActionKind(StrEnum):
+    NOTIFY = "notify"
+    """Tell people (webhooks): Slack, Alertmanager, a generic JSON receiver."""
+    CHECKPOINT = "checkpoint"
+    """Ask the jobs on the node to checkpoint now, and wait for their acknowledgement."""
+    CORDON = "cordon"
+    """No new work on the node; running work continues (Slurm: drain; Kubernetes: cordon)."""
+    DRAIN = "drain"
+    """No new work, and move the running work off (Kubernetes: cordon + evict; torch elastic:
+    stop the node's agent so the others re-form without it; Slurm: drain, then ``requeue``)."""
+    REQUEUE = "requeue"
+    """Put the node's jobs back in the queue, so they run elsewhere (Slurm)."""
+    UNCORDON = "uncordon"
+    """Undo: the node takes work again (Slurm: resume; Kubernetes: uncordon, untaint)."""
+
+
+# actions that take a node out of service: the blast-radius limit applies to these
+REMOVING = frozenset({ActionKind.CORDON, ActionKind.DRAIN})
+# actions that change something on a target (everything but telling people)
+MUTATING = frozenset(ActionKind) - {ActionKind.NOTIFY}
+
+
+class Status(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+    TIMEOUT = "timeout"
+    DRY_RUN = "dry_run"
+    SKIPPED = "skipped"
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    kind: ActionKind
+    adapter: str
+    node: str = ""
+    cluster: str = ""
+    job: str = ""
+    finding_id: str = ""
+    reason: str = ""
+    severity: str = "warning"
+    params: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def id(self) -> str:
+        key = [self.finding_id, str(self.kind), self.adapter, self.node, self.job]
+        return hashlib.sha256(json.dumps(key).encode()).hexdigest()[:20]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "action_id": self.id,
+            "action": str(self.kind),
+            "adapter": self.adapter,
+            "node": self.node,
+            "cluster": self.cluster,
+            "job": self.job,
+            "finding_id": self.finding_id,
+            "reason": self.reason,
+            "severity": self.severity,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    status: Status
+    message: str = ""
+    details: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.status in (Status.OK, Status.DRY_RUN)
+
+
+class AdapterError(RuntimeError):
+    """An adapter could not do what it was asked; the message says what and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Inventory:
+    """What a scheduler knows about nodes, for the blast-radius limit.
+
+    ``partitions`` maps node → partition (node pool); ``out`` holds the nodes that take no new
+    work now, for whatever reason (drained, down, cordoned), ours or not.
+    """
+
+    partitions: Mapping[str, str]
+    out: frozenset[str]
+
+    def partition_size(self, partition: str) -> int:
+        return sum(1 for p in self.partitions.values() if p == partition)
+
+
+@runtime_checkable
+class Adapter(Protocol):
+    """One target the engine acts on. Adapters are registered by name (``adapters.ADAPTERS``)."""
+
+    name: str
+    actions: frozenset[ActionKind]
+
+    def perform(self, action: Action) -> Outcome:
+        """Do it (idempotently). Raise :class:`AdapterError` or return a FAILED outcome."""
+        ...
+
+    def describe(self, action: Action) -> str:
+        """What :meth:`perform` would do, in words (dry-run and approval messages)."""
+        ...
+
+
+@runtime_checkable
+class Scheduler(Adapter, Protocol):
+    """An adapter that owns nodes (Slurm, Kubernetes): it can say which are out of service."""
+
+    def inventory(self) -> Inventory: ...

@@ -1,0 +1,147 @@
+"""Declarative policies: which findings lead to which ladder of actions.
+
+A policy matches on the finding's kind, a minimum severity, a minimum probability (or
+confidence), required subject keys and exact evidence values; the first policy that matches
+decides. Its ``actions`` are a ladder, done in order: ``notify → checkpoint → drain →
+requeue`` for a node about to fail. In TOML (``config/remediation.sample.toml``)::
+
+    [[policy]]
+    name = "predicted-gpu-failure"
+    kinds = ["failure_risk"]
+    min_probability = 0.8
+    requires = ["node"]
+    actions = ["notify", "checkpoint", "drain", "requeue"]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from collector.finding import SUBJECT_KEYS, Finding, Severity
+from remediation.model import ActionKind
+
+SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
+
+
+class PolicyError(ValueError):
+    """A policy that cannot work; the message names it and the setting."""
+
+
+@dataclass(frozen=True)
+class Policy:
+    name: str
+    kinds: tuple[str, ...]
+    actions: tuple[ActionKind, ...]
+    min_severity: Severity = Severity.INFO
+    min_probability: float = 0.0
+    requires: tuple[str, ...] = ("node",)
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+    def matches(self, finding: Finding) -> bool:
+        if finding.kind not in self.kinds:
+            return False
+        if SEVERITY_RANK[finding.severity] < SEVERITY_RANK[self.min_severity]:
+            return False
+        sureness = finding.probability if finding.probability is not None else finding.confidence
+        if self.min_probability > 0 and (sureness is None or sureness < self.min_probability):
+            return False
+        if any(not finding.subject.get(key) for key in self.requires):
+            return False
+        return all(finding.evidence.get(k) == v for k, v in self.evidence.items())
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> Policy:
+        name = str(data.get("name", ""))
+        if not name:
+            raise PolicyError("every [[policy]] needs a name")
+        known = {"name", "kinds", "actions", "min_severity", "min_probability", "requires"}
+        unknown = set(data) - known - {"evidence"}
+        if unknown:
+            raise PolicyError(f"policy {name!r}: unknown settings {sorted(unknown)}")
+        try:
+            actions = tuple(ActionKind(a) for a in data.get("actions", ()))
+            severity = Severity(data.get("min_severity", "info"))
+        except ValueError as exc:
+            raise PolicyError(f"policy {name!r}: {exc}") from None
+        kinds = tuple(str(k) for k in data.get("kinds", ()))
+        if not kinds or not actions:
+            raise PolicyError(f"policy {name!r}: needs at least one kind and one action")
+        requires = tuple(str(k) for k in data.get("requires", ("node",)))
+        if set(requires) - set(SUBJECT_KEYS):
+            raise PolicyError(f"policy {name!r}: requires must be among {SUBJECT_KEYS}")
+        probability = float(data.get("min_probability", 0.0))
+        if not 0.0 <= probability <= 1.0:
+            raise PolicyError(f"policy {name!r}: min_probability must be within [0, 1]")
+        return cls(
+            name=name,
+            kinds=kinds,
+            actions=actions,
+            min_severity=severity,
+            min_probability=probability,
+            requires=requires,
+            evidence=dict(data.get("evidence", {})),
+        )
+
+    def to_mapping(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "kinds": list(self.kinds),
+            "min_severity": str(self.min_severity),
+            "min_probability": self.min_probability,
+            "requires": list(self.requires),
+            "actions": [str(a) for a in self.actions],
+        }
+        if self.evidence:
+            out["evidence"] = dict(self.evidence)
+        return out
+
+
+NODE_LADDER = ("notify", "checkpoint", "drain", "requeue")
+
+# Shipped defaults (config/remediation.sample.toml repeats them; a test keeps the two equal).
+DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
+    {
+        "name": "fatal-gpu-event",
+        "kinds": ["gpu_xid", "gpu_lost"],
+        "min_severity": "critical",
+        "actions": list(NODE_LADDER),
+    },
+    {
+        "name": "predicted-gpu-failure",
+        "kinds": ["failure_risk"],
+        "min_probability": 0.8,
+        "actions": list(NODE_LADDER),
+    },
+    {
+        "name": "slow-gpu",
+        "kinds": ["straggler"],
+        "evidence": {"cause": "gpu"},
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
+    {
+        "name": "fabric",
+        "kinds": ["link_congested", "link_down"],
+        "requires": [],
+        "actions": ["notify"],
+    },
+    {
+        "name": "healthy-again",
+        "kinds": ["node_healthy"],
+        "actions": ["uncordon"],
+    },
+)
+
+
+def load_policies(data: Sequence[Mapping[str, Any]]) -> list[Policy]:
+    policies = [Policy.from_mapping(p) for p in data]
+    names = [p.name for p in policies]
+    if len(set(names)) != len(names):
+        raise PolicyError(f"policy names must be unique, got {names}")
+    return policies
+
+
+def first_match(policies: Sequence[Policy], finding: Finding) -> Policy | None:
+    return next((p for p in policies if p.matches(finding)), None)

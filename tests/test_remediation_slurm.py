@@ -1,0 +1,139 @@
+"""Issue 7, must-show 1: remediation against a REAL Slurm (slurmctld + 4 slurmd on loopback).
+
+The job is a stand-in (SIMULATED work: it sleeps per step) speaking the real checkpoint protocol;
+the finding's numbers are SIMULATED; the daemons, drains and requeues are real.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from remediation.adapters.slurm import SlurmAdapter
+from remediation.audit import AuditLog, read_records
+from remediation.engine import Engine, EngineSettings
+from remediation.model import Action, ActionKind, AdapterError
+from remediation.policy import DEFAULT_POLICIES, load_policies
+from remediation.slurmlocal import LocalSlurm, slurm_available
+from tests.remediation_util import RecordingAdapter, poll, risk
+
+pytestmark = pytest.mark.skipif(not slurm_available(), reason="scripts/bootstrap.sh installs Slurm")
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
+    # gpu02 is the lightest node, so the first job lands there without being pinned to it
+    with LocalSlurm(tmp_path_factory.mktemp("slurm"), weights={"gpu02": 1, "gpu01": 5}) as s:
+        yield s
+
+
+def submit_job(slurm: LocalSlurm, tmp: Path, *, requeue: bool = True) -> str:
+    script = tmp / "job.sh"
+    script.write_text(
+        "#!/bin/bash\n"
+        f"exec {sys.executable} -m remediation.sim_job --state-dir {tmp}/state "
+        f"--checkpoint-dir {tmp}/ckpt --step-s 0.1\n"
+    )
+    flag = "--requeue" if requeue else "--no-requeue"
+    out = slurm.run(
+        "sbatch", "--parsable", flag, "--exclusive", "-N1", "-o", f"{tmp}/%j.out", str(script)
+    )
+    return out.strip().split(";")[0]
+
+
+def job_where(slurm: LocalSlurm, job: str) -> tuple[str, str]:
+    line = slurm.run("squeue", "-h", "-j", job, "-o", "%T %N").split()
+    return (line[0], line[1]) if len(line) == 2 else (line[0] if line else "", "")
+
+
+def running_on(slurm: LocalSlurm, job: str, not_on: str = "") -> str | None:
+    state, node = job_where(slurm, job)
+    return node if state == "RUNNING" and node != not_on else None
+
+
+def progress(tmp: Path) -> list[list[str]]:
+    path = tmp / "state" / "progress.log"
+    return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_failure_risk_checkpoints_drains_and_requeues_elsewhere(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    job = submit_job(slurm, tmp_path)
+    poll(lambda: job_where(slurm, job) == ("RUNNING", "gpu02"), 30, "job running on gpu02")
+    poll(lambda: len(progress(tmp_path)) > 5, 30, "a few steps done")
+
+    adapter = SlurmAdapter(
+        conf=str(slurm.conf), checkpoint_dir=str(tmp_path / "ckpt"), checkpoint_timeout_s=30
+    )
+    notes = RecordingAdapter("webhook")
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    settings = EngineSettings(dry_run=False, max_nodes_out=2, max_fraction_out=0.5)
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES), {"slurm": adapter, "webhook": notes}, audit, settings
+    )
+    finding = risk("gpu02")
+    decision = engine.submit(finding)
+    assert decision.verdict == "act"
+    assert [a.kind for a in decision.actions] == ["notify", "checkpoint", "drain", "requeue"]
+    assert engine.wait(120)
+
+    node = adapter.node("gpu02")
+    assert "DRAIN" in node["state_flags"]
+    assert node["reason"].startswith("gpuwarden: gpu02 GPU 3: 93% risk")
+    where = poll(
+        lambda: running_on(slurm, job, not_on="gpu02"), 90, "the requeued job running elsewhere"
+    )
+    assert where in ("gpu01", "gpu03", "gpu04")
+
+    # the audit log tells the whole story, in order, with timings
+    actions = [r for r in read_records(audit.path) if r["event"] == "action"]
+    assert [(r["action"], r["outcome"]) for r in actions] == [
+        ("notify", "ok"),
+        ("checkpoint", "ok"),
+        ("drain", "ok"),
+        ("requeue", "ok"),
+    ]
+    assert all(r["finding_id"] == finding.id and r["since_finding_s"] >= 0 for r in actions)
+    checkpoint = actions[1]
+    ack_step = checkpoint["details"]["acks"][job]["step"]
+    assert actions[3]["details"]["requeued"] == [job]
+
+    # resumed from the checkpoint: the first step run elsewhere is the one after the ack
+    poll(lambda: any(r[1] == where and r[2] == "start" for r in progress(tmp_path)), 60, "restart")
+    restart = next(r for r in progress(tmp_path) if r[1] == where and r[2] == "start")
+    assert int(restart[3]) == ack_step + 1
+    assert json.loads((tmp_path / "state" / f"{job}.ckpt").read_text())["node"] == "gpu02"
+
+    # undo: an operator puts gpu02 back; only nodes gpuwarden took out may be undone unforced
+    with pytest.raises(KeyError):
+        engine.undo("gpu03")
+    engine.undo("gpu02", by="test")
+    assert engine.wait(60)
+    assert not {"DRAIN"} & set(adapter.node("gpu02")["state_flags"])
+    engine.close()
+    slurm.run("scancel", job)
+
+
+def test_requeue_refused_for_a_job_that_forbids_it(slurm: LocalSlurm, tmp_path: Path) -> None:
+    job = submit_job(slurm, tmp_path, requeue=False)
+    node = poll(lambda: running_on(slurm, job), 30, "job running")
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    outcome = adapter.perform(Action(ActionKind.REQUEUE, "slurm", node=node, finding_id="f"))
+    assert outcome.status == "failed"
+    assert outcome.details["not_requeueable"] == [job]
+    assert job_where(slurm, job) == ("RUNNING", node)  # left running, not killed
+    slurm.run("scancel", job)
+
+
+def test_unknown_node_and_broken_slurm_are_clear_errors(slurm: LocalSlurm) -> None:
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    with pytest.raises(AdapterError, match="no node 'gpu99'"):
+        adapter.perform(Action(ActionKind.DRAIN, "slurm", node="gpu99", reason="x"))
+    broken = SlurmAdapter(conf="/nonexistent/slurm.conf")
+    with pytest.raises(AdapterError, match=r"slurm\.conf does not exist"):
+        broken.inventory()
