@@ -127,29 +127,35 @@ def _coerce(section: str, key: str, default: Any, value: Any, where: str) -> Any
     return value
 
 
+def read_toml(path: str | Path, what: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {what} configuration {path}: {exc}") from exc
+
+
 def merge_config(
     defaults: Mapping[str, Mapping[str, Any]],
     path: str | Path | None,
     environ: Mapping[str, str] | None,
     what: str,
+    loaded: Mapping[str, Any] | None = None,
 ) -> dict[str, dict[str, Any]]:
-    """``defaults``, overridden by the TOML file at ``path``, then by ``GPUWARDEN_<SECTION>_<KEY>``
-    environment variables; every value coerced to its default's type. Shared by the agent's and
-    the analytics' configuration."""
+    """``defaults``, overridden by the TOML file at ``path`` (or its already ``loaded``
+    content), then by ``GPUWARDEN_<SECTION>_<KEY>`` environment variables; every value coerced
+    to its default's type. Shared by the agent's, the analytics' and the engine's configuration."""
     data: dict[str, dict[str, Any]] = copy.deepcopy({k: dict(v) for k, v in defaults.items()})
-    if path is not None:
-        try:
-            loaded = tomllib.loads(Path(path).read_text(encoding="utf-8"))
-        except (OSError, tomllib.TOMLDecodeError) as exc:
-            raise ConfigError(f"cannot read {what} configuration {path}: {exc}") from exc
-        for section, values in loaded.items():
-            if section not in data or not isinstance(values, dict):
-                raise ConfigError(f"{path}: unknown section [{section}]; known: {sorted(data)}")
-            for key, value in values.items():
-                if key not in data[section]:
-                    raise ConfigError(f"{path}: unknown setting {section}.{key}")
-                default = defaults[section][key]
-                data[section][key] = _coerce(section, key, default, value, str(path))
+    if loaded is None and path is not None:
+        loaded = read_toml(path, what)
+    where = str(path) if path is not None else what
+    for section, values in (loaded or {}).items():
+        if section not in data or not isinstance(values, dict):
+            raise ConfigError(f"{where}: unknown section [{section}]; known: {sorted(data)}")
+        for key, value in values.items():
+            if key not in data[section]:
+                raise ConfigError(f"{where}: unknown setting {section}.{key}")
+            default = defaults[section][key]
+            data[section][key] = _coerce(section, key, default, value, where)
     env = os.environ if environ is None else environ
     for name, value in env.items():
         if not name.startswith("GPUWARDEN_"):

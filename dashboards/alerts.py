@@ -39,6 +39,21 @@ class RuleSpec:
     window_s: int = 600
     no_data: Literal["OK", "NoData", "Alerting"] = "OK"
 
+    @property
+    def kind(self) -> str:
+        """The finding kind the remediation engine makes of this alert (its ``kind`` label)."""
+        return FINDING_KINDS.get(self.uid, self.uid.removeprefix("gw-").replace("-", "_"))
+
+
+# alerts that mean the same as a finding gpuwarden itself emits share its kind, so one policy
+# covers both (the engine's cooldown keeps a node from being acted on twice for one fault)
+FINDING_KINDS = {
+    "gw-fatal-xid": "gpu_xid",
+    "gw-ib-link-down": "link_down",
+    "gw-congested-switch": "link_congested",
+    "gw-failure-risk": "failure_risk",
+}
+
 
 def _count_true(
     measurement: str, flag: str, alias: str, tags: tuple[str, ...], counted: str = ""
@@ -218,7 +233,7 @@ def _rule(spec: RuleSpec, datasource_uid: str) -> al.Rule:
         .for_val(spec.for_)
         .no_data_state(spec.no_data)
         .exec_err_state("Error")
-        .labels({"severity": spec.severity, "source": "gpuwarden"})
+        .labels({"severity": spec.severity, "source": "gpuwarden", "kind": spec.kind})
         .annotations({"summary": spec.summary})
     )
 

@@ -8,10 +8,10 @@ Guards, in the order they are checked:
 
 1. **de-duplication** by finding id (ids are stable per kind, subject and time bucket; the
    audit log remembers them across restarts): a repeat is answered ``duplicate``, nothing runs;
-2. **cooldown** per node: a node acted on (by another finding) in the last ``cooldown_s`` gets
+2. **approval**: a plan with an action kind listed in ``approval`` waits for an operator
+   (``approve``), who is notified (and who may overrule the cooldown);
+3. **cooldown** per node: a node acted on (by another finding) in the last ``cooldown_s`` gets
    only a notification;
-3. **approval**: a plan with an action kind listed in ``approval`` waits for an operator
-   (``approve``), who is notified;
 4. **blast radius**: a plan that would take a node out when ``max_nodes_out`` nodes (or
    ``max_fraction_out`` of the node's partition) are already out (by anyone: the scheduler's
    own view, plus plans in flight) is queued, and a person is told; it runs by itself when
@@ -180,12 +180,6 @@ class Engine:
         node = finding.subject.get("node", "")
         mutating = [a for a in d.actions if a.kind in MUTATING]
         notify_only = tuple(a for a in d.actions if a.kind is ActionKind.NOTIFY)
-        if node and mutating:
-            last = self.memory.last_action_at.get(node)
-            if last is not None and self.clock() - last < s.cooldown_s and not approved:
-                ago = self.clock() - last
-                why = f"{node} was acted on {ago:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
-                return Decision(d.finding_id, "cooldown", d.policy, notify_only, why)
         if not approved and any(str(a.kind) in s.approval for a in mutating):
             kinds = [str(a.kind) for a in mutating]
             why = (
@@ -193,6 +187,12 @@ class Engine:
                 f"gpuwarden-remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
+        if node and mutating:
+            last = self.memory.last_action_at.get(node)
+            if last is not None and self.clock() - last < s.cooldown_s and not approved:
+                ago = self.clock() - last
+                why = f"{node} was acted on {ago:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
+                return Decision(d.finding_id, "cooldown", d.policy, notify_only, why)
         if any(a.kind in REMOVING for a in mutating):
             blocked = self._blast_radius(node)
             if blocked:
@@ -370,6 +370,8 @@ class Engine:
         adapter = self.adapters[action.adapter]
         if action.id in self.memory.done_actions:
             outcome = Outcome(Status.SKIPPED, "already done (idempotent)")
+        elif action.kind not in adapter.actions:
+            outcome = Outcome(Status.SKIPPED, f"{adapter.name} has no {action.kind} (not needed)")
         elif dry_run and action.kind in MUTATING:
             outcome = Outcome(Status.DRY_RUN, "would " + adapter.describe(action))
         else:

@@ -12,7 +12,7 @@ from remediation.model import Adapter
 ADAPTERS: dict[str, str] = {
     "slurm": "remediation.adapters.slurm:SlurmAdapter",
     "kubernetes": "remediation.adapters.kubernetes:KubernetesAdapter",
-    "torch_elastic": "remediation.adapters.torch_elastic:TorchElasticAdapter",
+    "elastic": "remediation.adapters.elastic:ElasticAdapter",
     "webhook": "remediation.adapters.webhook:WebhookAdapter",
 }
 

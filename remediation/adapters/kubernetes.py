@@ -1,0 +1,257 @@
+"""Kubernetes: cordon, taint, label and annotate nodes; evict pods through the Eviction API.
+
+Uses the official ``kubernetes`` client (imported when the adapter is built, never before).
+It connects with, in order: ``api_url`` + ``token_file`` (a service account token, or the test
+fake), ``in_cluster`` (the pod's own service account), or a kubeconfig (``kubeconfig``/
+``context``; empty = the client's default ``~/.kube/config``).
+
+* **cordon**: ``spec.unschedulable = true``, the taint ``taint_key=true:NoSchedule`` and
+  annotations saying why (finding id and reason) and that gpuwarden did it. The taint is added
+  by read-modify-replace on the node's ``resourceVersion``; a 409 Conflict (someone else wrote
+  the node in between) is retried on a fresh read.
+* **drain**: cordon, then evict every pod on the node except DaemonSet and mirror (static)
+  pods. Evictions honour PodDisruptionBudgets: a 429 is retried with backoff up to
+  ``evict_attempts`` times; pods still blocked are reported (the outcome is ``failed`` and
+  names them), never deleted around the budget.
+* **uncordon**: the reverse, only removing what gpuwarden added.
+* The blast-radius inventory counts unschedulable or not-Ready nodes as out; partitions are
+  the values of ``pool_label`` (nodes without it form one pool).
+
+No checkpoint or requeue here: on Kubernetes the eviction is what moves the work (its
+controller recreates the pod elsewhere); checkpoints go through the elastic adapter.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
+
+ANNOTATION = "gpuwarden.io"
+
+
+class KubernetesAdapter:
+    name = "kubernetes"
+    actions = frozenset({ActionKind.CORDON, ActionKind.DRAIN, ActionKind.UNCORDON})
+
+    def __init__(
+        self,
+        *,
+        kubeconfig: str = "",
+        context: str = "",
+        in_cluster: bool = False,
+        api_url: str = "",
+        token_file: str = "",
+        verify_tls: bool = True,
+        pool_label: str = "gpuwarden.io/pool",
+        taint_key: str = "gpuwarden.io/unhealthy",
+        evict_attempts: int = 5,
+        evict_backoff_s: float = 2.0,
+        conflict_attempts: int = 5,
+        grace_period_s: int = -1,
+    ) -> None:
+        from kubernetes import client, config
+
+        if api_url:
+            cfg = client.Configuration()
+            cfg.host = api_url
+            cfg.verify_ssl = verify_tls
+            if token_file:
+                with open(token_file, encoding="utf-8") as fh:
+                    cfg.api_key = {"authorization": fh.read().strip()}
+                cfg.api_key_prefix = {"authorization": "Bearer"}
+            api_client = client.ApiClient(cfg)
+        elif in_cluster:
+            config.load_incluster_config()
+            api_client = client.ApiClient()
+        else:
+            api_client = config.new_client_from_config(
+                config_file=kubeconfig or None, context=context or None
+            )
+        self._client = client
+        self.core = client.CoreV1Api(api_client)
+        self.pool_label = pool_label
+        self.taint_key = taint_key
+        self.evict_attempts = evict_attempts
+        self.evict_backoff_s = evict_backoff_s
+        self.conflict_attempts = conflict_attempts
+        self.grace_period_s = grace_period_s
+
+    def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        try:
+            return fn(*args, **kwargs)
+        except ApiException as exc:
+            message = _message(exc)
+            raise AdapterError(f"Kubernetes {what}: {exc.status} {exc.reason}: {message}") from None
+        except HTTPError as exc:
+            raise AdapterError(f"Kubernetes {what}: cannot reach the API server: {exc}") from None
+
+    # -- what is there ------------------------------------------------------------------------
+
+    def inventory(self) -> Inventory:
+        nodes = self._call("list nodes", self.core.list_node).items
+        partitions, out = {}, set()
+        for n in nodes:
+            name = n.metadata.name
+            partitions[name] = (n.metadata.labels or {}).get(self.pool_label, "default")
+            ready = any(
+                c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])
+            )
+            if n.spec.unschedulable or not ready:
+                out.add(name)
+        return Inventory(partitions, frozenset(out))
+
+    def describe(self, action: Action) -> str:
+        return {
+            ActionKind.CORDON: f"cordon and taint {action.node}",
+            ActionKind.DRAIN: f"cordon {action.node} and evict its pods (honouring PDBs)",
+            ActionKind.UNCORDON: f"uncordon {action.node} and remove gpuwarden's taint",
+        }.get(action.kind, f"{action.kind} {action.node}")
+
+    def perform(self, action: Action) -> Outcome:
+        if not action.node:
+            raise AdapterError(f"{action.kind} needs a node; the finding named none")
+        if action.kind is ActionKind.CORDON:
+            return self._cordon(action)
+        if action.kind is ActionKind.DRAIN:
+            cordoned = self._cordon(action)
+            return self._evict_all(action, cordoned.message)
+        if action.kind is ActionKind.UNCORDON:
+            return self._uncordon(action)
+        raise AdapterError(f"kubernetes cannot {action.kind}")
+
+    # -- node changes -------------------------------------------------------------------------
+
+    def _rewrite_node(self, name: str, change: Any) -> Any:
+        """Read-modify-replace with the resourceVersion; a 409 re-reads and tries again."""
+        from kubernetes.client.exceptions import ApiException
+
+        for attempt in range(self.conflict_attempts):
+            node = self._call(f"read node {name}", self.core.read_node, name)
+            if not change(node):
+                return node  # nothing to change: idempotent
+            try:
+                return self.core.replace_node(name, node)
+            except ApiException as exc:
+                if exc.status != 409 or attempt + 1 == self.conflict_attempts:
+                    raise AdapterError(
+                        f"Kubernetes replace node {name}: {exc.status} {_message(exc)}"
+                    ) from None
+        raise AdapterError(f"node {name}: still conflicting after {self.conflict_attempts} tries")
+
+    def _cordon(self, action: Action) -> Outcome:
+        client = self._client
+
+        def change(node: Any) -> bool:
+            taints = list(node.spec.taints or [])
+            has_taint = any(t.key == self.taint_key for t in taints)
+            annotations = node.metadata.annotations or {}
+            if node.spec.unschedulable and has_taint and f"{ANNOTATION}/finding" in annotations:
+                return False
+            if not has_taint:
+                taints.append(client.V1Taint(key=self.taint_key, value="true", effect="NoSchedule"))
+            node.spec.taints = taints
+            node.spec.unschedulable = True
+            node.metadata.annotations = {
+                **annotations,
+                f"{ANNOTATION}/finding": action.finding_id,
+                f"{ANNOTATION}/reason": action.reason[:1000],
+                f"{ANNOTATION}/cordoned-by": "gpuwarden",
+            }
+            return True
+
+        self._rewrite_node(action.node, change)
+        return Outcome(Status.OK, f"cordoned and tainted {action.node}")
+
+    def _uncordon(self, action: Action) -> Outcome:
+        def change(node: Any) -> bool:
+            taints = [t for t in (node.spec.taints or []) if t.key != self.taint_key]
+            annotations = {
+                k: v
+                for k, v in (node.metadata.annotations or {}).items()
+                if not k.startswith(f"{ANNOTATION}/")
+            }
+            if not node.spec.unschedulable and taints == list(node.spec.taints or []):
+                return False
+            node.spec.taints = taints or None
+            node.spec.unschedulable = None
+            node.metadata.annotations = annotations
+            return True
+
+        self._rewrite_node(action.node, change)
+        return Outcome(Status.OK, f"uncordoned {action.node}")
+
+    # -- evictions ----------------------------------------------------------------------------
+
+    def pods_on(self, node: str) -> list[Any]:
+        pods = self._call(
+            f"list pods on {node}",
+            self.core.list_pod_for_all_namespaces,
+            field_selector=f"spec.nodeName={node}",
+        ).items
+        out = []
+        for pod in pods:
+            owners = pod.metadata.owner_references or []
+            if any(o.kind == "DaemonSet" for o in owners):
+                continue
+            if "kubernetes.io/config.mirror" in (pod.metadata.annotations or {}):
+                continue
+            if pod.status and pod.status.phase in ("Succeeded", "Failed"):
+                continue
+            out.append(pod)
+        return out
+
+    def _evict_all(self, action: Action, cordoned: str) -> Outcome:
+        from kubernetes.client.exceptions import ApiException
+
+        client = self._client
+        pending = {(p.metadata.namespace, p.metadata.name) for p in self.pods_on(action.node)}
+        evicted: list[str] = []
+        attempts: dict[str, int] = {}
+        for attempt in range(self.evict_attempts):
+            for ns, name in sorted(pending):
+                key = f"{ns}/{name}"
+                attempts[key] = attempt + 1
+                grace = None if self.grace_period_s < 0 else self.grace_period_s
+                body = client.V1Eviction(
+                    metadata=client.V1ObjectMeta(name=name, namespace=ns),
+                    delete_options=client.V1DeleteOptions(grace_period_seconds=grace),
+                )
+                try:
+                    self.core.create_namespaced_pod_eviction(name, ns, body)
+                except ApiException as exc:
+                    if exc.status == 404:  # gone already: what we wanted
+                        pending.discard((ns, name))
+                        continue
+                    if exc.status == 429:  # a PodDisruptionBudget says not now
+                        continue
+                    raise AdapterError(f"evict {key}: {exc.status} {_message(exc)}") from None
+                pending.discard((ns, name))
+                evicted.append(key)
+            if not pending:
+                break
+            if attempt + 1 < self.evict_attempts:
+                time.sleep(self.evict_backoff_s * 2**attempt)
+        blocked = sorted(f"{ns}/{name}" for ns, name in pending)
+        details = {"evicted": evicted, "blocked_by_pdb": blocked, "attempts": attempts}
+        if blocked:
+            return Outcome(
+                Status.FAILED,
+                f"{cordoned}; evicted {len(evicted)} pods; {blocked} still blocked by a "
+                f"PodDisruptionBudget after {self.evict_attempts} attempts: a person must decide",
+                details,
+            )
+        return Outcome(Status.OK, f"{cordoned}; evicted {len(evicted)} pods", details)
+
+
+def _message(exc: Any) -> str:
+    import json
+
+    try:
+        return str(json.loads(exc.body).get("message", exc.body))
+    except (TypeError, ValueError):
+        return str(exc.body or exc.reason)

@@ -1,0 +1,125 @@
+"""The engine's configuration: ``config/remediation.sample.toml`` shows every setting.
+
+Sections: ``[engine]`` (endpoint, audit log, which adapter does what, approval), ``[guards]``,
+one section per adapter (its constructor's keyword arguments and defaults, so the two cannot
+drift apart), ``[influxdb]`` (where ``remediation_action`` events go; empty url = none) and
+any number of ``[[policy]]`` tables (none given = the shipped :data:`DEFAULT_POLICIES`).
+Environment variables ``GPUWARDEN_<SECTION>_<KEY>`` override single settings.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collector.agentconfig import ConfigError, merge_config, read_toml
+from remediation.adapters import ADAPTERS
+from remediation.engine import EngineSettings
+from remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
+
+
+def adapter_defaults(name: str) -> dict[str, Any]:
+    """An adapter's settings: its constructor's keyword arguments with their defaults."""
+    module_name, _, cls_name = ADAPTERS[name].partition(":")
+    cls = getattr(importlib.import_module(module_name), cls_name)
+    out = {}
+    for p in inspect.signature(cls).parameters.values():
+        if p.kind is p.KEYWORD_ONLY:
+            out[p.name] = list(p.default) if isinstance(p.default, tuple) else p.default
+    return out
+
+
+ENGINE = {
+    "listen": "127.0.0.1:9470",
+    "token_file": "",
+    "hmac_secret_file": "",
+    "audit_log": "/var/lib/gpuwarden/remediation/audit.jsonl",
+    "dry_run": True,
+    "notify_adapter": "webhook",
+    "checkpoint_adapter": "slurm",
+    "node_adapter": "slurm",
+    "approval": ["uncordon"],
+    "workers": 4,
+    "tick_s": 5.0,
+    "max_body_bytes": 1 << 20,
+    "max_findings_per_request": 1000,
+    "max_finding_age_s": 3600.0,
+    "max_clock_skew_s": 300.0,
+}
+GUARDS = {
+    "max_nodes_out": 2,
+    "max_fraction_out": 0.1,
+    "cooldown_s": 1800.0,
+    "actions_per_minute": 20,
+}
+INFLUXDB = {
+    "url": "",
+    "database": "gpuwarden",
+    "token_file": "",
+    "spool_dir": "/var/lib/gpuwarden/remediation/spool",
+}
+
+
+def defaults() -> dict[str, dict[str, Any]]:
+    return {
+        "engine": dict(ENGINE),
+        "guards": dict(GUARDS),
+        **{name: adapter_defaults(name) for name in sorted(ADAPTERS)},
+        "influxdb": dict(INFLUXDB),
+    }
+
+
+@dataclass(frozen=True)
+class RemediationConfig:
+    sections: Mapping[str, Mapping[str, Any]]
+    policies: tuple[Policy, ...]
+
+    def __getitem__(self, section: str) -> Mapping[str, Any]:
+        return self.sections[section]
+
+    @property
+    def settings(self) -> EngineSettings:
+        e, g = self.sections["engine"], self.sections["guards"]
+        return EngineSettings(
+            dry_run=e["dry_run"],
+            max_nodes_out=g["max_nodes_out"],
+            max_fraction_out=g["max_fraction_out"],
+            cooldown_s=g["cooldown_s"],
+            actions_per_minute=g["actions_per_minute"],
+            approval=tuple(e["approval"]),
+            notify_adapter=e["notify_adapter"],
+            checkpoint_adapter=e["checkpoint_adapter"],
+            node_adapter=e["node_adapter"],
+            workers=e["workers"],
+        )
+
+    def adapter_names(self) -> list[str]:
+        e = self.sections["engine"]
+        names = {e["notify_adapter"], e["checkpoint_adapter"], e["node_adapter"]} - {""}
+        return sorted(names)
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> RemediationConfig:
+    loaded = dict(read_toml(path, "remediation")) if path is not None else {}
+    raw_policies = loaded.pop("policy", None)
+    sections = merge_config(defaults(), path, environ, "remediation", loaded)
+    try:
+        policies = load_policies(raw_policies if raw_policies is not None else DEFAULT_POLICIES)
+    except PolicyError as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    config = RemediationConfig(sections, tuple(policies))
+    e, g = config["engine"], config["guards"]
+    for name in config.adapter_names():
+        if name not in ADAPTERS:
+            raise ConfigError(f"engine: unknown adapter {name!r}; known: {sorted(ADAPTERS)}")
+    if g["max_nodes_out"] < 0 or not 0.0 <= g["max_fraction_out"] <= 1.0:
+        raise ConfigError("guards.max_nodes_out must be >= 0, max_fraction_out within [0, 1]")
+    if e["max_body_bytes"] < 1024 or e["workers"] < 1 or e["tick_s"] <= 0:
+        raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
+    return config

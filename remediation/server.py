@@ -1,0 +1,328 @@
+"""The engine's HTTP endpoint: findings in (agents, analytics, Grafana), operators' calls.
+
+=========================================  =========================================
+``POST /v1/findings``                      one finding (``Finding.to_json()``) or a list
+``POST /v1/alerts/grafana``                Grafana's webhook contact-point payload
+``GET  /v1/pending``                       plans waiting for approval or for room
+``POST /v1/approve/<plan_id>``             run a plan that waits for approval
+``POST /v1/undo/<node>``                   put a node gpuwarden took out back in service
+``GET  /v1/stats``                         counters
+``GET  /healthz``                          liveness (no authentication, no data)
+=========================================  =========================================
+
+Every call but ``/healthz`` needs ``Authorization: Bearer <token>`` (compared in constant time).
+With a shared secret configured, POSTs must also carry an ``X-Gpuwarden-Signature`` (HMAC of
+timestamp and body, see :mod:`remediation.adapters.webhook`) that is fresh and never seen
+before. Requests are refused, with a JSON ``{"error": ...}`` saying why and nothing acted on,
+when they are: unauthenticated (401), larger than ``max_body_bytes`` (413, read no further),
+without a length (411), not JSON or not findings (400/422), stale (a finding older than
+``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
+finding in the request already received: 409).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+import re
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Mapping
+from datetime import datetime
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any, Protocol
+
+from collector.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from remediation.adapters.webhook import SIGNATURE_HEADER, verify_signature
+from remediation.engine import Engine
+
+log = logging.getLogger(__name__)
+
+
+class Headers(Protocol):
+    """A ``Mapping`` or the ``email.message.Message`` that ``http.server`` hands us."""
+
+    def get(self, name: str, default: Any = None, /) -> Any: ...
+
+
+class RequestError(Exception):
+    def __init__(self, status: HTTPStatus, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class Endpoint:
+    """Request handling, independent of the HTTP server (so it can be tested directly)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        token: str,
+        *,
+        secret: bytes = b"",
+        max_body_bytes: int = 1 << 20,
+        max_findings: int = 1000,
+        max_finding_age_s: float = 3600.0,
+        max_clock_skew_s: float = 300.0,
+    ) -> None:
+        if not token:
+            raise ValueError("the remediation endpoint needs a token (engine.token_file)")
+        self.engine = engine
+        self.token = token.encode()
+        self.secret = secret
+        self.max_body_bytes = max_body_bytes
+        self.max_findings = max_findings
+        self.max_finding_age_s = max_finding_age_s
+        self.max_clock_skew_s = max_clock_skew_s
+        self.rejected: dict[int, int] = {}
+        self._signatures: OrderedDict[str, float] = OrderedDict()
+        self._lock = threading.Lock()
+
+    # -- checks -------------------------------------------------------------------------------
+
+    def authenticate(self, headers: Headers) -> None:
+        auth = headers.get("Authorization", "")
+        scheme, _, given = auth.partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise RequestError(HTTPStatus.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'")
+        if not hmac.compare_digest(given.strip().encode(), self.token):
+            raise RequestError(HTTPStatus.UNAUTHORIZED, "wrong token")
+
+    def check_signature(self, headers: Headers, body: bytes) -> None:
+        if not self.secret:
+            return
+        header = headers.get(SIGNATURE_HEADER, "")
+        if not header:
+            raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {SIGNATURE_HEADER}")
+        try:
+            verify_signature(self.secret, header, body, tolerance_s=self.max_clock_skew_s)
+        except ValueError as exc:
+            raise RequestError(HTTPStatus.UNAUTHORIZED, str(exc)) from None
+        now = time.time()
+        with self._lock:
+            while (
+                self._signatures
+                and next(iter(self._signatures.values())) < now - 2 * self.max_clock_skew_s
+            ):
+                self._signatures.popitem(last=False)
+            if header in self._signatures:
+                raise RequestError(HTTPStatus.CONFLICT, "replayed request (signature seen before)")
+            self._signatures[header] = now
+
+    def body_length(self, headers: Headers) -> int:
+        raw = headers.get("Content-Length")
+        if raw is None:
+            raise RequestError(HTTPStatus.LENGTH_REQUIRED, "Content-Length required")
+        try:
+            length = int(raw)
+        except ValueError:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "bad Content-Length") from None
+        if length < 0:
+            raise RequestError(HTTPStatus.BAD_REQUEST, "bad Content-Length")
+        if length > self.max_body_bytes:
+            raise RequestError(
+                HTTPStatus.REQUEST_ENTITY_TOO_LARGE,
+                f"body of {length} bytes exceeds max_body_bytes={self.max_body_bytes}",
+            )
+        return length
+
+    def _json(self, body: bytes) -> Any:
+        try:
+            return json.loads(body)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from None
+
+    def _fresh(self, finding: Finding) -> Finding:
+        age = time.time() - finding.time_ns / 1e9
+        if age > self.max_finding_age_s:
+            raise RequestError(
+                HTTPStatus.UNPROCESSABLE_ENTITY,
+                f"finding {finding.id} is {age:.0f} s old (max_finding_age_s="
+                f"{self.max_finding_age_s:.0f}): stale, not acted on",
+            )
+        if age < -self.max_clock_skew_s:
+            raise RequestError(
+                HTTPStatus.UNPROCESSABLE_ENTITY,
+                f"finding {finding.id} is {-age:.0f} s in the future (clock skew?)",
+            )
+        return finding
+
+    # -- routes -------------------------------------------------------------------------------
+
+    def findings(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any]]:
+        data = self._json(body)
+        items = data if isinstance(data, list) else [data]
+        if not items or len(items) > self.max_findings:
+            raise RequestError(
+                HTTPStatus.UNPROCESSABLE_ENTITY, f"send 1 to {self.max_findings} findings"
+            )
+        try:
+            parsed = [Finding.from_json(item) for item in items]
+        except (FindingError, AttributeError, TypeError) as exc:
+            raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"not a finding: {exc}") from None
+        fresh = [self._fresh(f) for f in parsed]  # all checked before any is acted on
+        return self._submit(fresh)
+
+    def _submit(self, findings: list[Finding]) -> tuple[HTTPStatus, dict[str, Any]]:
+        results = []
+        for f in findings:
+            d = self.engine.submit(f)
+            results.append({"finding_id": f.id, "verdict": d.verdict, "why": d.why})
+        if results and all(r["verdict"] == "duplicate" for r in results):
+            return HTTPStatus.CONFLICT, {
+                "error": "every finding in this request was already received (replay or retry)",
+                "results": results,
+            }
+        return HTTPStatus.ACCEPTED, {"results": results}
+
+    def grafana(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any]]:
+        data = self._json(body)
+        if not isinstance(data, dict) or not isinstance(data.get("alerts"), list):
+            raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, "not a Grafana webhook payload")
+        findings = []
+        for alert in data["alerts"]:
+            if not isinstance(alert, dict) or alert.get("status") != "firing":
+                continue  # resolved alerts do not undo anything by themselves
+            try:
+                findings.append(self._fresh(grafana_finding(alert)))
+            except (FindingError, ValueError, TypeError) as exc:
+                raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"bad alert: {exc}") from None
+        if not findings:
+            return HTTPStatus.OK, {"results": [], "note": "no firing alerts"}
+        return self._submit(findings)
+
+    def handle(
+        self, method: str, path: str, headers: Headers, read: Any
+    ) -> tuple[HTTPStatus, dict[str, Any]]:
+        """Route one request; ``read(n)`` reads the body (only after the checks allow it)."""
+        try:
+            if method == "GET" and path == "/healthz":
+                return HTTPStatus.OK, {"status": "ok"}
+            self.authenticate(headers)
+            if method == "GET":
+                if path == "/v1/pending":
+                    return HTTPStatus.OK, {"pending": self.engine.pending()}
+                if path == "/v1/stats":
+                    s = self.engine.stats
+                    return HTTPStatus.OK, {
+                        "findings": s.findings,
+                        "decisions": s.decisions,
+                        "actions": s.actions,
+                        "rejected": self.rejected,
+                    }
+                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {path}")
+            if method != "POST":
+                raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
+            body = read(self.body_length(headers))
+            self.check_signature(headers, body)
+            return self._post(path, body, headers)
+        except RequestError as exc:
+            with self._lock:
+                self.rejected[int(exc.status)] = self.rejected.get(int(exc.status), 0) + 1
+            log.warning("refused %s %s: %s %s", method, path, int(exc.status), exc.message)
+            return exc.status, {"error": exc.message}
+
+    def _post(self, path: str, body: bytes, headers: Headers) -> tuple[HTTPStatus, dict[str, Any]]:
+        by = headers.get("X-Gpuwarden-User", "operator")
+        if path == "/v1/findings":
+            return self.findings(body)
+        if path == "/v1/alerts/grafana":
+            return self.grafana(body)
+        if m := re.fullmatch(r"/v1/approve/([0-9a-f]{8,64})", path):
+            try:
+                d = self.engine.approve(m.group(1), by=by)
+            except KeyError as exc:
+                raise RequestError(HTTPStatus.NOT_FOUND, str(exc.args[0])) from None
+            return HTTPStatus.ACCEPTED, {"plan_id": d.plan_id, "verdict": d.verdict, "why": d.why}
+        if m := re.fullmatch(r"/v1/undo/([A-Za-z0-9._-]{1,253})", path):
+            force = self._json(body or b"{}").get("force", False) is True
+            try:
+                d = self.engine.undo(m.group(1), by=by, force=force)
+            except KeyError as exc:
+                raise RequestError(HTTPStatus.CONFLICT, str(exc.args[0])) from None
+            return HTTPStatus.ACCEPTED, {"plan_id": d.plan_id, "verdict": d.verdict}
+        raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {path}")
+
+
+def grafana_finding(alert: Mapping[str, Any]) -> Finding:
+    """One firing Grafana alert as a finding: kind from the rule's ``kind`` label, subject from
+    the series labels, the reduced value as evidence (and as probability for risk alerts)."""
+    labels = {str(k): str(v) for k, v in dict(alert.get("labels") or {}).items()}
+    kind = re.sub(
+        r"[^a-z0-9_]", "_", labels.get("kind") or labels.get("alertname", "alert").lower()
+    )
+    subject = {k: labels[k] for k in SUBJECT_KEYS if labels.get(k)}
+    starts = str(alert.get("startsAt", ""))
+    try:
+        t_ns = int(datetime.fromisoformat(starts.replace("Z", "+00:00")).timestamp() * 1e9)
+    except ValueError:
+        raise ValueError(f"startsAt {starts!r} is not a time") from None
+    values = {str(k): v for k, v in dict(alert.get("values") or {}).items()}
+    probability = None
+    if kind == "failure_risk":
+        reduced = values.get("B")
+        if isinstance(reduced, int | float) and 0.0 <= reduced <= 1.0:
+            probability = float(reduced)
+    severity = labels.get("severity", "warning")
+    annotations = dict(alert.get("annotations") or {})
+    return Finding(
+        kind=kind,
+        subject=subject or {"cluster": labels.get("grafana_folder", "grafana")},
+        severity=Severity(severity)
+        if severity in Severity.__members__.values()
+        else Severity.WARNING,
+        time_ns=t_ns,
+        evidence={
+            "alertname": labels.get("alertname", ""),
+            "fingerprint": alert.get("fingerprint", ""),
+            "values": values,
+        },
+        probability=probability,
+        summary=str(annotations.get("summary", labels.get("alertname", ""))),
+        source="grafana",
+    )
+
+
+class _Handler(BaseHTTPRequestHandler):
+    endpoint: Endpoint
+    timeout = 10  # a client that stalls mid-request is dropped
+    server_version = "gpuwarden-remediate"
+
+    def _serve(self, method: str) -> None:
+        status, payload = self.endpoint.handle(
+            method, self.path.split("?", 1)[0], self.headers, self.rfile.read
+        )
+        body = json.dumps(payload).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        if status >= 400:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self) -> None:
+        self._serve("GET")
+
+    def do_POST(self) -> None:
+        self._serve("POST")
+
+    def do_PUT(self) -> None:
+        self._serve("PUT")
+
+    def do_DELETE(self) -> None:
+        self._serve("DELETE")
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("%s " + format, self.address_string(), *args)
+
+
+def make_server(endpoint: Endpoint, host: str, port: int) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"endpoint": endpoint})
+    server = ThreadingHTTPServer((host, port), handler)
+    server.daemon_threads = True
+    return server

@@ -1,0 +1,248 @@
+"""Issue 7, must-show 4: the engine's guards, as properties over floods of (SIMULATED) findings."""
+
+from __future__ import annotations
+
+import tempfile
+import threading
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from collector.finding import Finding, Severity
+from remediation.audit import AuditLog, read_records
+from remediation.engine import Engine, EngineSettings
+from remediation.model import MUTATING, ActionKind
+from remediation.policy import DEFAULT_POLICIES, load_policies
+from tests.remediation_util import RecordingAdapter, risk
+
+NODES = {f"gpu{i:02d}": ("a" if i < 12 else "b") for i in range(20)}
+POLICIES = load_policies(DEFAULT_POLICIES)
+
+
+def make_engine(
+    tmp: Path, **overrides: object
+) -> tuple[Engine, RecordingAdapter, RecordingAdapter]:
+    sched = RecordingAdapter("slurm", NODES)
+    notes = RecordingAdapter("webhook")
+    base = {"dry_run": False, "cooldown_s": 0.0, "actions_per_minute": 10_000}
+    engine = Engine(
+        POLICIES,
+        {"slurm": sched, "webhook": notes},
+        AuditLog(tmp / "audit.jsonl"),
+        EngineSettings(**(base | overrides)),  # type: ignore[arg-type]
+    )
+    return engine, sched, notes
+
+
+def xid(node: str, t_ns: int) -> Finding:
+    return Finding(
+        kind="gpu_xid",
+        subject={"cluster": "test", "node": node, "gpu": "0"},
+        severity=Severity.CRITICAL,
+        time_ns=t_ns,
+        evidence={"xid": 79},
+        confidence=1.0,
+        summary=f"XID 79 on {node}",
+        source="agent",
+    )
+
+
+flood = st.lists(
+    st.tuples(
+        st.sampled_from(sorted(NODES)),
+        st.sampled_from(["risk", "xid", "straggler"]),
+        st.integers(0, 20),  # time bucket: repeats of one observation share an id
+    ),
+    min_size=1,
+    max_size=60,
+)
+
+
+def finding_of(node: str, what: str, bucket: int) -> Finding:
+    t_ns = 1_790_000_000_000_000_000 + bucket * 300_000_000_000
+    if what == "risk":
+        return risk(node, 0.95, t_ns)
+    if what == "xid":
+        return xid(node, t_ns)
+    return Finding(
+        kind="straggler",
+        subject={"cluster": "test", "job": "j1", "node": node},
+        severity=Severity.WARNING,
+        time_ns=t_ns,
+        evidence={"cause": "gpu"},
+        confidence=0.9,
+    )
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    findings=flood,
+    max_nodes=st.integers(1, 6),
+    fraction=st.sampled_from([0.1, 0.25, 0.5, 1.0]),
+    already_out=st.sets(st.sampled_from(sorted(NODES)), max_size=3),
+)
+def test_blast_radius_is_never_exceeded(
+    findings: list[tuple[str, str, int]], max_nodes: int, fraction: float, already_out: set[str]
+) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, sched, _ = make_engine(
+            Path(tmp), max_nodes_out=max_nodes, max_fraction_out=fraction
+        )
+        sched.out |= already_out  # someone else's drains count too
+        per_part_max: dict[str, int] = {}
+        original = sched.perform
+
+        def perform_and_measure(action):
+            outcome = original(action)
+            for part in ("a", "b"):
+                n = sum(1 for x in sched.out - already_out if NODES[x] == part)
+                per_part_max[part] = max(per_part_max.get(part, 0), n)
+            return outcome
+
+        sched.perform = perform_and_measure
+        threads = [threading.Thread(target=engine.submit, args=(finding_of(*f),)) for f in findings]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        engine.tick()
+        assert engine.wait(30)
+        engine.close()
+        new_out = sched.out - already_out
+        # the limit holds for what the engine added, on top of what was already out
+        assert len(sched.out) <= max(max_nodes, len(already_out))
+        if new_out:
+            assert len(sched.out) <= max_nodes
+        for part, n in per_part_max.items():
+            size = sum(1 for p in NODES.values() if p == part)
+            already = sum(1 for x in already_out if NODES[x] == part)
+            assert n == 0 or (n + already) / size <= fraction + 1e-9
+        # every plan the limit stopped is waiting for a human, and a human was told
+        waiting = [p for p in engine.pending() if p["verdict"] == "blast_radius"]
+        for p in waiting:
+            assert p["node"] not in new_out
+
+
+@settings(max_examples=25, deadline=None)
+@given(copies=st.integers(2, 8), bucket=st.integers(0, 5))
+def test_a_duplicate_finding_acts_once(copies: int, bucket: int) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, sched, notes = make_engine(Path(tmp), max_nodes_out=5, max_fraction_out=1.0)
+        finding = finding_of("gpu03", "risk", bucket)
+        verdicts: list[str] = []
+        threads = [
+            threading.Thread(target=lambda: verdicts.append(engine.submit(finding).verdict))
+            for _ in range(copies)
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert engine.wait(30)
+        assert sorted(verdicts) == ["act"] + ["duplicate"] * (copies - 1)
+        assert [a.kind for a in sched.calls] == ["checkpoint", "drain", "requeue"]
+        assert len(notes.calls) == 1
+        # and after a restart, the audit log remembers it
+        engine.close()
+        again, sched2, _ = make_engine(Path(tmp), max_nodes_out=5, max_fraction_out=1.0)
+        assert again.submit(finding).verdict == "duplicate"
+        assert again.wait(10) and sched2.calls == []
+        again.close()
+
+
+@settings(max_examples=25, deadline=None)
+@given(findings=flood)
+def test_dry_run_changes_nothing_on_the_target(findings: list[tuple[str, str, int]]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        engine, sched, notes = make_engine(
+            Path(tmp), dry_run=True, max_nodes_out=20, max_fraction_out=1.0
+        )
+        for f in findings:
+            engine.submit(finding_of(*f))
+        assert engine.wait(30)
+        engine.close()
+        assert sched.calls == [] and sched.out == set()
+        assert all(a.kind is ActionKind.NOTIFY for a in notes.calls)
+        audited = [r for r in read_records(Path(tmp) / "audit.jsonl") if r["event"] == "action"]
+        mutating = [r for r in audited if ActionKind(r["action"]) in MUTATING]
+        assert all(r["dry_run"] and r["outcome"] == "dry_run" for r in mutating)
+        assert all(r["message"].startswith("would ") for r in mutating)
+
+
+def test_cooldown_approval_rate_limit_and_release(tmp_path: Path) -> None:
+    engine, sched, notes = make_engine(
+        tmp_path, max_nodes_out=1, max_fraction_out=1.0, cooldown_s=3600.0, actions_per_minute=3
+    )
+    first = engine.submit(finding_of("gpu01", "risk", 0))
+    assert first.verdict == "act"
+    assert engine.wait(10)
+    # another finding about the same node inside the cooldown: only a notification
+    again = engine.submit(finding_of("gpu01", "xid", 1))
+    assert again.verdict == "cooldown" and [a.kind for a in again.actions] == ["notify"]
+    # a second node would exceed max_nodes_out=1: queued, a human told
+    second = engine.submit(finding_of("gpu02", "risk", 0))
+    assert second.verdict == "blast_radius" and "max_nodes_out=1" in second.why
+    assert engine.wait(10)
+    assert any("needs a human (blast_radius)" in a.reason for a in notes.calls)
+    assert [p["node"] for p in engine.pending()] == ["gpu02"]
+    # gpu01 comes back: the queued plan runs by itself on the next tick... but the rate limit
+    # (3 actions a minute, 3 used) holds it until the minute has passed
+    sched.out.discard("gpu01")
+    assert engine.tick() == []
+    engine._recent.clear()  # the minute passes
+    released = engine.tick()
+    assert [d.finding_id for d in released] == [second.finding_id]
+    assert engine.wait(10)
+    assert "gpu02" in sched.out
+    # approval: a node_healthy finding proposes uncordon, which waits for an operator
+    healthy = Finding(
+        kind="node_healthy", subject={"node": "gpu02"}, severity=Severity.INFO, time_ns=1
+    )
+    assert engine.submit(healthy).verdict == "approval"
+    assert "gpu02" in sched.out
+    engine._recent.clear()
+    assert engine.approve(healthy.id, by="test").verdict == "act"
+    assert engine.wait(10)
+    assert "gpu02" not in sched.out
+    with pytest.raises(KeyError):
+        engine.approve("nope")
+    engine.close()
+
+
+def test_failing_adapter_stops_the_ladder_and_is_audited(tmp_path: Path) -> None:
+    engine, sched, _ = make_engine(tmp_path, max_nodes_out=5, max_fraction_out=1.0)
+
+    def broken(action):
+        from remediation.model import AdapterError
+
+        if action.kind is ActionKind.DRAIN:
+            raise AdapterError("scontrol: Invalid node name specified")
+        return RecordingAdapter.perform(sched, action)
+
+    sched.perform = broken
+    engine.submit(finding_of("gpu04", "risk", 0))
+    assert engine.wait(10)
+    engine.close()
+    records = [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "action"]
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("notify", "ok"),
+        ("checkpoint", "ok"),
+        ("drain", "failed"),
+    ]
+    assert "Invalid node name" in records[-1]["message"]
+
+
+def test_torn_audit_line_is_skipped_not_fatal(tmp_path: Path) -> None:
+    engine, _, _ = make_engine(tmp_path, max_nodes_out=5, max_fraction_out=1.0)
+    f = finding_of("gpu05", "risk", 0)
+    engine.submit(f)
+    assert engine.wait(10)
+    engine.close()
+    with (tmp_path / "audit.jsonl").open("a") as fh:
+        fh.write('{"event": "action", "action_id": "tor')  # power cut mid-write
+    again, _, _ = make_engine(tmp_path, max_nodes_out=5, max_fraction_out=1.0)
+    assert again.memory.torn_lines and f.id in again.memory.seen_findings
+    assert "gpu05" in again.memory.taken_out
+    again.close()

@@ -1,0 +1,155 @@
+"""Issue 7, must-show 3: the Kubernetes adapter, through the official client, against the
+project's fake API server (SIMULATED cluster: no real API server can run on these machines)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from remediation.adapters.kubernetes import KubernetesAdapter
+from remediation.audit import AuditLog, read_records
+from remediation.engine import Engine, EngineSettings
+from remediation.k8sfake import FakeKubernetes, matches_labels
+from remediation.model import Action, ActionKind, AdapterError
+from remediation.policy import DEFAULT_POLICIES, load_policies
+from tests.remediation_util import RecordingAdapter, risk
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeKubernetes]:
+    with FakeKubernetes(token="s3cret") as k:
+        for i in range(1, 5):
+            k.add_node(f"gpu0{i}", {"gpuwarden.io/pool": "h100"})
+        k.add_pod("train", "llama-0", "gpu02", {"app": "llama"})
+        k.add_pod("train", "llama-1", "gpu02", {"app": "llama"})
+        k.add_pod("serve", "api-0", "gpu02", {"app": "api"})
+        k.add_pod("kube-system", "dcgm-abc", "gpu02", {"app": "dcgm"}, owner_kind="DaemonSet")
+        k.add_pod("train", "llama-2", "gpu03", {"app": "llama"})
+        # the training job tolerates one pod down; the API tolerates none
+        k.add_pdb("train", "llama", {"app": "llama"}, disruptions_allowed=1)
+        k.add_pdb("serve", "api", {"app": "api"}, disruptions_allowed=0)
+        yield k
+
+
+def adapter(fake: FakeKubernetes, tmp_path: Path, **kw: object) -> KubernetesAdapter:
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    args = {"api_url": fake.url, "token_file": str(token), "evict_backoff_s": 0.01} | kw
+    return KubernetesAdapter(**args)  # type: ignore[arg-type]
+
+
+def drain(node: str = "gpu02") -> Action:
+    return Action(
+        ActionKind.DRAIN, "kubernetes", node=node, finding_id="f1", reason="gpuwarden: risk"
+    )
+
+
+def test_cordon_then_evictions_where_a_pdb_blocks_one(fake: FakeKubernetes, tmp_path: Path) -> None:
+    k8s = adapter(fake, tmp_path, evict_attempts=3)
+    fake.inject_conflicts(2)  # two writers race us on the node object
+    outcome = k8s.perform(drain())
+    node = fake.nodes["gpu02"]
+    assert node["spec"]["unschedulable"] is True
+    assert {"key": "gpuwarden.io/unhealthy", "value": "true", "effect": "NoSchedule"} in node[
+        "spec"
+    ]["taints"]
+    assert node["metadata"]["annotations"]["gpuwarden.io/finding"] == "f1"
+    # one llama pod may go (budget 1), the API pod may not; the DaemonSet pod is left alone
+    assert outcome.status == "failed"
+    assert outcome.details["evicted"] == ["train/llama-0"]
+    assert outcome.details["blocked_by_pdb"] == ["serve/api-0", "train/llama-1"]
+    assert outcome.details["attempts"]["serve/api-0"] == 3  # retried, then reported
+    assert "still blocked by a PodDisruptionBudget" in outcome.message
+    assert ("kube-system", "dcgm-abc") in fake.pods
+    evictions = [r for r in fake.requests if r[0] == "POST" and r[1].endswith("/eviction")]
+    assert sum(1 for r in evictions if r[2] == 429) == 3 + 3  # api-0 and llama-1, thrice each
+    # the inventory sees gpu02 out
+    assert k8s.inventory().out == frozenset({"gpu02"})
+
+
+def test_blocked_eviction_goes_through_once_the_budget_allows(
+    fake: FakeKubernetes, tmp_path: Path
+) -> None:
+    k8s = adapter(fake, tmp_path, evict_attempts=2)
+    first = k8s.perform(drain())
+    assert first.status == "failed"
+    fake.set_pdb_allowed("serve", "api", 1)  # a replacement became ready elsewhere
+    fake.set_pdb_allowed("train", "llama", 1)
+    second = k8s.perform(drain())
+    assert second.status == "ok", second.message
+    assert [p for p in fake.pods.values() if p["spec"]["nodeName"] == "gpu02"] == [
+        fake.pods[("kube-system", "dcgm-abc")]
+    ]
+
+
+def test_uncordon_removes_only_what_gpuwarden_added(fake: FakeKubernetes, tmp_path: Path) -> None:
+    k8s = adapter(fake, tmp_path)
+    fake.nodes["gpu01"]["spec"]["taints"] = [{"key": "other", "value": "x", "effect": "NoSchedule"}]
+    fake.nodes["gpu01"]["metadata"]["annotations"]["team"] = "infra"
+    k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="f2", reason="r"))
+    assert k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="f2")).ok
+    k8s.perform(Action(ActionKind.UNCORDON, "kubernetes", node="gpu01"))
+    node = fake.nodes["gpu01"]
+    assert not node["spec"].get("unschedulable")
+    assert node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoSchedule"}]
+    assert node["metadata"]["annotations"] == {"team": "infra"}
+
+
+def test_errors_are_clear(fake: FakeKubernetes, tmp_path: Path) -> None:
+    k8s = adapter(fake, tmp_path)
+    with pytest.raises(AdapterError, match="404"):
+        k8s.perform(drain("gpu99"))
+    bad = tmp_path / "bad"
+    bad.write_text("wrong")
+    wrong = KubernetesAdapter(api_url=fake.url, token_file=str(bad))
+    with pytest.raises(AdapterError, match="401"):
+        wrong.inventory()
+    fake.stop()
+    with pytest.raises(AdapterError, match="cannot reach the API server"):
+        KubernetesAdapter(api_url="http://127.0.0.1:9", token_file=str(bad)).inventory()
+
+
+def test_engine_drives_kubernetes_with_requeue_skipped(
+    fake: FakeKubernetes, tmp_path: Path
+) -> None:
+    fake.set_pdb_allowed("serve", "api", 5)
+    fake.set_pdb_allowed("train", "llama", 5)
+    k8s = adapter(fake, tmp_path)
+    notes = RecordingAdapter("webhook")
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    settings = EngineSettings(
+        dry_run=False,
+        node_adapter="kubernetes",
+        checkpoint_adapter="kubernetes",
+        max_nodes_out=1,
+        max_fraction_out=0.25,
+    )
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES), {"kubernetes": k8s, "webhook": notes}, audit, settings
+    )
+    assert engine.submit(risk("gpu02")).verdict == "act"
+    assert engine.wait(30)
+    # a second node would put 2 of 4 (50 %) of the pool out: queued for a human
+    assert engine.submit(risk("gpu03")).verdict == "blast_radius"
+    assert engine.wait(30)
+    engine.close()
+    outcomes = [
+        (r["action"], r["outcome"])
+        for r in read_records(audit.path)
+        if r["event"] == "action" and r["finding_id"] == risk("gpu02").id
+    ]
+    assert outcomes == [
+        ("notify", "ok"),
+        ("checkpoint", "skipped"),
+        ("drain", "ok"),
+        ("requeue", "skipped"),
+    ]
+    assert fake.nodes["gpu03"]["spec"].get("unschedulable") is None
+
+
+def test_label_selector_semantics() -> None:
+    assert matches_labels({"a": "1", "b": "2"}, "a=1,b!=3,b")
+    assert not matches_labels({"a": "1"}, "a=2")
+    assert not matches_labels({"a": "1"}, "!a")
