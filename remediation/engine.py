@@ -28,7 +28,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -118,7 +118,9 @@ class Engine:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
         self.stats = _Stats()
         self._lock = threading.RLock()
-        self._reserved: set[str] = set()
+        # nodes that plans in flight are taking out, counted per plan: one plan finishing must
+        # not free a node another plan is still about to drain
+        self._reserved: Counter[str] = Counter()
         self._recent: deque[float] = deque()
         self._pending: dict[str, _Pending] = {}
         self._futures: list[Future[None]] = []
@@ -221,7 +223,7 @@ class Engine:
             inv = self._inventory()
         except AdapterError as exc:
             return f"cannot tell how many nodes are out ({exc}); not taking {node} out blind"
-        out = set(inv.out) | self._reserved
+        out = set(inv.out) | {n for n, c in self._reserved.items() if c > 0}
         if node in out:
             return ""
         s = self.settings
@@ -253,10 +255,12 @@ class Engine:
             why=d.why,
         )
         if d.verdict in ("act", "dry_run", "cooldown"):
+            reserved = ""
             if d.verdict != "cooldown" and any(a.kind in REMOVING for a in d.actions):
-                self._reserved.add(finding.subject.get("node", ""))
+                reserved = finding.subject.get("node", "")
+                self._reserved[reserved] += 1
             self._recent.extend([self.clock()] * sum(a.kind in MUTATING for a in d.actions))
-            self._start(d, received, dry_run=d.verdict == "dry_run")
+            self._start(d, received, dry_run=d.verdict == "dry_run", reserved=reserved)
         elif d.verdict in ("approval", "blast_radius", "rate_limited"):
             self._pending[d.plan_id] = _Pending(finding, d, received)
             self._escalate(finding, d)
@@ -310,7 +314,7 @@ class Engine:
     def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
         """Put a node gpuwarden took out back in service (``force``: one it did not take out)."""
         with self._lock:
-            if node not in self.memory.taken_out and node not in self._reserved and not force:
+            if node not in self.memory.taken_out and not self._reserved[node] and not force:
                 raise KeyError(f"{node} was not taken out by gpuwarden; use force to resume it")
             finding = Finding(
                 kind="operator_undo",
@@ -343,12 +347,12 @@ class Engine:
 
     # -- acting -------------------------------------------------------------------------------
 
-    def _start(self, d: Decision, received: float, *, dry_run: bool) -> None:
-        future = self._pool.submit(self._run, d, received, dry_run)
+    def _start(self, d: Decision, received: float, *, dry_run: bool, reserved: str = "") -> None:
+        future = self._pool.submit(self._run, d, received, dry_run, reserved)
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()] + [future]
 
-    def _run(self, d: Decision, received: float, dry_run: bool) -> None:
+    def _run(self, d: Decision, received: float, dry_run: bool, reserved: str) -> None:
         try:
             for action in d.actions:
                 outcome = self._perform(action, received, dry_run)
@@ -360,10 +364,11 @@ class Engine:
                     )
                     break
         finally:
-            if not dry_run:
+            # after a real drain the scheduler's own view shows the node out; a dry run keeps
+            # its reservation so that later decisions see what would have been out
+            if reserved and not dry_run:
                 with self._lock:
-                    for a in d.actions:
-                        self._reserved.discard(a.node)
+                    self._reserved[reserved] -= 1
 
     def _perform(self, action: Action, received: float, dry_run: bool) -> Outcome:
         started = self.clock()
