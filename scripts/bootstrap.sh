@@ -34,4 +34,18 @@ if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$U
 fi
 
 export UV_PYTHON_DOWNLOADS=never
-uv sync --frozen --quiet
+# --inexact keeps torch (below), which is not in the lock file
+uv sync --frozen --inexact --quiet
+
+# PyTorch for the elastic-remediation tests and the demo's torchrun job: the CPU build of
+# 2.13.0 that these machines carry as a local wheel (the registry's build brings GBs of CUDA
+# libraries). It is the training job's dependency, not gpuwarden's, so it is not in uv.lock.
+TORCH_WHEELS=/opt/wheels
+if ! .venv/bin/python -c "import torch" 2>/dev/null; then
+  if ls "$TORCH_WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then
+    echo "bootstrap: installing torch 2.13.0 (CPU) from $TORCH_WHEELS"
+    uv pip install --quiet --python .venv/bin/python --find-links "$TORCH_WHEELS" "torch==2.13.0"
+  else
+    echo "bootstrap: no CPU torch wheel in $TORCH_WHEELS; the torchrun tests will be skipped"
+  fi
+fi

@@ -1,0 +1,276 @@
+"""``gpuwarden-remediate``: run the engine, feed it findings, read its audit log, steer it.
+
+* ``serve``: the HTTP endpoint (``[engine] listen``) in front of the engine; SIGTERM/SIGINT
+  stop it after the actions in flight finish;
+* ``apply FILE``: findings from a file (a JSON list, or JSON lines; ``-`` = stdin) through the
+  same engine, for a one-off or a replay; prints each decision;
+* ``audit``: the audit trail as a table (or ``--json``), filtered by node or finding;
+* ``pending``, ``approve PLAN``, ``undo NODE``: talk to a running ``serve``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import signal
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from collector.agentconfig import ConfigError
+from collector.finding import Finding, FindingError
+from collector.lineprotocol import Point
+from collector.sink import InfluxSink, SinkConfig
+from remediation.adapters import create
+from remediation.audit import AuditLog, read_records
+from remediation.config import RemediationConfig, load_config
+from remediation.engine import Engine
+from remediation.model import Action, AdapterError, Outcome
+from remediation.server import Endpoint, make_server
+
+log = logging.getLogger("gpuwarden.remediate")
+
+
+def _secret(path: str) -> str:
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read secret file {path}: {exc}") from None
+
+
+def action_point(action: Action, outcome: Outcome, record: dict[str, Any]) -> Point:
+    """The catalogue's ``remediation_action`` point for one audited action."""
+    tags = {
+        "cluster": action.cluster,
+        "node": action.node,
+        "job": action.job,
+        "action": str(action.kind),
+        "adapter": action.adapter,
+        "outcome": str(outcome.status),
+    }
+    return Point(
+        "remediation_action",
+        {k: v for k, v in tags.items() if v},
+        {
+            "finding_id": action.finding_id,
+            "action_id": action.id,
+            "dry_run_active": bool(record["dry_run"]),
+            "duration_s": float(record["duration_s"]),
+            "message": outcome.message,
+        },
+        int(float(record["t"]) * 1e9),
+    )
+
+
+def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
+    adapters = {}
+    for name in config.adapter_names():
+        try:
+            adapters[name] = create(name, config[name])
+        except (AdapterError, OSError) as exc:
+            raise ConfigError(f"adapter {name}: {exc}") from None
+    sink = None
+    db = config["influxdb"]
+    if db["url"]:
+        sink = InfluxSink(
+            SinkConfig(
+                url=db["url"],
+                database=db["database"],
+                token=_secret(db["token_file"]),
+                spool_dir=db["spool_dir"],
+                flush_interval_s=1.0,
+            )
+        )
+        sink.start()
+
+    def on_action(action: Action, outcome: Outcome, record: dict[str, Any]) -> None:
+        if sink is not None:
+            sink.write_points([action_point(action, outcome, record)])
+
+    engine = Engine(
+        config.policies,
+        adapters,
+        AuditLog(config["engine"]["audit_log"]),
+        config.settings,
+        on_action=on_action,
+    )
+    return engine, sink
+
+
+def serve(config: RemediationConfig) -> int:
+    e = config["engine"]
+    engine, sink = build_engine(config)
+    endpoint = Endpoint(
+        engine,
+        _secret(e["token_file"]),
+        secret=_secret(e["hmac_secret_file"]).encode(),
+        max_body_bytes=e["max_body_bytes"],
+        max_findings=e["max_findings_per_request"],
+        max_finding_age_s=e["max_finding_age_s"],
+        max_clock_skew_s=e["max_clock_skew_s"],
+    )
+    host, _, port = e["listen"].rpartition(":")
+    server = make_server(endpoint, host or "127.0.0.1", int(port))
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    threading.Thread(target=server.serve_forever, daemon=True, name="http").start()
+    mode = "DRY-RUN (nothing is changed)" if config.settings.dry_run else "LIVE"
+    log.info(
+        "remediation engine on http://%s:%s, %s, adapters %s",
+        *server.server_address[:2],
+        mode,
+        sorted(engine.adapters),
+    )
+    while not stop.wait(e["tick_s"]):
+        engine.tick()
+    server.shutdown()
+    engine.close()
+    if sink is not None:
+        sink.close()
+    return 0
+
+
+def read_findings(path: str) -> Iterator[dict[str, Any]]:
+    text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        yield from json.loads(stripped)
+        return
+    for line in text.splitlines():
+        if line.strip():
+            yield json.loads(line)
+
+
+def apply(config: RemediationConfig, path: str) -> int:
+    engine, sink = build_engine(config)
+    bad = 0
+    try:
+        for number, data in enumerate(read_findings(path), 1):
+            try:
+                finding = Finding.from_json(data)
+            except FindingError as exc:
+                bad += 1
+                print(f"#{number}: not a finding: {exc}", file=sys.stderr)
+                continue
+            d = engine.submit(finding)
+            node = finding.subject.get("node", "-")
+            actions = ",".join(str(a.kind) for a in d.actions) or "-"
+            print(f"{finding.id}  {finding.kind:<16} {node:<10} {d.verdict:<12} {actions}  {d.why}")
+    except (OSError, ValueError) as exc:
+        print(f"cannot read findings from {path}: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        engine.close()
+        if sink is not None:
+            sink.close()
+    return 1 if bad else 0
+
+
+def audit(path: str, node: str, finding: str, as_json: bool) -> int:
+    torn: list[int] = []
+    for r in read_records(path, torn):
+        if node and r.get("node") != node:
+            continue
+        if finding and not str(r.get("finding_id", "")).startswith(finding):
+            continue
+        if as_json:
+            print(json.dumps(r))
+            continue
+        what = r.get("action") or r.get("verdict") or r.get("kind") or ""
+        outcome = r.get("outcome", "")
+        timing = f"{r['duration_s']:.3f}s +{r['since_finding_s']:.3f}s" if "duration_s" in r else ""
+        text = r.get("message") or r.get("why") or r.get("summary") or ""
+        print(
+            f"{r.get('time', '')}  {r.get('event', ''):<8} {str(r.get('finding_id', ''))[:12]:<12} "
+            f"{r.get('node', '') or '-':<10} {what:<12} {outcome:<8} {timing:<18} {text}"
+        )
+    if torn:
+        print(f"(skipped torn lines {torn})", file=sys.stderr)
+    return 0
+
+
+def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -> int:
+    """Talk to a running ``serve`` with the configured token."""
+    host_port = config["engine"]["listen"]
+    url = f"http://{host_port}{path}"
+    headers = {"Authorization": f"Bearer {_secret(config['engine']['token_file'])}"}
+    if method == "POST":
+        headers["Content-Type"] = "application/json"
+    req = urllib.request.Request(url, body if method == "POST" else None, headers, method=method)
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            print(json.dumps(json.loads(resp.read()), indent=2))
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(f"{exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+    except urllib.error.URLError as exc:
+        print(f"cannot reach the engine at {url}: {exc.reason}", file=sys.stderr)
+    return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="gpuwarden-remediate", description=__doc__.split("\n")[0])
+    p.add_argument("--config", help="TOML (config/remediation.sample.toml shows every setting)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="command", required=True)
+    sub.add_parser("serve", help="run the HTTP endpoint and the engine")
+    ap = sub.add_parser("apply", help="run findings from a file through the engine")
+    ap.add_argument("findings", help="JSON list or JSON lines of findings; - for stdin")
+    live = ap.add_mutually_exclusive_group()
+    live.add_argument("--dry-run", action="store_true", default=None, help="force dry-run")
+    live.add_argument("--live", action="store_true", help="act (overrides engine.dry_run)")
+    au = sub.add_parser("audit", help="print the audit trail")
+    au.add_argument("--log", help="audit log (default: engine.audit_log)")
+    au.add_argument("--node", default="")
+    au.add_argument("--finding", default="", help="a finding id or its prefix")
+    au.add_argument("--json", action="store_true")
+    sub.add_parser("pending", help="plans waiting for approval or for room (running engine)")
+    apr = sub.add_parser("approve", help="approve a waiting plan (running engine)")
+    apr.add_argument("plan_id")
+    un = sub.add_parser("undo", help="put a node gpuwarden took out back (running engine)")
+    un.add_argument("node")
+    un.add_argument("--force", action="store_true", help="even one gpuwarden did not take out")
+    args = p.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        config = load_config(args.config)
+        if args.command == "apply" and (args.live or args.dry_run):
+            sections = {k: dict(v) for k, v in config.sections.items()}
+            sections["engine"]["dry_run"] = not args.live
+            config = RemediationConfig(sections, config.policies)
+        if args.command == "serve":
+            return serve(config)
+        if args.command == "apply":
+            return apply(config, args.findings)
+        if args.command == "audit":
+            return audit(
+                args.log or config["engine"]["audit_log"], args.node, args.finding, args.json
+            )
+        if args.command == "pending":
+            return call(config, "GET", "/v1/pending")
+        if args.command == "approve":
+            return call(config, "POST", f"/v1/approve/{args.plan_id}", b"{}")
+        body = json.dumps({"force": args.force}).encode()
+        return call(config, "POST", f"/v1/undo/{args.node}", body)
+    except (ConfigError, ValueError) as exc:
+        print(f"gpuwarden-remediate: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
