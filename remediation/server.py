@@ -219,12 +219,18 @@ class Endpoint:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
             body = read(self.body_length(headers))
             self.check_signature(headers, body)
-            return self._post(path, body, headers)
+            status, payload = self._post(path, body, headers)
+            if status >= 400:  # a replay: answered with the per-finding results
+                self._count(method, path, status, payload["error"])
+            return status, payload
         except RequestError as exc:
-            with self._lock:
-                self.rejected[int(exc.status)] = self.rejected.get(int(exc.status), 0) + 1
-            log.warning("refused %s %s: %s %s", method, path, int(exc.status), exc.message)
+            self._count(method, path, exc.status, exc.message)
             return exc.status, {"error": exc.message}
+
+    def _count(self, method: str, path: str, status: HTTPStatus, message: str) -> None:
+        with self._lock:
+            self.rejected[int(status)] = self.rejected.get(int(status), 0) + 1
+        log.warning("refused %s %s: %s %s", method, path, int(status), message)
 
     def _post(self, path: str, body: bytes, headers: Headers) -> tuple[HTTPStatus, dict[str, Any]]:
         by = headers.get("X-Gpuwarden-User", "operator")

@@ -1,0 +1,396 @@
+"""Issue 7, must-show 5 (endpoint security), the webhook adapter, the CLI and the sample config.
+
+All findings here are SIMULATED; the HTTP servers are real, on loopback.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import threading
+import time
+import tomllib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from remediation.adapters.webhook import SIGNATURE_HEADER, WebhookAdapter, sign, verify_signature
+from remediation.audit import AuditLog, read_records
+from remediation.cli import main as remediate
+from remediation.config import defaults, load_config
+from remediation.engine import Engine, EngineSettings
+from remediation.k8sfake import FakeKubernetes
+from remediation.model import Action, ActionKind
+from remediation.policy import DEFAULT_POLICIES, load_policies
+from remediation.server import Endpoint, make_server
+from tests.remediation_util import RecordingAdapter, risk
+
+ROOT = Path(__file__).parent.parent
+TOKEN = "t0ken-for-tests"
+SECRET = b"hmac-secret"
+
+
+class Running:
+    def __init__(self, tmp: Path, secret: bytes = b"") -> None:
+        self.sched = RecordingAdapter("slurm", {f"gpu0{i}": "gpu" for i in range(1, 9)})
+        self.notes = RecordingAdapter("webhook")
+        self.audit = AuditLog(tmp / "audit.jsonl")
+        settings = EngineSettings(dry_run=False, max_nodes_out=4, max_fraction_out=1.0)
+        self.engine = Engine(
+            load_policies(DEFAULT_POLICIES),
+            {"slurm": self.sched, "webhook": self.notes},
+            self.audit,
+            settings,
+        )
+        self.endpoint = Endpoint(self.engine, TOKEN, secret=secret, max_body_bytes=64 * 1024)
+        self.server = make_server(self.endpoint, "127.0.0.1", 0)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: bytes | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> tuple[int, dict[str, Any]]:
+        conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=10)
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        data = json.loads(resp.read() or b"{}")
+        conn.close()
+        return resp.status, data
+
+    def post(self, path: str, payload: Any, **headers: str) -> tuple[int, dict[str, Any]]:
+        body = payload if isinstance(payload, bytes) else json.dumps(payload).encode()
+        auth = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        return self.request("POST", path, body, auth | headers)
+
+    def acted(self) -> list[dict[str, Any]]:
+        self.engine.wait(10)
+        return [r for r in read_records(self.audit.path) if r["event"] == "action"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.engine.close()
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[Running]:
+    r = Running(tmp_path)
+    yield r
+    r.close()
+
+
+def test_a_good_finding_is_accepted_and_acted_on(running: Running) -> None:
+    status, data = running.post("/v1/findings", risk("gpu02").to_json())
+    assert status == 202 and data["results"][0]["verdict"] == "act"
+    assert [r["action"] for r in running.acted()] == ["notify", "checkpoint", "drain", "requeue"]
+
+
+@pytest.mark.parametrize(
+    ("headers", "message"),
+    [
+        ({}, "missing 'Authorization: Bearer <token>'"),
+        ({"Authorization": "Bearer wrong"}, "wrong token"),
+        ({"Authorization": f"Basic {TOKEN}"}, "missing 'Authorization: Bearer <token>'"),
+    ],
+)
+def test_unauthenticated_requests_are_refused(
+    running: Running, headers: dict[str, str], message: str
+) -> None:
+    body = json.dumps(risk("gpu02").to_json()).encode()
+    status, data = running.request("POST", "/v1/findings", body, headers)
+    assert (status, data["error"]) == (401, message)
+    assert running.request("GET", "/v1/pending", None, headers)[0] == 401
+    assert running.acted() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        (b"{not json", 400, "body is not JSON"),
+        (b"\xff\xfe", 400, "body is not JSON"),
+        (b'{"kind": "failure_risk"}', 422, "not a finding: malformed finding"),
+        (b'"a string"', 422, "not a finding"),
+        (b"[]", 422, "send 1 to 1000 findings"),
+    ],
+)
+def test_malformed_requests_are_refused(
+    running: Running, body: bytes, status: int, message: str
+) -> None:
+    got, data = running.post("/v1/findings", body)
+    assert got == status and message in data["error"]
+    assert running.acted() == []
+
+
+def test_a_finding_whose_id_was_tampered_with_is_refused(running: Running) -> None:
+    data = risk("gpu02").to_json() | {"subject": {"node": "gpu07", "cluster": "test"}}
+    status, reply = running.post("/v1/findings", data)
+    assert status == 422 and "does not match its content" in reply["error"]
+    assert running.acted() == []
+
+
+def test_one_bad_finding_in_a_batch_means_none_is_acted_on(running: Running) -> None:
+    stale = risk("gpu03", t_ns=time.time_ns() - 7200 * 10**9).to_json()
+    status, data = running.post("/v1/findings", [risk("gpu02").to_json(), stale])
+    assert status == 422 and "stale" in data["error"]
+    assert running.acted() == []
+
+
+def test_oversized_and_lengthless_requests_are_refused(running: Running) -> None:
+    big = json.dumps([risk(f"gpu0{i % 8 + 1}").to_json() for i in range(400)]).encode()
+    status, data = running.post("/v1/findings", big)
+    assert status == 413 and "exceeds max_body_bytes=65536" in data["error"]
+    # a client announcing a huge body is refused before anything is read
+    conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+    conn.putrequest("POST", "/v1/findings")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.putheader("Content-Length", str(10**9))
+    conn.endheaders()
+    resp = conn.getresponse()
+    assert resp.status == 413
+    conn.close()
+    conn = http.client.HTTPConnection("127.0.0.1", running.port, timeout=10)
+    conn.putrequest("POST", "/v1/findings")
+    conn.putheader("Authorization", f"Bearer {TOKEN}")
+    conn.endheaders()
+    assert conn.getresponse().status == 411
+    conn.close()
+    assert running.acted() == []
+
+
+def test_replayed_and_stale_requests_are_refused(running: Running) -> None:
+    body = json.dumps(risk("gpu04").to_json()).encode()
+    assert running.post("/v1/findings", body)[0] == 202
+    before = running.acted()
+    status, data = running.post("/v1/findings", body)  # the same request again
+    assert status == 409 and "already received" in data["error"]
+    old = risk("gpu05", t_ns=time.time_ns() - 7200 * 10**9)
+    status, data = running.post("/v1/findings", old.to_json())
+    assert status == 422 and "stale, not acted on" in data["error"]
+    future = risk("gpu05", t_ns=time.time_ns() + 3600 * 10**9)
+    assert running.post("/v1/findings", future.to_json())[0] == 422
+    assert running.acted() == before
+    stats = running.request("GET", "/v1/stats", None, {"Authorization": f"Bearer {TOKEN}"})[1]
+    assert stats["rejected"] == {"409": 1, "422": 2}
+
+
+def test_signed_requests_replays_and_forgeries(tmp_path: Path) -> None:
+    r = Running(tmp_path, secret=SECRET)
+    try:
+        body = json.dumps(risk("gpu06").to_json()).encode()
+        assert r.post("/v1/findings", body)[1]["error"] == f"missing {SIGNATURE_HEADER}"
+        signature = sign(SECRET, body)
+        assert r.post("/v1/findings", body, **{SIGNATURE_HEADER: signature})[0] == 202
+        status, data = r.post("/v1/findings", body, **{SIGNATURE_HEADER: signature})
+        assert status == 409 and "replayed request" in data["error"]
+        other = json.dumps(risk("gpu07").to_json()).encode()
+        status, data = r.post("/v1/findings", other, **{SIGNATURE_HEADER: signature})
+        assert status == 401 and "does not match" in data["error"]
+        old = sign(SECRET, other, int(time.time()) - 3600)
+        status, data = r.post("/v1/findings", other, **{SIGNATURE_HEADER: old})
+        assert status == 401 and "off (tolerance 300 s)" in data["error"]
+        assert [a["node"] for a in r.acted()] == ["gpu06"] * 4
+    finally:
+        r.close()
+
+
+def test_grafana_webhook_payload_becomes_findings(running: Running) -> None:
+    """The shape Grafana's webhook contact point posts (labels from our alert rules)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    payload = {
+        "receiver": "gpuwarden",
+        "status": "firing",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {
+                    "alertname": "High predicted failure risk",
+                    "kind": "failure_risk",
+                    "severity": "warning",
+                    "source": "gpuwarden",
+                    "cluster": "test",
+                    "node": "gpu08",
+                    "grafana_folder": "gpuwarden",
+                },
+                "annotations": {"summary": "gpu08: the predictor expects a hardware fault"},
+                "startsAt": now,
+                "fingerprint": "abc123",
+                "values": {"B": 0.91, "C": 1},
+            },
+            {"status": "resolved", "labels": {"alertname": "x"}, "startsAt": now},
+        ],
+    }
+    status, data = running.post("/v1/alerts/grafana", payload)
+    assert status == 202 and [r["verdict"] for r in data["results"]] == ["act"]
+    acted = running.acted()
+    assert {a["node"] for a in acted} == {"gpu08"} and len(acted) == 4
+    assert running.post("/v1/alerts/grafana", {"no": "alerts"})[0] == 422
+
+
+def test_operator_endpoints(running: Running) -> None:
+    auth = {"Authorization": f"Bearer {TOKEN}"}
+    running.post("/v1/findings", risk("gpu02").to_json())
+    running.acted()
+    status, data = running.post("/v1/undo/gpu02", {})
+    assert status == 202
+    assert running.sched.out == set()
+    assert running.post("/v1/undo/gpu03", {})[0] == 409
+    assert running.post("/v1/approve/0123456789abcdef", {})[0] == 404
+    assert running.request("GET", "/v1/pending", None, auth) == (200, {"pending": []})
+    assert running.request("GET", "/healthz")[0] == 200
+    assert running.request("DELETE", "/v1/findings", None, auth)[0] == 405
+
+
+# -- webhooks ---------------------------------------------------------------------------------
+
+
+class Receiver:
+    """A loopback webhook receiver: fails the first ``fail`` requests with ``status``."""
+
+    def __init__(self, fail: int = 0, status: int = 500) -> None:
+        self.bodies: list[tuple[str, bytes, str]] = []
+        self.fail, self.status = fail, status
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                receiver.bodies.append((self.path, body, self.headers.get(SIGNATURE_HEADER, "")))
+                code = receiver.status if receiver.fail > 0 else 200
+                receiver.fail -= 1
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+def note(severity: str) -> Action:
+    return Action(
+        ActionKind.NOTIFY,
+        "webhook",
+        node="gpu02",
+        finding_id="f" * 24,
+        reason="gpuwarden: gpu02 at risk",
+        severity=severity,
+        params={"kind": "failure_risk", "subject": {"cluster": "c", "node": "gpu02"}},
+    )
+
+
+def test_webhooks_are_signed_shaped_routed_and_retried(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(SECRET)
+    rx = Receiver(fail=2)
+    hook = WebhookAdapter(
+        generic_url=f"{rx.url}/generic",
+        slack_url=f"{rx.url}/slack",
+        alertmanager_url=f"{rx.url}/api/v2/alerts",
+        secret_file=str(secret),
+        backoff_s=0.01,
+    )
+    outcome = hook.perform(note("critical"))
+    assert outcome.ok and outcome.details["targets"] == {
+        "generic": "ok",
+        "slack": "ok",
+        "alertmanager": "ok",
+    }
+    by_path = {p: (json.loads(b), s, b) for p, b, s in rx.bodies}
+    assert len(rx.bodies) == 5  # the generic one failed twice (500) and was retried
+    generic, signature, raw = by_path["/generic"]
+    assert verify_signature(SECRET, signature, raw) > 0
+    assert generic["finding_id"] == "f" * 24 and generic["subject"]["node"] == "gpu02"
+    assert by_path["/slack"][0]["text"].startswith("[CRITICAL]")
+    alert = by_path["/api/v2/alerts"][0][0]
+    assert alert["labels"] == {
+        "alertname": "gpuwarden_failure_risk",
+        "severity": "critical",
+        "cluster": "c",
+        "node": "gpu02",
+    }
+    rx.bodies.clear()
+    assert hook.perform(note("info")).ok and [p for p, _, _ in rx.bodies] == ["/generic"]
+    rx.server.shutdown()
+
+
+def test_webhook_client_errors_are_not_retried() -> None:
+    rx = Receiver(fail=10, status=400)
+    outcome = WebhookAdapter(generic_url=rx.url, backoff_s=0.01).perform(note("warning"))
+    assert outcome.status == "failed" and outcome.details["targets"] == {"generic": "HTTP 400"}
+    assert len(rx.bodies) == 1
+    rx.server.shutdown()
+    gone = WebhookAdapter(generic_url="http://127.0.0.1:9", attempts=2, backoff_s=0.01)
+    assert "gave up after 2 attempts" in gone.perform(note("info")).message
+
+
+# -- configuration and CLI --------------------------------------------------------------------
+
+
+def test_sample_config_equals_defaults() -> None:
+    path = ROOT / "config/remediation.sample.toml"
+    config = load_config(path, environ={})
+    assert config.sections == defaults()
+    assert [p.to_mapping() for p in config.policies] == [
+        p.to_mapping() for p in load_policies(DEFAULT_POLICIES)
+    ]
+    raw = tomllib.loads(path.read_text())
+    for section, values in defaults().items():
+        assert set(raw[section]) == set(values), section
+
+
+def test_bad_configuration_is_a_clear_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[engine]\nnode_adapter = "pbs"\n')
+    assert remediate(["--config", str(bad), "audit", "--log", str(tmp_path / "none")]) == 2
+    bad.write_text('[[policy]]\nname = "x"\nkinds = ["a"]\nactions = ["reboot"]\n')
+    with pytest.raises(Exception, match="'reboot' is not a valid ActionKind"):
+        load_config(bad, environ={})
+
+
+def test_apply_and_audit_commands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    findings = tmp_path / "findings.jsonl"
+    findings.write_text(
+        "\n".join(json.dumps(f.to_json()) for f in (risk("gpu02"), risk("gpu02"), risk("gpu03")))
+        + "\n{}\n"
+    )
+    audit = tmp_path / "audit.jsonl"
+    hook = Receiver()
+    monkeypatch.setenv("GPUWARDEN_ENGINE_AUDIT_LOG", str(audit))
+    monkeypatch.setenv("GPUWARDEN_WEBHOOK_GENERIC_URL", hook.url)
+    # the node actions go to a (fake) Kubernetes cluster, chosen by environment overrides
+    fake = FakeKubernetes(token="k").start()
+    for i in range(1, 9):
+        fake.add_node(f"gpu0{i}")
+    (tmp_path / "k8s-token").write_text("k")
+    monkeypatch.setenv("GPUWARDEN_ENGINE_NODE_ADAPTER", "kubernetes")
+    monkeypatch.setenv("GPUWARDEN_ENGINE_CHECKPOINT_ADAPTER", "kubernetes")
+    monkeypatch.setenv("GPUWARDEN_KUBERNETES_API_URL", fake.url)
+    monkeypatch.setenv("GPUWARDEN_KUBERNETES_TOKEN_FILE", str(tmp_path / "k8s-token"))
+    monkeypatch.setenv("GPUWARDEN_GUARDS_MAX_FRACTION_OUT", "0.5")
+    assert remediate(["apply", str(findings)]) == 1  # one line was not a finding
+    out = capsys.readouterr()
+    verdicts = [line.split()[3] for line in out.out.splitlines()]
+    assert verdicts == ["dry_run", "duplicate", "dry_run"]
+    assert "#4: not a finding" in out.err
+    assert remediate(["audit", "--node", "gpu02"]) == 0
+    table = capsys.readouterr().out
+    assert "drain" in table and "dry_run" in table and "gpu03" not in table
+    assert remediate(["audit", "--json"]) == 0
+    records = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert {r["event"] for r in records} == {"finding", "decision", "action"}
+    assert all(r["dry_run"] for r in records if r["event"] == "action" and r["action"] != "notify")
+    assert len(hook.bodies) == 2  # notifications are sent in dry-run too
+    assert all(not n["spec"].get("unschedulable") for n in fake.nodes.values())
+    hook.server.shutdown()
+    fake.stop()
