@@ -63,6 +63,9 @@ class FindingPoster:
                 self.posted += 1
                 return
             except (urllib.error.URLError, OSError) as exc:
+                if isinstance(exc, urllib.error.HTTPError) and exc.code == 409:
+                    self.posted += 1  # the engine has it already (an earlier try got through)
+                    return
                 if isinstance(exc, urllib.error.HTTPError) and 400 <= exc.code < 500:
                     self.failed += 1
                     log.error("remediation refused finding %s: HTTP %s", finding.id, exc.code)

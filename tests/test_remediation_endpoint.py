@@ -236,7 +236,7 @@ def test_operator_endpoints(running: Running) -> None:
     auth = {"Authorization": f"Bearer {TOKEN}"}
     running.post("/v1/findings", risk("gpu02").to_json())
     running.acted()
-    status, data = running.post("/v1/undo/gpu02", {})
+    status, _ = running.post("/v1/undo/gpu02", {})
     assert status == 202
     assert running.sched.out == set()
     assert running.post("/v1/undo/gpu03", {})[0] == 409
