@@ -24,6 +24,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from collector.finding import Finding, Severity
@@ -48,10 +49,10 @@ class Quiet:
         return Outcome(Status.OK, "not sent (benchmark)")
 
 
-def wait_for(check: object, timeout_s: float) -> float:
+def wait_for(check: Callable[[], object], timeout_s: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
-        if callable(check) and check():
+        if check():
             return time.monotonic()
         time.sleep(0.05)
     raise TimeoutError
@@ -73,7 +74,7 @@ def trial(slurm: LocalSlurm, root: Path, n: int) -> dict[str, float]:
 
     wait_for(lambda: where()[:1] == ["RUNNING"], 60)
     node = where()[1]  # gpu02 (the lightest) on a fresh cluster; wherever Slurm put it after
-    wait_for(lambda: (work / "state" / "progress.log").exists(), 60)
+    wait_for((work / "state" / "progress.log").exists, 60)
     adapter = SlurmAdapter(conf=str(slurm.conf), checkpoint_dir=str(work / "ckpt"))
     audit = AuditLog(work / "audit.jsonl")
     adapters: dict[str, Adapter] = {"slurm": adapter, "webhook": Quiet()}  # type: ignore[dict-item]

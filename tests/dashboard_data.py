@@ -11,9 +11,8 @@ writes, each part from the path that really produces it.
   stragglers, congestion, energy;
 * the failure predictor (trained on this same hour: plumbing, not a model to trust) scoring
   every GPU every 5 minutes: ``failure_risk`` and its findings;
-* a STAND-IN for ``remediation_action``, whose producer (the remediation engine, issue 7)
-  does not exist yet: catalogue-checked points, so the health dashboard's queries have
-  something to find. Replace it with the engine's audit events when that lands.
+* the remediation engine (dry-run, the Kubernetes adapter against the project's fake API
+  server) over all those findings: ``remediation_action``.
 """
 
 from __future__ import annotations
@@ -21,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from analytics.config import AnalyticsConfig, load_config, with_overrides
 from analytics.emit import findings, points
@@ -32,7 +32,7 @@ from analytics.topology import write_topology
 from collector import sources
 from collector.agent import Agent
 from collector.catalogue import check_point
-from collector.lineprotocol import Point
+from collector.finding import Finding
 from collector.localinfluxd import LocalInfluxd
 from collector.reporter import Reporter
 from collector.scenario.generator import TAGS, ScenarioGenerator
@@ -40,6 +40,14 @@ from collector.scenario.spec import MEASUREMENTS, load_spec
 from collector.sink import InfluxSink, SinkConfig
 from collector.sources.base import SourceContext
 from collector.sources.infiniband import COUNTERS
+from remediation.adapters.kubernetes import KubernetesAdapter
+from remediation.adapters.webhook import WebhookAdapter
+from remediation.audit import AuditLog
+from remediation.cli import action_point
+from remediation.engine import Engine, EngineSettings
+from remediation.k8sfake import FakeKubernetes
+from remediation.model import Action, Adapter, Outcome
+from remediation.policy import DEFAULT_POLICIES, load_policies
 from tests.test_golden import GOLDEN, materialise
 
 AGENT_NODE = "node-h100"
@@ -141,35 +149,52 @@ def _reporter_steps(url: str, database: str, cluster: str, start_ns: int) -> Non
     assert rep.close(timeout_s=30) and rep.dropped == 0, rep.last_error
 
 
-def _stand_ins(cluster: str, gen: ScenarioGenerator) -> list[Point]:
-    """STAND-IN remediation_action points (see the module docstring)."""
-    start = gen.spec.start_ns
-    out: list[Point] = []
-    for k, (action, outcome) in enumerate((("checkpoint", "ok"), ("drain", "dry_run"))):
-        out.append(
-            Point(
-                "remediation_action",
-                {
-                    "cluster": cluster,
-                    "node": gen.node_names[7],
-                    "job": gen.spec.jobs[0].name,
-                    "action": action,
-                    "adapter": "slurm",
-                    "outcome": outcome,
-                },
-                {
-                    "finding_id": "stand-in-risk-node-007",
-                    "action_id": f"stand-in-{k}",
-                    "dry_run_active": True,
-                    "duration_s": 1.5 + k,
-                    "message": f"STAND-IN {action} of {gen.node_names[7]} (issue 7 not built)",
-                },
-                start + (1800 + 60 * k) * 10**9,
-            )
+def _remediate(
+    windows: list[tuple[int, list[Finding]]], nodes: list[str], tmp: Path, sink: InfluxSink
+) -> int:
+    """The remediation engine, in dry-run, over every finding analytics and the scorer made.
+
+    Node actions go to the Kubernetes adapter against the project's fake API server (holding
+    the scenario's nodes; dry-run changes nothing there), notifications to a webhook adapter
+    with no receiver. The engine's clock is the window's end, so its ``remediation_action``
+    events land inside the scenario's hour. The test's risk model is plumbing, not calibrated,
+    so the risk policy here acts on any probability (the shipped one needs 0.8).
+    """
+    policies = [
+        dataclasses.replace(p, min_probability=0.0) if p.name == "predicted-gpu-failure" else p
+        for p in load_policies(DEFAULT_POLICIES)
+    ]
+    now = [0.0]
+    written = [0]
+
+    def on_action(action: Action, outcome: Outcome, record: dict[str, Any]) -> None:
+        sink.write_points([action_point(action, outcome, record)])
+        written[0] += 1
+
+    with FakeKubernetes(token="dash") as fake:
+        for node in nodes:
+            fake.add_node(node)
+        (tmp / "k8s-token").write_text("dash")
+        adapters: dict[str, Adapter] = {
+            "kubernetes": KubernetesAdapter(api_url=fake.url, token_file=str(tmp / "k8s-token")),
+            "webhook": WebhookAdapter(),
+        }
+        settings = EngineSettings(node_adapter="kubernetes", checkpoint_adapter="kubernetes")
+        engine = Engine(
+            policies,
+            adapters,
+            AuditLog(tmp / "audit.jsonl"),
+            settings,
+            clock=lambda: now[0],
+            on_action=on_action,
         )
-    for p in out:
-        assert check_point(p.measurement, p.tags, p.fields) == [], p
-    return out
+        for end_ns, found in windows:
+            now[0] = end_ns / 1e9
+            for f in found:
+                engine.submit(f)
+            assert engine.wait(60)
+        engine.close()
+    return written[0]
 
 
 def _risk_model(cfg: AnalyticsConfig, start_ns: int, end_ns: int) -> RiskModel:
@@ -198,7 +223,6 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
                 cluster = str(df["cluster"][0])
     _agent_points(tmp / "agent", sink, cluster, spec.start_ns)
     _reporter_steps(influxd.url, database, cluster, spec.start_ns)
-    sink.write_points(_stand_ins(cluster, gen))
     assert sink.close(timeout_s=120)
 
     topo = tmp / "topology.csv"
@@ -215,6 +239,7 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
     out = InfluxSink(SinkConfig(url=influxd.url, database=database, spool_dir=str(tmp / "aspool2")))
     risk = _risk_model(cfg, spec.start_ns, end_ns)
     nodes = [*gen.node_names, AGENT_NODE]
+    remediate: list[tuple[int, list[Finding]]] = []
     for w in range(windows):
         a = analyse(cfg, spec.start_ns + w * step, spec.start_ns + (w + 1) * step, LocalExecutor())
         found = findings(a)
@@ -224,5 +249,7 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
             out.write_points(scored.points)
             found += scored.findings
         out.write_points(points(a, found))
+        remediate.append((spec.start_ns + (w + 1) * step, found))
+    assert _remediate(remediate, nodes, tmp, out) > 0
     assert out.close(timeout_s=120)
     return Dataset(database, spec.start_ns // 10**6, end_ns // 10**6, cluster)

@@ -1,8 +1,8 @@
 """Dashboards (issue 8): every panel, variable and annotation query of every dashboard runs
 against a real influxd holding what gpuwarden writes (tests/dashboard_data.py: a SIMULATED
-scenario, the agent over golden inputs, analytics, and stand-ins for issues 6/7) and returns
-data; names come from the catalogue; the JSON loads back through the SDK and passes the
-structural checks."""
+scenario, the agent over golden inputs, analytics, the failure predictor and the remediation
+engine) and returns data; names come from the catalogue; the JSON loads back through the SDK
+and passes the structural checks."""
 
 from __future__ import annotations
 
