@@ -394,3 +394,61 @@ def test_apply_and_audit_commands(
     assert all(not n["spec"].get("unschedulable") for n in fake.nodes.values())
     hook.server.shutdown()
     fake.stop()
+
+
+def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
+    """``gpuwarden-remediate serve`` as operators run it; the agent's own poster sends to it;
+    its remediation_action events land in a real influxd; SIGTERM stops it cleanly."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from collector.fastpath import FindingPoster
+    from collector.localinfluxd import LocalInfluxd, free_port
+    from tests.remediation_util import poll
+
+    port = free_port()
+    (tmp_path / "token").write_text(TOKEN + "\n")
+    fake = FakeKubernetes(token="k").start()
+    for i in range(1, 5):
+        fake.add_node(f"gpu0{i}")
+    (tmp_path / "k8s").write_text("k")
+    with LocalInfluxd(tmp_path / "influxd") as influxd:
+        influxd.create_database("gpuwarden")
+        config = tmp_path / "remediation.toml"
+        config.write_text(
+            f'[engine]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp_path}/token"\n'
+            f'audit_log = "{tmp_path}/audit.jsonl"\ndry_run = false\n'
+            'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\ntick_s = 0.2\n'
+            f'[guards]\nmax_fraction_out = 0.5\n[kubernetes]\napi_url = "{fake.url}"\n'
+            f'token_file = "{tmp_path}/k8s"\n[influxdb]\nurl = "{influxd.url}"\n'
+            f'spool_dir = "{tmp_path}/spool"\n'
+        )
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "remediation.cli", "--config", str(config), "serve"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
+        try:
+            poll(lambda: remediate(["--config", str(config), "pending"]) == 0, 30, "the endpoint")
+            poster = FindingPoster(f"http://127.0.0.1:{port}/v1/findings", str(tmp_path / "token"))
+            finding = risk("gpu03")
+            poster.post(finding)
+            poster.post(finding)  # a retry of the same finding: 409, counted as delivered
+            poster.close(timeout_s=30)
+            assert (poster.posted, poster.failed) == (2, 0)
+            poll(lambda: fake.nodes["gpu03"]["spec"].get("unschedulable"), 30, "gpu03 cordoned")
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(timeout=60) == 0
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            fake.stop()
+        log = proc.stdout.read().decode() if proc.stdout else ""
+        assert "LIVE" in log and "refused POST /v1/findings: 409" in log
+        q = 'SELECT "message" FROM "remediation_action" WHERE "node" = \'gpu03\' GROUP BY "outcome"'
+        series = json.loads(influxd.query(q, "gpuwarden"))["results"][0]["series"]
+        counts = {s["tags"]["outcome"]: len(s["values"]) for s in series}
+        assert counts == {"ok": 2, "skipped": 2}  # notify + drain; no checkpoint/requeue on k8s

@@ -137,3 +137,17 @@ def test_unknown_node_and_broken_slurm_are_clear_errors(slurm: LocalSlurm) -> No
     broken = SlurmAdapter(conf="/nonexistent/slurm.conf")
     with pytest.raises(AdapterError, match=r"slurm\.conf does not exist"):
         broken.inventory()
+
+
+def test_checkpoint_by_signal_reaches_the_job(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """``checkpoint_signal = "USR1"``: scancel --full signals the batch step (the script
+    ``exec``s the trainer, so Python's handler gets it and the job survives)."""
+    job = submit_job(slurm, tmp_path)
+    node = poll(lambda: running_on(slurm, job), 30, "job running")
+    poll(lambda: len(progress(tmp_path)) > 2, 30, "a few steps done")
+    adapter = SlurmAdapter(conf=str(slurm.conf), checkpoint_signal="USR1")
+    outcome = adapter.perform(Action(ActionKind.CHECKPOINT, "slurm", node=node, finding_id="f"))
+    assert outcome.status == "ok" and "signalled" in outcome.message
+    poll(lambda: any(r[2] == "checkpoint" for r in progress(tmp_path)), 30, "the job's checkpoint")
+    assert running_on(slurm, job) == node  # alive
+    slurm.run("scancel", job)
