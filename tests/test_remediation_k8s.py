@@ -56,6 +56,7 @@ def test_cordon_then_evictions_where_a_pdb_blocks_one(fake: FakeKubernetes, tmp_
         "spec"
     ]["taints"]
     assert node["metadata"]["annotations"]["gpuwarden.io/finding"] == "f1"
+    assert node["metadata"]["labels"]["gpuwarden.io/state"] == "cordoned"
     # one llama pod may go (budget 1), the API pod may not; the DaemonSet pod is left alone
     assert outcome.status == "failed"
     assert outcome.details["evicted"] == ["train/llama-0"]
@@ -95,6 +96,7 @@ def test_uncordon_removes_only_what_gpuwarden_added(fake: FakeKubernetes, tmp_pa
     assert not node["spec"].get("unschedulable")
     assert node["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoSchedule"}]
     assert node["metadata"]["annotations"] == {"team": "infra"}
+    assert "gpuwarden.io/state" not in node["metadata"]["labels"]
 
 
 def test_errors_are_clear(fake: FakeKubernetes, tmp_path: Path) -> None:

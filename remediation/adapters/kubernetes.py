@@ -5,10 +5,10 @@ It connects with, in order: ``api_url`` + ``token_file`` (a service account toke
 fake), ``in_cluster`` (the pod's own service account), or a kubeconfig (``kubeconfig``/
 ``context``; empty = the client's default ``~/.kube/config``).
 
-* **cordon**: ``spec.unschedulable = true``, the taint ``taint_key=true:NoSchedule`` and
-  annotations saying why (finding id and reason) and that gpuwarden did it. The taint is added
-  by read-modify-replace on the node's ``resourceVersion``; a 409 Conflict (someone else wrote
-  the node in between) is retried on a fresh read.
+* **cordon**: ``spec.unschedulable = true``, the taint ``taint_key=true:NoSchedule``, the
+  label ``gpuwarden.io/state=cordoned`` and annotations saying why (finding id and reason).
+  The node is changed by read-modify-replace on its ``resourceVersion``; a 409 Conflict
+  (someone else wrote the node in between) is retried on a fresh read.
 * **drain**: cordon, then evict every pod on the node except DaemonSet and mirror (static)
   pods. Evictions honour PodDisruptionBudgets: a 429 is retried with backoff up to
   ``evict_attempts`` times; pods still blocked are reported (the outcome is ``failed`` and
@@ -29,6 +29,7 @@ from typing import Any
 from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
 
 ANNOTATION = "gpuwarden.io"
+STATE_LABEL = "gpuwarden.io/state"
 
 
 class KubernetesAdapter:
@@ -156,6 +157,8 @@ class KubernetesAdapter:
                 taints.append(client.V1Taint(key=self.taint_key, value="true", effect="NoSchedule"))
             node.spec.taints = taints
             node.spec.unschedulable = True
+            # a label, so that `kubectl get nodes -l gpuwarden.io/state=cordoned` lists them
+            node.metadata.labels = {**(node.metadata.labels or {}), STATE_LABEL: "cordoned"}
             node.metadata.annotations = {
                 **annotations,
                 f"{ANNOTATION}/finding": action.finding_id,
@@ -175,9 +178,15 @@ class KubernetesAdapter:
                 for k, v in (node.metadata.annotations or {}).items()
                 if not k.startswith(f"{ANNOTATION}/")
             }
-            if not node.spec.unschedulable and taints == list(node.spec.taints or []):
+            labels = {k: v for k, v in (node.metadata.labels or {}).items() if k != STATE_LABEL}
+            if (
+                not node.spec.unschedulable
+                and taints == list(node.spec.taints or [])
+                and labels == (node.metadata.labels or {})
+            ):
                 return False
             node.spec.taints = taints or None
+            node.metadata.labels = labels
             node.spec.unschedulable = None
             node.metadata.annotations = annotations
             return True
