@@ -11,7 +11,7 @@ from typing import Any
 
 from analytics.congestion import CongestionConfig
 from analytics.stragglers import StragglerConfig
-from collector.agentconfig import ConfigError, merge_config
+from collector.agentconfig import ConfigError, merge_config, read_secret
 from collector.xidcat import DEFAULT_FATAL_XIDS
 
 DEFAULTS: dict[str, dict[str, Any]] = {
@@ -63,15 +63,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
-def _secret(path: str) -> str:
-    if not path:
-        return ""
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read secret file {path}: {exc}") from None
-
-
 @dataclass(frozen=True)
 class AnalyticsConfig:
     sections: Mapping[str, Mapping[str, Any]]
@@ -94,8 +85,8 @@ class AnalyticsConfig:
             "database": db["database"],
             "retention_policy": db["retention_policy"] or None,
             "username": db["username"] or None,
-            "password": _secret(db["password_file"]) or None,
-            "token": _secret(db["token_file"]) or None,
+            "password": read_secret(db["password_file"]) or None,
+            "token": read_secret(db["token_file"]) or None,
         }
 
 

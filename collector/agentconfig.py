@@ -127,6 +127,16 @@ def _coerce(section: str, key: str, default: Any, value: Any, where: str) -> Any
     return value
 
 
+def read_secret(path: str) -> str:
+    """A token or password kept in a file (first and only line); "" when no file is set."""
+    if not path:
+        return ""
+    try:
+        return Path(path).read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read secret file {path}: {exc}") from None
+
+
 def read_toml(path: str | Path, what: str) -> dict[str, Any]:
     try:
         return tomllib.loads(Path(path).read_text(encoding="utf-8"))

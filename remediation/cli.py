@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from collector.agentconfig import ConfigError
+from collector.agentconfig import ConfigError, read_secret
 from collector.finding import Finding, FindingError
 from collector.lineprotocol import Point
 from collector.sink import InfluxSink, SinkConfig
@@ -34,15 +34,6 @@ from remediation.model import Action, AdapterError, Outcome
 from remediation.server import Endpoint, make_server
 
 log = logging.getLogger("gpuwarden.remediate")
-
-
-def _secret(path: str) -> str:
-    if not path:
-        return ""
-    try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"cannot read secret file {path}: {exc}") from None
 
 
 def action_point(action: Action, outcome: Outcome, record: dict[str, Any]) -> Point:
@@ -83,7 +74,7 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
             SinkConfig(
                 url=db["url"],
                 database=db["database"],
-                token=_secret(db["token_file"]),
+                token=read_secret(db["token_file"]),
                 spool_dir=db["spool_dir"],
                 flush_interval_s=1.0,
             )
@@ -109,8 +100,8 @@ def serve(config: RemediationConfig) -> int:
     engine, sink = build_engine(config)
     endpoint = Endpoint(
         engine,
-        _secret(e["token_file"]),
-        secret=_secret(e["hmac_secret_file"]).encode(),
+        read_secret(e["token_file"]),
+        secret=read_secret(e["hmac_secret_file"]).encode(),
         max_body_bytes=e["max_body_bytes"],
         max_findings=e["max_findings_per_request"],
         max_finding_age_s=e["max_finding_age_s"],
@@ -205,7 +196,7 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
     """Talk to a running ``serve`` with the configured token."""
     host_port = config["engine"]["listen"]
     url = f"http://{host_port}{path}"
-    headers = {"Authorization": f"Bearer {_secret(config['engine']['token_file'])}"}
+    headers = {"Authorization": f"Bearer {read_secret(config['engine']['token_file'])}"}
     if method == "POST":
         headers["Content-Type"] = "application/json"
     req = urllib.request.Request(url, body if method == "POST" else None, headers, method=method)
