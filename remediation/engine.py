@@ -11,7 +11,9 @@ Guards, in the order they are checked:
 2. **approval**: a plan with an action kind listed in ``approval`` waits for an operator
    (``approve``), who is notified (and who may overrule the cooldown);
 3. **cooldown** per node: a node acted on (by another finding) in the last ``cooldown_s`` gets
-   only a notification;
+   only a notification (putting a repaired node back is exempt: it disrupts nothing);
+   and a policy's ``uncordon`` only touches nodes gpuwarden itself took out (``not_ours``
+   otherwise: an admin's maintenance drain is the admin's to end);
 4. **blast radius**: a plan that would take a node out when ``max_nodes_out`` nodes (or
    ``max_fraction_out`` of the node's partition) are already out (by anyone: the scheduler's
    own view, plus plans in flight) is queued, and a person is told; it runs by itself when
@@ -71,8 +73,8 @@ class EngineSettings:
 class Decision:
     finding_id: str
     verdict: str
-    """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``approval``,
-    ``blast_radius`` or ``rate_limited``."""
+    """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
+    ``approval``, ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
     policy: str = ""
     actions: tuple[Action, ...] = ()
     why: str = ""
@@ -182,6 +184,10 @@ class Engine:
         node = finding.subject.get("node", "")
         mutating = [a for a in d.actions if a.kind in MUTATING]
         notify_only = tuple(a for a in d.actions if a.kind is ActionKind.NOTIFY)
+        undo_only = bool(mutating) and all(a.kind is ActionKind.UNCORDON for a in mutating)
+        if undo_only and not approved and node not in self.memory.taken_out:
+            why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
+            return Decision(d.finding_id, "not_ours", d.policy, notify_only, why)
         if not approved and any(str(a.kind) in s.approval for a in mutating):
             kinds = [str(a.kind) for a in mutating]
             why = (
@@ -189,7 +195,7 @@ class Engine:
                 f"gpuwarden-remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
-        if node and mutating:
+        if node and mutating and not undo_only:  # putting a repaired node back disrupts nothing
             last = self.memory.last_action_at.get(node)
             if last is not None and self.clock() - last < s.cooldown_s and not approved:
                 ago = self.clock() - last
@@ -254,9 +260,9 @@ class Engine:
             node=finding.subject.get("node", ""),
             why=d.why,
         )
-        if d.verdict in ("act", "dry_run", "cooldown"):
+        if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
             reserved = ""
-            if d.verdict != "cooldown" and any(a.kind in REMOVING for a in d.actions):
+            if d.verdict in ("act", "dry_run") and any(a.kind in REMOVING for a in d.actions):
                 reserved = finding.subject.get("node", "")
                 self._reserved[reserved] += 1
             self._recent.extend([self.clock()] * sum(a.kind in MUTATING for a in d.actions))

@@ -202,6 +202,13 @@ class LocalSlurm:
         return res.stdout
 
     def stop(self) -> None:
+        # Jobs run under slurmstepd in sessions of their own: cancel them first, or they
+        # outlive the daemons (and a job that loops forever runs on for hours).
+        if self._procs and all(p.poll() is None for p in self._procs):
+            self.run("scancel", "--full", "-p", self.partition, check=False)
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and self.run("squeue", "-h", check=False).strip():
+                time.sleep(0.2)
         for proc in reversed(self._procs):
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGTERM)

@@ -246,3 +246,25 @@ def test_torn_audit_line_is_skipped_not_fatal(tmp_path: Path) -> None:
     assert again.memory.torn_lines and f.id in again.memory.seen_findings
     assert "gpu05" in again.memory.taken_out
     again.close()
+
+
+def test_repaired_nodes_come_back_but_only_ours(tmp_path: Path) -> None:
+    engine, sched, _ = make_engine(
+        tmp_path, max_nodes_out=5, max_fraction_out=1.0, cooldown_s=3600.0, approval=()
+    )
+    engine.submit(finding_of("gpu01", "risk", 0))
+    assert engine.wait(10) and "gpu01" in sched.out
+    sched.out.add("gpu09")  # an admin's maintenance drain
+
+    def healthy(node: str) -> Finding:
+        return Finding(
+            kind="node_healthy", subject={"node": node}, severity=Severity.INFO, time_ns=5
+        )
+
+    # inside the cooldown, and that is fine: putting a repaired node back disrupts nothing
+    assert engine.submit(healthy("gpu01")).verdict == "act"
+    decision = engine.submit(healthy("gpu09"))
+    assert decision.verdict == "not_ours" and "did not take gpu09 out" in decision.why
+    assert engine.wait(10)
+    engine.close()
+    assert sched.out == {"gpu09"}
