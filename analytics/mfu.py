@@ -101,6 +101,11 @@ def executions(steps: pl.DataFrame) -> pl.DataFrame:
     A restart rolls ``step_index`` back to the last checkpoint; ``attempt`` counts a rank's
     rollbacks, so a step run twice is two executions. A synchronous step takes as long as its
     slowest rank; ``tokens`` sums the ranks' reported tokens.
+
+    ``steps``: how many steps the row stands for. A reporter may send every Nth step only
+    (``report_every_steps``); each reported step then stands for the steps since the previous
+    report of the same attempt (the first of an attempt, for the job's typical gap), so time
+    and tokens add up to the whole run, not to the sample.
     """
     if steps.is_empty():
         return pl.DataFrame(
@@ -110,9 +115,10 @@ def executions(steps: pl.DataFrame) -> pl.DataFrame:
                 "time_ns": pl.Int64,
                 "tokens": pl.Int64,
                 "wall_s": pl.Float64,
+                "steps": pl.Int64,
             }
         )
-    return (
+    ex = (
         with_attempts(steps)
         .group_by("attempt", "step_index")
         .agg(
@@ -121,6 +127,12 @@ def executions(steps: pl.DataFrame) -> pl.DataFrame:
             pl.col("step_time_s").max().alias("wall_s"),
         )
         .sort("time_ns")
+    )
+    gap = pl.col("step_index").diff().over("attempt")
+    gaps = ex.select(gap.alias("g")).filter(pl.col("g") > 0)["g"]
+    typical = int(gaps.median()) if gaps.len() else 1  # type: ignore[arg-type]
+    return ex.with_columns(
+        pl.when(gap > 0).then(gap).otherwise(typical).cast(pl.Int64).alias("steps")
     )
 
 
@@ -172,14 +184,14 @@ def throughput(steps: pl.DataFrame) -> JobThroughput | None:
         return None
     final = ex.group_by("step_index").agg(pl.col("attempt").max())
     kept = ex.join(final, on=["step_index", "attempt"])
-    running = float(ex["wall_s"].sum())
-    productive = float(kept["wall_s"].sum())
+    running = float((ex["wall_s"] * ex["steps"]).sum())
+    productive = float((kept["wall_s"] * kept["steps"]).sum())
     first = int(num(ex["time_ns"].min())) - int(float(ex["wall_s"][0]) * 1e9)
     last = int(num(ex["time_ns"].max()))
     elapsed = max(running, (last - first) / 1e9)
     return JobThroughput(
-        executions=ex.height,
-        tokens=int(ex["tokens"].sum()),
+        executions=int(ex["steps"].sum()),
+        tokens=int((ex["tokens"] * ex["steps"]).sum()),
         running_s=running,
         elapsed_s=elapsed,
         productive_s=productive,

@@ -105,7 +105,7 @@ def compare(
         before = [
             i
             for i, m in enumerate(moves)
-            if m.node == stop.node and stop.at_s - horizon_s <= m.at_s <= stop.at_s
+            if m.node == stop.node and stop.at_s - horizon_s <= m.at_s < stop.at_s
         ]
         if before:
             used.update(before)

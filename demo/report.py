@@ -152,9 +152,10 @@ def predicted_vs_actual(
             and r.get("node") in names
         ):
             m, c = ACTION_MARK[r["action"]]
+            lift = 0.15 * (1 + list(ACTION_MARK).index(r["action"]))  # a row per action kind
             ax.scatter(
                 (float(r["t"]) - t0) / H,
-                names.index(r["node"]) + 0.25,
+                names.index(r["node"]) + lift,
                 marker=m,
                 s=25,
                 color=c,
@@ -183,6 +184,11 @@ def work_lost(c: Comparison, path: Path) -> str:
     ax.set(ylabel="GPU-hours lost", title=f"Work lost: {c.work_saved_pct:.0f}% saved (SIMULATED)")
     ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def _num(value: object) -> float:
+    assert isinstance(value, int | float), value
+    return float(value)
 
 
 def _table(rows: Sequence[Sequence[Any]], head: Sequence[str]) -> str:
@@ -215,7 +221,7 @@ def write_report(
         (
             f"{(a.start_ns / 1e9 - t0) / H:.0f}-{(a.end_ns / 1e9 - t0) / H:.0f} h",
             s.kind,
-            s.worker or s.stage or "",
+            s.worker or ("" if s.stage is None else f"stage {s.stage}"),
             f"{s.slowdown:.2f}x",
             f"{s.persistence:.0%}",
         )
@@ -237,12 +243,14 @@ def write_report(
     c = comparison
     stops = [
         (
-            f"{float(r['at_s']) / H:5.2f} h",  # type: ignore[arg-type]
+            f"{_num(r['at_s']) / H:5.2f} h",
             r["node"],
             r["cause"],
-            f"{float(r['reactive_lost_s']) / 60:.0f}",  # type: ignore[arg-type]
-            f"{float(r['proactive_lost_s']) / 60:.0f}",  # type: ignore[arg-type]
-            "" if r["moved_before_s"] is None else f"{r['moved_before_s']:.0f} s before",
+            f"{_num(r['reactive_lost_s']) / 60:.0f}",
+            f"{_num(r['proactive_lost_s']) / 60:.0f}",
+            ""
+            if r["moved_before_s"] is None
+            else f"{_num(r['moved_before_s']) / 60:.0f} min before",
         )
         for r in c.reactive.rows
     ]

@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from analytics.predict.cli import dataset
 from analytics.predict.evaluate import alert_starts
 from analytics.predict.model import RiskModel
 from analytics.runner import Analysis, LocalExecutor, analyse
+from analytics.topology import write_topology
 from collector.finding import Finding, Severity
 from collector.localinfluxd import LocalInfluxd
 from collector.replay_cli import stream_scenario
@@ -153,9 +155,11 @@ def submit_job(slurm: LocalSlurm, work: Path, nodes: int) -> str:
 
 def run_engine(
     findings: list[Finding], adapters: dict[str, Adapter], settings: EngineSettings,
-    audit: Path, sink: InfluxSink | None,
+    audit: Path, sink: InfluxSink | None, settle: Callable[[], None] | None = None,
 ) -> Engine:  # fmt: skip
-    """Feed the findings in time order, the engine's clock set to each finding's time."""
+    """Feed the findings in time order, the engine's clock set to each finding's time;
+    ``settle`` runs after each (the live run waits there for the requeued job to run again,
+    as it would have long before the next finding on a real day)."""
     now = [0.0]
 
     def on_action(action: Action, outcome: Outcome, record: dict[str, Any]) -> None:
@@ -171,6 +175,8 @@ def run_engine(
         engine.tick()
         engine.submit(f)
         engine.wait(300)
+        if settle is not None:
+            settle()
     engine.close()
     return engine
 
@@ -195,17 +201,19 @@ def job_stops(gen: ScenarioGenerator) -> list[Stop]:
 
 
 def engine_moves(audit: Path, start_s: float, job_nodes: set[str]) -> list[Move]:
-    """Drains the engine did (ok, live) on nodes of the job, from the audit log."""
-    out = []
-    for r in read_records(audit):
-        if (
-            r.get("event") == "action"
-            and r.get("action") == "drain"
-            and r.get("outcome") == "ok"
-            and r.get("node") in job_nodes
-        ):
-            out.append(Move(float(r["t"]) - start_s, str(r["node"]), str(r.get("reason", ""))))
-    return out
+    """Proactive moves: drains (ok, live) of job nodes that a failure-risk finding led to. A
+    drain after a fatal XID is the reactive response: the job had already stopped."""
+    records = list(read_records(audit))
+    kind = {r["finding_id"]: r["kind"] for r in records if r.get("event") == "finding"}
+    return [
+        Move(float(r["t"]) - start_s, str(r["node"]), str(r.get("reason", "")))
+        for r in records
+        if r.get("event") == "action"
+        and r.get("action") == "drain"
+        and r.get("outcome") == "ok"
+        and r.get("node") in job_nodes
+        and kind.get(r.get("finding_id")) == "failure_risk"
+    ]
 
 
 # -- main -------------------------------------------------------------------------------------
@@ -235,9 +243,12 @@ def main(argv: list[str] | None = None) -> int:
         weights = {n: i + 1 for i, n in enumerate(names)}  # the job lands on the first nodes
         slurm = stack.enter_context(LocalSlurm(work / "slurm", names, weights=weights))
         influx.create_database("gpuwarden")
+        topology = work / "topology.csv"  # which ToR switch each node hangs off
+        write_topology(dict(zip(names, gen.switch_of, strict=True)), topology)
         cfg = with_overrides(load_config(environ={}),
                              influxdb={"url": influx.url, "database": "gpuwarden"},
-                             analysis={"spool_dir": str(work / "aspool")})  # fmt: skip
+                             analysis={"spool_dir": str(work / "aspool"),
+                                       "topology": str(topology)})  # fmt: skip
 
         if args.retrain:
             seeds = parse_seeds(args.retrain)
@@ -257,6 +268,17 @@ def main(argv: list[str] | None = None) -> int:
 
         say(5, "remediation engine, LIVE against the local Slurm (real drains and requeues)")
         job = submit_job(slurm, work, spec.jobs[0].nodes)
+
+        def settle() -> None:
+            """Until the stand-in job runs (a requeued job waits cred_expire, 10 s here)."""
+            deadline = time.monotonic() + 90
+            while time.monotonic() < deadline:
+                if slurm.run("squeue", "-h", "-j", job, "-o", "%T").strip() == "RUNNING":
+                    return
+                time.sleep(0.5)
+            raise RuntimeError(f"the stand-in job {job} did not run again: {slurm.logs()}")
+
+        settle()
         slurm_adapter = SlurmAdapter(
             conf=str(slurm.conf), checkpoint_dir=str(work / "ckpt"), checkpoint_timeout_s=30
         )
@@ -277,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
             live,
             work / "audit.jsonl",
             sink,
+            settle,
         )
         sink.close(timeout_s=60)
         slurm_state = slurm.run("sinfo", "-N", "-h", "-o", "%N %T %E")
@@ -356,11 +379,10 @@ def summary(
         + ", ".join(f"{a} {count(a)}" for a in ("checkpoint", "drain", "requeue", "uncordon")),
         f"  Slurm job llm-13b              {job_state.strip() or 'finished'}; "
         f"requeued {restarts} times",
-        "  Slurm nodes                    "
+        "  Slurm nodes at the end         "
         + ", ".join(
-            f"{ln.split()[0]}={ln.split()[1]}"
-            for ln in slurm_state.splitlines()
-            if ln.split()[1] != "idle"
+            f"{state} {sum(1 for ln in slurm_state.splitlines() if ln.split()[1] == state)}"
+            for state in sorted({ln.split()[1] for ln in slurm_state.splitlines()})
         ),
         f"  Kubernetes (dry-run)           {len(k8s_changed)} nodes changed (must be 0)",
         f"  work lost, reactive            {c.gpu_hours(r):8.1f} GPU-h   ETTR {c.ettr(r):.3f}",

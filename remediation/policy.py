@@ -6,9 +6,9 @@ decides. Its ``actions`` are a ladder, done in order: ``notify â†’ checkpoint â†
 requeue`` for a node about to fail. In TOML (``config/remediation.sample.toml``)::
 
     [[policy]]
-    name = "predicted-gpu-failure"
-    kinds = ["failure_risk"]
-    min_probability = 0.8
+    name = "fatal-xid"
+    kinds = ["gpu_xid"]
+    min_severity = "critical"
     requires = ["node"]
     actions = ["notify", "checkpoint", "drain", "requeue"]
 """
@@ -108,10 +108,14 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "min_severity": "critical",
         "actions": list(NODE_LADDER),
     },
+    # The scorer emits a failure_risk finding only when a GPU's risk crosses the model's
+    # operating threshold (chosen on training data for >= [predictor] min_precision alerts).
+    # Its probability is calibrated -- "fails within the horizon" is rare, so even a sure
+    # alert reads a few percent -- so gating on it again here would only silence the model.
     {
         "name": "predicted-gpu-failure",
         "kinds": ["failure_risk"],
-        "min_probability": 0.8,
+        "min_probability": 0.0,
         "actions": list(NODE_LADDER),
     },
     {

@@ -157,13 +157,9 @@ def _remediate(
     Node actions go to the Kubernetes adapter against the project's fake API server (holding
     the scenario's nodes; dry-run changes nothing there), notifications to a webhook adapter
     with no receiver. The engine's clock is the window's end, so its ``remediation_action``
-    events land inside the scenario's hour. The test's risk model is plumbing, not calibrated,
-    so the risk policy here acts on any probability (the shipped one needs 0.8).
+    events land inside the scenario's hour.
     """
-    policies = [
-        dataclasses.replace(p, min_probability=0.0) if p.name == "predicted-gpu-failure" else p
-        for p in load_policies(DEFAULT_POLICIES)
-    ]
+    policies = load_policies(DEFAULT_POLICIES)
     now = [0.0]
     written = [0]
 

@@ -263,3 +263,27 @@ def test_mfu_estimate_from_gpm_for_a_job_that_reports_nothing(influxd, influx_db
     assert job.mfu is None and job.estimate is not None and 0 < job.estimate < 1
     (mfu,) = [p for p in points(a, []) if p.measurement == "mfu"]
     assert mfu.fields["estimate_active"] is True
+
+
+def test_goodput_counts_every_step_when_only_every_nth_is_reported():
+    """A reporter that sends every 10th step: time and tokens stand for the whole run, and a
+    restart from a checkpoint still shows as re-done work."""
+    from analytics.mfu import throughput
+
+    def rows(indices, t0):
+        return [
+            {"rank": "0", "step_index": i, "time": t0 + (k + 1) * 10 * 10**9,
+             "step_time_s": 1.0, "tokens_count": 100}
+            for k, i in enumerate(indices)
+        ]  # fmt: skip
+
+    # every 10th step of 200, 10 s apart (one step a second)
+    sampled = throughput(pl.DataFrame(rows(range(10, 201, 10), 0)))
+    assert sampled is not None
+    assert sampled.running_s == pytest.approx(200.0)
+    assert sampled.tokens == 200 * 100
+    assert sampled.goodput == pytest.approx(1.0, abs=0.06)
+    # stopped after step 100, restarted from step 50: steps 60..100 were done twice
+    restarted = rows(range(10, 101, 10), 0) + rows(range(60, 201, 10), 2000 * 10**9)
+    r = throughput(pl.DataFrame(restarted))
+    assert r is not None and r.redone_s == pytest.approx(50.0)
