@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -37,11 +38,11 @@ SlurmctldPort={ctld_port}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.sock,cred_expire=10
+AuthInfo=socket={short}/munge.sock,cred_expire=10
 CredType=cred/munge
 CommunicationParameters=NoInAddrAny,NoCtldInAddrAny
 StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool/%n
+SlurmdSpoolDir={short}/%n
 SlurmctldPidFile={root}/slurmctld.pid
 SlurmdPidFile={root}/slurmd-%n.pid
 SlurmctldLogFile={root}/log/slurmctld.log
@@ -102,6 +103,9 @@ class LocalSlurm:
         self.weights = dict(weights or {})
         self.cpus = cpus
         self.conf = self.root / "slurm.conf"
+        # Unix sockets (munge's, slurmstepd's in the spool) must have paths under 108 bytes:
+        # they live in a short directory of their own, removed on stop
+        self.short = Path(tempfile.mkdtemp(prefix="gwslurm-"))
         self._procs: list[subprocess.Popen[bytes]] = []
 
     def env(self) -> dict[str, str]:
@@ -109,11 +113,11 @@ class LocalSlurm:
         return {**os.environ, "SLURM_CONF": str(self.conf)}
 
     def _write_config(self) -> None:
-        for sub in ("state", "log", "spool", "jobs"):
+        for sub in ("state", "log", "jobs"):
             (self.root / sub).mkdir(parents=True, exist_ok=True)
         lines = []
         for name in self.nodes:
-            (self.root / "spool" / name).mkdir(exist_ok=True)
+            (self.short / name).mkdir(exist_ok=True)
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
                 f"CPUs={self.cpus} RealMemory=1000 Weight={self.weights.get(name, 10)} "
@@ -122,6 +126,7 @@ class LocalSlurm:
         self.conf.write_text(
             _CONF.format(
                 root=self.root,
+                short=self.short,
                 ctld_port=free_port(),
                 nodes="\n".join(lines),
                 partition=self.partition,
@@ -151,13 +156,13 @@ class LocalSlurm:
             "munged",
             "--foreground",
             "--force",
-            f"--socket={self.root}/munge.sock",
+            f"--socket={self.short}/munge.sock",
             f"--key-file={self.root}/munge.key",
             f"--pid-file={munge_dir}/munged.pid",
             f"--seed-file={munge_dir}/munged.seed",
             f"--log-file={self.root}/log/munged.log",
         )
-        self._wait((self.root / "munge.sock").exists, timeout_s, "munged socket")
+        self._wait((self.short / "munge.sock").exists, timeout_s, "munged socket")
         self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
         for name in self.nodes:
             self._spawn("slurmd", "-D", "-N", name, "-f", str(self.conf))
@@ -219,6 +224,7 @@ class LocalSlurm:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
         self._procs.clear()
+        shutil.rmtree(self.short, ignore_errors=True)
 
     def __enter__(self) -> LocalSlurm:
         return self.start()
