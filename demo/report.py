@@ -106,6 +106,23 @@ def mfu_goodput(analyses: Sequence[Analysis], job: str, path: Path) -> str:
     return _save(fig, path)
 
 
+def stragglers_plot(analyses: Sequence[Analysis], path: Path) -> str:
+    """Per analysis window: each straggler found, by how much it was slower than its peers."""
+    fig, ax = plt.subplots(figsize=(9, 3))
+    t0 = analyses[0].start_ns / 1e9 if analyses else 0.0
+    colours = {"worker": "tab:red", "stage": "tab:purple", "spread": "tab:gray"}
+    for a in analyses:
+        mid = ((a.start_ns + a.end_ns) / 2e9 - t0) / H
+        for j in a.jobs:
+            for s in j.stragglers:
+                ax.scatter(mid, s.slowdown, color=colours.get(s.kind, "k"), s=30, alpha=0.7)
+    handles = [Line2D([], [], color=c, marker="o", ls="", label=k) for k, c in colours.items()]
+    ax.legend(handles=handles, fontsize=8)
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.set(xlabel="hour", ylabel="slowdown vs peers", title="Stragglers per window (SIMULATED)")
+    return _save(fig, path)
+
+
 def congestion(analyses: Sequence[Analysis], path: Path) -> str:
     switches = sorted({s.switch for a in analyses for s in a.switches})
     grid = np.zeros((len(switches), len(analyses)))
@@ -208,6 +225,7 @@ def write_report(
     pngs = {
         "Fleet health": fleet_health(gen, audit, out / "fleet-health.png"),
         "MFU and goodput": mfu_goodput(analyses, job, out / "mfu-goodput.png"),
+        "Stragglers": stragglers_plot(analyses, out / "stragglers.png"),
         "Congestion heatmap": congestion(analyses, out / "congestion.png"),
         "Predicted against actual failures": predicted_vs_actual(
             gen, risk, model.meta.threshold, audit, out / "predicted.png"

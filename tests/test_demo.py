@@ -69,7 +69,14 @@ def test_the_main_job_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixt
     float(printed[-1].split("=")[1])
     page = (out / "index.html").read_text()
     assert "SIMULATED" in page and "work_saved_pct=" in page
-    for png in ("fleet-health", "mfu-goodput", "congestion", "predicted", "work-lost"):
+    for png in (
+        "fleet-health",
+        "mfu-goodput",
+        "stragglers",
+        "congestion",
+        "predicted",
+        "work-lost",
+    ):
         assert (out / f"{png}.png").stat().st_size > 5_000, png
     assert len(list((out / "grafana" / "dashboards").glob("*.json"))) == 6
     summary = "\n".join(printed)
