@@ -463,6 +463,8 @@ _m(
     ("cluster", "node", "gpu", "horizon"),
     [
         _f("probability_ratio", F, "", G, "calibrated probability of failure within horizon"),
+        _f("threshold_ratio", F, "", G, "the model's operating threshold for alerts"),
+        _f("alert_active", B, "", ST, "the probability is at or above the threshold"),
         _f("model_version", S, "", IN, "the model that scored it"),
     ],
 )

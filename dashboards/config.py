@@ -39,7 +39,6 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "evaluate_every": "1m",
         "gpu_temp_c": 87.0,
         "congestion_score": 0.02,
-        "failure_risk": 0.8,
         "symbol_errors_per_10m": 100,
     },
 }

@@ -84,12 +84,22 @@ def score(
     version = model.meta.version or "unversioned"
     for row in latest.iter_rows(named=True):
         tags = {"cluster": cluster, "node": row["node"], "gpu": row["gpu"], "horizon": horizon}
-        fields = {"probability_ratio": row["risk"], "model_version": version}
+        fields = {
+            "probability_ratio": row["risk"],
+            "threshold_ratio": thr,
+            "alert_active": bool(row["risk"] >= thr),
+            "model_version": version,
+        }
         points.append(Point("failure_risk", {k: v for k, v in tags.items() if v}, fields, t_ns))
     for (node,), g in latest.group_by(["node"]):
         tags = {"cluster": cluster, "node": str(node), "horizon": horizon}
         risk = float(g["risk"].max())
-        fields = {"probability_ratio": risk, "model_version": version}
+        fields = {
+            "probability_ratio": risk,
+            "threshold_ratio": thr,
+            "alert_active": risk >= thr,
+            "model_version": version,
+        }
         points.append(Point("failure_risk", {k: v for k, v in tags.items() if v}, fields, t_ns))
     findings = []
     for i in np.nonzero(latest["risk"].to_numpy() >= thr)[0]:
