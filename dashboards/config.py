@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collector.agentconfig import merge_config
+from collector.agentconfig import ConfigError, merge_config, read_secret
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {
@@ -57,12 +57,9 @@ def grafana_token(
     env = os.environ if environ is None else environ
     if env.get("GRAFANA_TOKEN"):
         return env["GRAFANA_TOKEN"].strip()
-    path = cfg["grafana"]["token_file"]
-    if not path:
-        return ""
     from dashboards.errors import DashboardError
 
     try:
-        return Path(path).read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise DashboardError(f"cannot read the Grafana token file {path}: {exc}") from None
+        return read_secret(cfg["grafana"]["token_file"])
+    except ConfigError as exc:
+        raise DashboardError(f"the Grafana token: {exc}") from None
