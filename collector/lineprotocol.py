@@ -10,7 +10,8 @@ Escaping follows what InfluxDB 1.x parses (checked against the Debian package's 
 Some names have no representation at all, and the encoder raises :class:`LineProtocolError`
 for them rather than writing something that reads back different: an empty name, a newline
 in a name (it would end the line), a trailing backslash (it would escape the separator), a
-measurement starting with ``#`` (a comment line), and the key ``time``. An empty tag value
+measurement starting with ``#`` (a comment line) or with a tab or NUL (InfluxDB skips them at
+the start of a line, so the name would lose them), and the key ``time``. An empty tag value
 means "no tag" and is left out.
 
 Values: ``int`` is written with the ``i`` suffix (and must fit in int64), ``bool`` as
@@ -100,6 +101,10 @@ def escape_measurement(name: str) -> str:
     check_name(name, "measurement")
     if name.startswith("#"):
         raise LineProtocolError(f"measurement {name!r} starts with '#', a comment line")
+    if name.startswith(("\t", "\x00")):
+        raise LineProtocolError(
+            f"measurement {name!r} starts with a tab or NUL, which InfluxDB skips at line start"
+        )
     return name.translate(_MEASUREMENT_ESCAPES)
 
 
