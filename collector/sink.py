@@ -1,15 +1,19 @@
 """The InfluxDB sink: batches by size and age, retries with backoff, spools on outage.
 
-Data path: ``write_*`` encodes and appends to the on-disk :class:`~collector.spool.Spool`;
-a sender thread takes batches from the spool in order (up to ``batch_size`` points, or fewer
+Data path: ``write_*`` encodes and appends to the :class:`~collector.spool.Spool`; a sender
+thread takes batches from the spool in order (up to ``batch_size`` points, or fewer
 once the oldest pending point is ``flush_interval_s`` old), sends them through a
 :class:`~collector.transport.Transport`, and commits. What the server answers decides what
 happens to the batch (see :mod:`collector.transport`): retries back off exponentially with full
 jitter (``backoff_base_s`` doubling up to ``backoff_max_s``), a 429 or 503 waits for its
 Retry-After, and a configuration error parks the sender without dropping anything.
 
-Because every batch goes through the spool first, an outage of any length, a restart of the
-writer process during it, or a crash loses nothing the sink accepted; the spool drains in
+Every batch goes through the spool. While the server keeps up, a batch waits in the spool's
+memory and never touches the disk; a failed send, ``spool_write_behind_s`` of waiting or
+``close`` writes it to disk, and while anything waits on disk new batches queue behind it
+there. So an outage of any length or a restart of the writer during it loses nothing the
+sink accepted; a writer killed outright can lose what was still in memory (at most
+``spool_write_behind_s``; set it to 0 to write every batch to disk first). The spool drains in
 order before newer data, and past its bound the oldest data is dropped and counted exactly.
 
 Sending a batch twice is harmless: InfluxDB keeps one value per series (measurement + tag set)
@@ -64,6 +68,7 @@ class SinkConfig:
     spool_dir: str = "/var/lib/gpuwarden/spool"
     spool_max_bytes: int = 256 * 2**20
     spool_segment_bytes: int = 0
+    spool_write_behind_s: float = 5.0
     fsync: bool = False
     backpressure_bytes: int = 0
 
@@ -73,6 +78,8 @@ class SinkConfig:
         Precision(self.precision)
         if self.batch_size < 1 or self.flush_interval_s <= 0 or self.timeout_s <= 0:
             raise SinkError("batch_size, flush_interval_s and timeout_s must be positive")
+        if self.spool_write_behind_s < 0:
+            raise SinkError("spool_write_behind_s must be 0 (every batch to disk first) or more")
         if self.backpressure_bytes < 0 or (
             self.backpressure_bytes and self.backpressure_bytes >= self.spool_max_bytes
         ):
@@ -128,6 +135,7 @@ class SinkStats:
     retries: int = 0
     last_send_s: float = 0.0
     spool_bytes: int = 0
+    spool_memory_bytes: int = 0
     spool_points: int = 0
     encode: EncodeStats = field(default_factory=EncodeStats)
     last_error: str = ""
@@ -141,6 +149,7 @@ class SinkStats:
             "fields_invalid_total": self.encode.fields_dropped,
             "points_dropped_total": self.points_dropped,
             "spool_bytes": self.spool_bytes,
+            "spool_memory_bytes": self.spool_memory_bytes,
             "spool_points_count": self.spool_points,
             "batches_sent_total": self.batches_sent,
             "retries_total": self.retries,
@@ -160,6 +169,7 @@ class InfluxSink:
             max_bytes=config.spool_max_bytes,
             segment_bytes=config.spool_segment_bytes or None,
             fsync=config.fsync,
+            write_behind_s=config.spool_write_behind_s,
         )
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -285,6 +295,7 @@ class InfluxSink:
         s = self._stats
         s.points_dropped = self._spool.dropped_points_total
         s.spool_bytes = self._spool.size_bytes
+        s.spool_memory_bytes = self._spool.memory_bytes
         s.spool_points = self._spool.pending_points
         return s
 

@@ -1,9 +1,17 @@
 """An append-only, size-bounded, on-disk spool of encoded batches that survives restarts.
 
-Every batch the sink accepts is appended here first; the sender reads from the cursor, sends,
-and commits. So an outage, a crash of the writer or a restart loses nothing that ``append``
-returned for, and data always leaves in the order it came (the spool drains before new data,
-because new data queues behind it).
+Every batch the sink accepts is appended here; the sender reads from the cursor, sends, and
+commits. Data always leaves in the order it came (the spool drains before new data, because
+new data queues behind it).
+
+Write-behind (``write_behind_s > 0``, the sink's default): while the server keeps up, a batch
+waits in memory and never touches the disk. It is written to disk (*spilled*), together with
+every batch behind it, as soon as a send fails, when it has waited ``write_behind_s``, when
+the memory it holds passes ``write_behind_bytes``, or on ``close``; and while anything is
+pending on disk, new batches go to disk behind it. So an outage of any length and a restart
+of the writer lose nothing; a process killed outright (SIGKILL, OOM) can lose the batches
+still in memory, at most ``write_behind_s`` of them. ``write_behind_s = 0`` writes every
+batch to disk before ``append`` returns, so that even a killed process loses nothing.
 
 Layout of the directory::
 
@@ -17,9 +25,9 @@ oldest first and the points they still held are counted exactly in ``dropped_poi
 (persisted, so the count is a counter across restarts). A batch being sent while its segment is
 dropped is not counted twice: it counts as dropped only if that send then fails.
 
-Durability: each append is written to the OS before ``append`` returns, so a crash of the
-process loses nothing; a crash of the machine can lose what the OS had not yet written,
-unless ``fsync`` is on. A torn record at the end of the newest segment (a crash mid-append) is
+Durability: a batch on disk was written to the OS, so a crash of the process loses nothing
+on disk; a crash of the machine can lose what the OS had not yet written, unless ``fsync`` is
+on. A torn record at the end of the newest segment (a crash mid-append) is
 cut off on open.
 """
 
@@ -33,6 +41,7 @@ import struct
 import threading
 import time
 import zlib
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -42,6 +51,7 @@ from collector.errors import SpoolError
 log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("<IIdI")
+MEMORY = -1  # Record.segment of a batch held in memory (write-behind); its offset is a sequence
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +78,8 @@ class Spool:
         max_bytes: int = 256 * 2**20,
         segment_bytes: int | None = None,
         fsync: bool = False,
+        write_behind_s: float = 0.0,
+        write_behind_bytes: int | None = None,
     ) -> None:
         if max_bytes < 4096:
             raise SpoolError(f"spool max_bytes must be at least 4096, got {max_bytes}")
@@ -81,6 +93,12 @@ class Spool:
         self.max_bytes = max_bytes
         self.segment_bytes = segment_bytes
         self.fsync = fsync
+        if write_behind_s < 0:
+            raise SpoolError(f"write_behind_s must be 0 (off) or positive, got {write_behind_s}")
+        self.write_behind_s = write_behind_s
+        self.write_behind_bytes = (
+            min(32 * 2**20, max_bytes // 4) if write_behind_bytes is None else write_behind_bytes
+        )
         self._lock = threading.Lock()
         self._segments: list[_Segment] = []  # oldest first; the last is the head
         self._cursor = (0, 0)
@@ -96,6 +114,14 @@ class Spool:
         self._recent: dict[tuple[int, int], Record] = {}
         self._recent_bytes = 0
         self._recent_max_bytes = min(32 * 2**20, max_bytes // 4)
+        # Write-behind: batches in memory, oldest first, none of them on disk yet. While any
+        # is here, nothing is pending on disk (they would have been spilled behind it).
+        self._staged: deque[Record] = deque()
+        self._staged_bytes = 0
+        self._staged_points = 0
+        self._staged_seq = 0
+        # A batch spilled while its send was in flight: its memory id -> its record on disk.
+        self._spilled: dict[int, Record] = {}
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -117,6 +143,7 @@ class Spool:
         with self._lock:
             if not self._opened:
                 return
+            self._spill()
             self._save_state()
             for handle in (self._head, self._reader[1] if self._reader else None):
                 if handle is not None:
@@ -205,39 +232,74 @@ class Spool:
 
     def append(self, payload: bytes, points: int) -> int:
         """Append one record; returns the points dropped to stay within the bound."""
-        record_size = HEADER.size + len(payload)
         now = time.time()
-        header = HEADER.pack(len(payload), points, now, zlib.crc32(payload))
         with self._lock:
             self._require_open()
-            if record_size > self.max_bytes - self.segment_bytes:
+            if HEADER.size + len(payload) > self.max_bytes - self.segment_bytes:
                 self._dropped_total += points
                 self._save_state()
-                log.error("spool: a %d-byte batch exceeds the bound; dropped", record_size)
+                log.error("spool: a %d-byte batch exceeds the bound; dropped", len(payload))
                 return points
-            dropped = 0
-            while self.size_bytes + record_size > self.max_bytes:
-                dropped += self._drop_oldest()
-            head = self._segments[-1]
-            if head.size > 0 and head.size + record_size > self.segment_bytes:
-                head = self._rotate()
-            assert self._head is not None
-            if self._recent_bytes + len(payload) <= self._recent_max_bytes:
-                end = head.size + record_size
-                self._recent[(head.seq, head.size)] = Record(
-                    head.seq, head.size, end, points, now, payload
-                )
-                self._recent_bytes += len(payload)
-            self._head.write(header)
-            self._head.write(payload)
-            self._head.flush()
-            if self.fsync:
-                os.fsync(self._head.fileno())
-            head.size += record_size
-            head.points += points
-            if dropped:
-                self._save_state()
-            return dropped
+            if self.write_behind_s > 0 and self._disk_points() == 0:
+                stale = self._staged and now - self._staged[0].appended_at >= self.write_behind_s
+                full = self._staged_bytes + len(payload) > self.write_behind_bytes
+                if not stale and not full:
+                    self._staged_seq += 1
+                    seq = self._staged_seq
+                    self._staged.append(Record(MEMORY, seq, seq, points, now, payload))
+                    self._staged_bytes += len(payload)
+                    self._staged_points += points
+                    return 0
+            dropped = self._spill()
+            return dropped + self._write(payload, points, now)[1]
+
+    def _write(self, payload: bytes, points: int, appended_at: float) -> tuple[Record, int]:
+        """Append one record to the head segment (lock held): the record, and the points
+        dropped from the oldest segments to make room for it."""
+        record_size = HEADER.size + len(payload)
+        header = HEADER.pack(len(payload), points, appended_at, zlib.crc32(payload))
+        dropped = 0
+        while self.size_bytes + record_size > self.max_bytes:
+            dropped += self._drop_oldest()
+        head = self._segments[-1]
+        if head.size > 0 and head.size + record_size > self.segment_bytes:
+            head = self._rotate()
+        assert self._head is not None
+        record = Record(head.seq, head.size, head.size + record_size, points, appended_at, payload)
+        if self._recent_bytes + len(payload) <= self._recent_max_bytes:
+            self._recent[(head.seq, head.size)] = record
+            self._recent_bytes += len(payload)
+        self._head.write(header)
+        self._head.write(payload)
+        self._head.flush()
+        if self.fsync:
+            os.fsync(self._head.fileno())
+        head.size += record_size
+        head.points += points
+        if dropped:
+            self._save_state()
+        return record, dropped
+
+    def _spill(self) -> int:
+        """Write every batch held in memory to disk, in order (lock held). A batch whose send
+        is in flight keeps its place: its commit or release is applied to its disk record."""
+        dropped = 0
+        while self._staged:
+            staged = self._staged.popleft()
+            record, lost = self._write(staged.payload, staged.points, staged.appended_at)
+            dropped += lost
+            points = self._inflight.pop((MEMORY, staged.offset), None)
+            if points is not None:
+                self._spilled[staged.offset] = record
+                self._inflight[(record.segment, record.offset)] = points
+        self._staged_bytes = self._staged_points = 0
+        return dropped
+
+    def spill(self) -> int:
+        """Write what waits in memory to disk now; returns points dropped by the bound."""
+        with self._lock:
+            self._require_open()
+            return self._spill()
 
     def _rotate(self) -> _Segment:
         assert self._head is not None
@@ -279,6 +341,13 @@ class Spool:
             self._require_open()
             records: list[Record] = []
             total = 0
+            if self._disk_points() == 0:
+                for rec in self._staged:
+                    if records and total + rec.points > max_points:
+                        break
+                    records.append(rec)
+                    total += rec.points
+                return self._mark_inflight(records)
             seq, offset = self._cursor
             for seg in self._segments:
                 if seg.seq < seq:
@@ -330,7 +399,7 @@ class Spool:
         with self._lock:
             self._require_open()
             live = []
-            for rec in records:
+            for rec in self._on_disk(records, delivered=True):
                 key = (rec.segment, rec.offset)
                 self._inflight.pop(key, None)
                 self._forget(key)
@@ -361,12 +430,30 @@ class Spool:
                 self._cursor = (self._segments[0].seq, 0)
             self._save_state()
 
+    def _on_disk(self, records: list[Record], delivered: bool) -> list[Record]:
+        """The disk records of a sent batch (lock held). Batches still in memory are settled
+        here: gone once delivered, otherwise still first in line. Spilled ones translate."""
+        disk = []
+        for rec in records:
+            if rec.segment != MEMORY:
+                disk.append(rec)
+            elif (spilled := self._spilled.pop(rec.offset, None)) is not None:
+                disk.append(spilled)
+            else:
+                self._inflight.pop((MEMORY, rec.offset), None)
+                if delivered:
+                    self._staged.remove(rec)  # the first one: a sent batch leads the line
+                    self._staged_bytes -= len(rec.payload)
+                    self._staged_points -= rec.points
+        return disk
+
     def release(self, records: list[Record]) -> int:
         """The send failed and will be retried from the cursor. Returns points now lost
-        (records whose segment was dropped while they were in flight)."""
+        (records whose segment was dropped while they were in flight). What waits in memory
+        is spilled to disk: a server that does not take data may not come back soon."""
         with self._lock:
             lost = 0
-            for rec in records:
+            for rec in self._on_disk(records, delivered=False):
                 key = (rec.segment, rec.offset)
                 self._inflight.pop(key, None)
                 if key in self._orphaned:
@@ -375,6 +462,8 @@ class Spool:
             if lost:
                 self._dropped_total += lost
                 self._save_state()
+            if self._opened:
+                self._spill()  # its drops are counted where the bound drops them
             return lost
 
     # -- state ----------------------------------------------------------------------------
@@ -385,28 +474,39 @@ class Spool:
 
     @property
     def size_bytes(self) -> int:
+        """Bytes on disk (what the bound limits)."""
         return sum(s.size for s in self._segments)
 
     @property
+    def memory_bytes(self) -> int:
+        """Bytes of batches waiting in memory (write-behind)."""
+        return self._staged_bytes
+
+    @property
     def pending_bytes(self) -> int:
-        """Bytes from the cursor on (records and headers not yet delivered)."""
+        """Bytes not yet delivered: on disk from the cursor on (with headers), and in memory."""
         if not self._segments:
-            return 0
-        return self.size_bytes - self._cursor[1]
+            return self._staged_bytes
+        return self.size_bytes - self._cursor[1] + self._staged_bytes
+
+    def _disk_points(self) -> int:
+        return sum(s.points for s in self._segments)
 
     @property
     def pending_points(self) -> int:
-        return sum(s.points for s in self._segments)
+        return self._disk_points() + self._staged_points
 
     @property
     def dropped_points_total(self) -> int:
         return self._dropped_total
 
     def oldest_pending_at(self) -> float | None:
-        """When the record at the cursor was appended (None if nothing is pending)."""
+        """When the oldest undelivered batch was appended (None if nothing is pending)."""
         with self._lock:
             if not self._opened or self.pending_points == 0:
                 return None
+            if self._disk_points() == 0:
+                return self._staged[0].appended_at if self._staged else None
             seq, offset = self._cursor
             for seg in self._segments:
                 if seg.seq >= seq and seg.points:

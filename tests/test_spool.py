@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import shutil
+import time
+
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from collector.errors import SpoolError
 from collector.spool import Spool
@@ -113,3 +118,111 @@ def test_bound_validated_at_construction(tmp_path):
         Spool(tmp_path, max_bytes=100)
     with pytest.raises(SpoolError):
         Spool(tmp_path, max_bytes=8192, segment_bytes=8192)
+
+
+# -- write-behind: batches wait in memory while the server keeps up ----------------------------
+
+
+def _disk_bytes(directory):
+    return sum(p.stat().st_size for p in directory.glob("*.seg"))
+
+
+def test_write_behind_keeps_a_healthy_stream_off_disk(tmp_path):
+    s = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=60.0)
+    s.open()
+    for i in range(10):
+        s.append(f"p{i}".encode(), 1)
+        if i % 3 == 2:
+            s.commit(s.peek(2))
+    assert s.memory_bytes > 0 and s.size_bytes == 0
+    assert _drain(s, batch=2) == [b"p6", b"p7", b"p8", b"p9"]
+    assert _disk_bytes(tmp_path) == 0 and s.pending_points == 0
+
+
+def test_a_failed_send_spills_in_order_and_a_killed_writer_loses_nothing(tmp_path):
+    s = Spool(tmp_path / "a", max_bytes=1 << 20, write_behind_s=60.0)
+    s.open()
+    for i in range(5):
+        s.append(f"r{i}".encode(), 1)
+    s.release(s.peek(2))  # the send failed: everything in memory goes to disk, in order
+    assert s.memory_bytes == 0 and s.size_bytes > 0
+    s.append(b"r5", 1)  # queues behind the spilled batches on disk, not in memory
+    assert s.memory_bytes == 0
+    shutil.copytree(tmp_path / "a", tmp_path / "killed")  # the process dies here, unclosed
+    (tmp_path / "killed" / "lock").unlink()
+    again = Spool(tmp_path / "killed", max_bytes=1 << 20, write_behind_s=60.0)
+    again.open()
+    assert _drain(again) == [f"r{i}".encode() for i in range(6)]
+    assert _drain(s) == [f"r{i}".encode() for i in range(6)]
+
+
+def test_a_batch_spilled_in_flight_is_settled_by_its_send(tmp_path):
+    s = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=60.0)
+    s.open()
+    for i in range(4):
+        s.append(f"r{i}".encode(), 1)
+    inflight = s.peek(2)
+    s.spill()  # e.g. it waited too long while its send was slow
+    s.commit(inflight)  # ... and then the send succeeded
+    assert s.pending_points == 2
+    s.close()
+    again = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=60.0)
+    again.open()
+    assert _drain(again) == [b"r2", b"r3"]  # nothing delivered is sent again
+
+
+def test_write_behind_spills_what_waited_too_long(tmp_path):
+    s = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=0.05)
+    s.open()
+    s.append(b"old", 1)
+    assert s.size_bytes == 0
+    time.sleep(0.1)
+    s.append(b"new", 1)  # the oldest batch has waited past write_behind_s: both go to disk
+    assert s.memory_bytes == 0 and s.size_bytes > 0
+    assert _drain(s) == [b"old", b"new"]
+
+
+def test_write_behind_bound_counts_exactly(tmp_path):
+    s = Spool(tmp_path, max_bytes=8192, segment_bytes=1024, write_behind_s=60.0)
+    s.open()
+    dropped = sum(s.append(b"x" * 100, 3) for _ in range(300))
+    assert dropped == s.dropped_points_total > 0
+    assert s.pending_points == 900 - dropped
+    assert len(_drain(s)) * 3 == 900 - dropped
+
+
+_OPS = st.lists(
+    st.sampled_from(["append", "append", "append", "ok", "fail", "spill", "restart"]),
+    max_size=60,
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(ops=_OPS, batch=st.integers(1, 4), write_behind=st.booleans())
+def test_spool_against_a_model(tmp_path_factory, ops, batch, write_behind):
+    """Any interleaving of appends, sends that succeed or fail, spills and restarts: what was
+    delivered plus what is pending is exactly what was appended, each once, in order."""
+    directory = tmp_path_factory.mktemp("spool")
+    opts = {"max_bytes": 1 << 20, "write_behind_s": 60.0 if write_behind else 0.0}
+    s = Spool(directory, **opts)
+    s.open()
+    appended: list[bytes] = []
+    delivered: list[bytes] = []
+    for op in ops:
+        if op == "append":
+            appended.append(str(len(appended)).encode())
+            s.append(appended[-1], 1)
+        elif op in ("ok", "fail") and (recs := s.peek(batch)):
+            if op == "ok":
+                delivered.extend(r.payload for r in recs)
+                s.commit(recs)
+            else:
+                s.release(recs)
+        elif op == "spill":
+            s.spill()
+        elif op == "restart":
+            s.close()
+            s = Spool(directory, **opts)
+            s.open()
+    assert s.pending_points == len(appended) - len(delivered)
+    assert delivered + _drain(s) == appended
