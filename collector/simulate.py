@@ -50,7 +50,8 @@ def gpu_frame(nodes: int, gpus: int, seconds: int, start_s: int = 0, seed: int =
             "gpu_temp_c": rng.normal(62, 8, n).round(0),
             "mem_temp_c": rng.normal(70, 6, n).round(0),
             "power_w": power.round(3),
-            "energy_j_total": (t * 520.0 + dev * 1e6).astype(np.float64),
+            # NVML counts millijoules: joules with three decimals, like the agent writes.
+            "energy_j_total": (t * 520.0 + dev * 1e6 + rng.uniform(0, 1, n)).round(3),
             "pstate_code": np.zeros(n, dtype=np.int64),
             "clock_event_reasons_code": rng.choice([0, 4, 8], n, p=[0.9, 0.09, 0.01]).astype(
                 np.int64
