@@ -342,11 +342,11 @@ class Spool:
             records: list[Record] = []
             total = 0
             if self._disk_points() == 0:
-                for rec in self._staged:
-                    if records and total + rec.points > max_points:
+                for staged in self._staged:
+                    if records and total + staged.points > max_points:
                         break
-                    records.append(rec)
-                    total += rec.points
+                    records.append(staged)
+                    total += staged.points
                 return self._mark_inflight(records)
             seq, offset = self._cursor
             for seg in self._segments:

@@ -203,8 +203,8 @@ def test_spool_against_a_model(tmp_path_factory, ops, batch, write_behind):
     """Any interleaving of appends, sends that succeed or fail, spills and restarts: what was
     delivered plus what is pending is exactly what was appended, each once, in order."""
     directory = tmp_path_factory.mktemp("spool")
-    opts = {"max_bytes": 1 << 20, "write_behind_s": 60.0 if write_behind else 0.0}
-    s = Spool(directory, **opts)
+    write_behind_s = 60.0 if write_behind else 0.0
+    s = Spool(directory, max_bytes=1 << 20, write_behind_s=write_behind_s)
     s.open()
     appended: list[bytes] = []
     delivered: list[bytes] = []
@@ -222,7 +222,7 @@ def test_spool_against_a_model(tmp_path_factory, ops, batch, write_behind):
             s.spill()
         elif op == "restart":
             s.close()
-            s = Spool(directory, **opts)
+            s = Spool(directory, max_bytes=1 << 20, write_behind_s=write_behind_s)
             s.open()
     assert s.pending_points == len(appended) - len(delivered)
     assert delivered + _drain(s) == appended
