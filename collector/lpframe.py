@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import polars as pl
+from polars.expr.whenthen import When
 
 from collector.catalogue import CATALOGUE, FieldType, Measurement
 from collector.errors import LineProtocolError
@@ -161,16 +162,21 @@ def encode_frame(
 class _Piece:
     """One field: its escaped key, the expressions of its text, and whether it is dense."""
 
-    __slots__ = ("dense", "key", "name", "value", "when")
+    __slots__ = ("dense", "key", "name", "ok", "value")
 
     def __init__(self, name: str, value: list[pl.Expr], ok: pl.Expr, dense: bool) -> None:
-        self.name, self.key, self.value, self.dense = (
+        self.name, self.key, self.value, self.ok, self.dense = (
             name,
             escape_key(name, "field key"),
             value,
+            ok,
             dense,
         )
-        self.when = pl.when(ok)
+
+    @property
+    def when(self) -> When:
+        """``when(valid)``: only a sparse field needs it (building one costs a few µs)."""
+        return pl.when(self.ok)
 
 
 def plan_fields(df: pl.DataFrame, fields: Sequence[str]) -> list[str]:
@@ -188,8 +194,9 @@ def _field_pieces(
 ) -> tuple[list[_Piece], list[int]]:
     checks: list[pl.Expr] = []
     kinds: list[tuple[str, FieldType]] = []
+    schema = df.schema  # built anew on each access: once per call, not per field
     for name in fields:
-        dtype = df.schema[name]
+        dtype = schema[name]
         if dtype == pl.Null:  # all values absent: nothing to write for this field
             continue
         ftype = _field_type(dtype, name)
@@ -221,7 +228,7 @@ def _field_pieces(
             ok = col.is_finite()
         elif ftype is FieldType.INTEGER:
             value = [col.cast(pl.String), pl.lit("i")]
-            ok = col <= INT64_MAX if df.schema[name] == pl.UInt64 else col.is_not_null()
+            ok = col <= INT64_MAX if schema[name] == pl.UInt64 else col.is_not_null()
         elif ftype is FieldType.BOOLEAN:
             value = [pl.when(col).then(pl.lit("true")).otherwise(pl.lit("false"))]
             ok = col.is_not_null()
