@@ -98,6 +98,11 @@ class _Stats:
     actions: dict[str, int] = field(default_factory=dict)
 
 
+class EngineClosedError(RuntimeError):
+    """The engine was closed before this call: nothing was recorded or done, so the same
+    finding (or approval, or undo) can be sent again to a running engine."""
+
+
 class Engine:
     def __init__(
         self,
@@ -120,6 +125,7 @@ class Engine:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
         self.stats = _Stats()
         self._lock = threading.RLock()
+        self._closed = False
         # nodes that plans in flight are taking out, counted per plan: one plan finishing must
         # not free a node another plan is still about to drain
         self._reserved: Counter[str] = Counter()
@@ -134,6 +140,7 @@ class Engine:
         """Decide on a finding now; its actions run in the background (see :meth:`wait`)."""
         received = self.clock()
         with self._lock:
+            self._require_open()
             self.stats.findings += 1
             if finding.id in self.memory.seen_findings:
                 return self._decide(finding, Decision(finding.id, "duplicate"), received)
@@ -310,6 +317,7 @@ class Engine:
     def approve(self, plan_id: str, by: str = "operator") -> Decision:
         """Run a plan that waits for approval (the other guards still apply, except cooldown)."""
         with self._lock:
+            self._require_open()
             pending = self._pending.pop(plan_id, None)
             if pending is None:
                 raise KeyError(f"no pending plan {plan_id!r}")
@@ -320,6 +328,7 @@ class Engine:
     def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
         """Put a node gpuwarden took out back in service (``force``: one it did not take out)."""
         with self._lock:
+            self._require_open()
             if node not in self.memory.taken_out and not self._reserved[node] and not force:
                 raise KeyError(f"{node} was not taken out by gpuwarden; use force to resume it")
             finding = Finding(
@@ -342,6 +351,7 @@ class Engine:
         """Release queued plans the blast radius or the rate limit now allows (oldest first)."""
         released = []
         with self._lock:
+            self._require_open()
             for plan_id, p in sorted(self._pending.items(), key=lambda kv: kv[1].received):
                 if p.decision.verdict not in ("blast_radius", "rate_limited"):
                     continue
@@ -430,6 +440,13 @@ class Engine:
             except TimeoutError:
                 return False
 
+    def _require_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the remediation engine is closed: nothing was recorded; retry")
+
     def close(self) -> None:
+        """Refuse new work (:class:`EngineClosedError`), let the plans running finish, stop."""
+        with self._lock:
+            self._closed = True
         self.wait()
         self._pool.shutdown(wait=True)

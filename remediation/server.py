@@ -37,7 +37,7 @@ from typing import Any, Protocol
 
 from collector.finding import SUBJECT_KEYS, Finding, FindingError, Severity
 from remediation.adapters.webhook import SIGNATURE_HEADER, verify_signature
-from remediation.engine import Engine
+from remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)
 
@@ -219,7 +219,10 @@ class Endpoint:
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
             body = read(self.body_length(headers))
             self.check_signature(headers, body)
-            status, payload = self._post(path, body, headers)
+            try:
+                status, payload = self._post(path, body, headers)
+            except EngineClosedError as exc:  # shutting down: the sender retries later
+                raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
             if status >= 400:  # a replay: answered with the per-finding results
                 self._count(method, path, status, payload["error"])
             return status, payload

@@ -21,7 +21,7 @@ from remediation.adapters.webhook import SIGNATURE_HEADER, WebhookAdapter, sign,
 from remediation.audit import AuditLog, read_records
 from remediation.cli import main as remediate
 from remediation.config import defaults, load_config
-from remediation.engine import Engine, EngineSettings
+from remediation.engine import Engine, EngineClosedError, EngineSettings
 from remediation.k8sfake import FakeKubernetes
 from remediation.model import Action, ActionKind
 from remediation.policy import DEFAULT_POLICIES, load_policies
@@ -89,6 +89,29 @@ def test_a_good_finding_is_accepted_and_acted_on(running: Running) -> None:
     status, data = running.post("/v1/findings", risk("gpu02").to_json())
     assert status == 202 and data["results"][0]["verdict"] == "act"
     assert [r["action"] for r in running.acted()] == ["notify", "checkpoint", "drain", "requeue"]
+
+
+def test_a_finding_sent_while_the_engine_shuts_down_is_refused_and_not_lost(
+    running: Running, tmp_path: Path
+) -> None:
+    """503, nothing recorded: the same finding sent to the restarted engine is acted on (had
+    it been marked seen first, the retry would have been dropped as a duplicate)."""
+    running.engine.close()
+    status, data = running.post("/v1/findings", risk("gpu03").to_json())
+    assert status == 503 and "closed" in data["error"]
+    with pytest.raises(EngineClosedError):
+        running.engine.undo("gpu03", force=True)
+    assert [r for r in read_records(running.audit.path) if r["event"] == "finding"] == []
+    again = Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"slurm": running.sched, "webhook": running.notes},
+        AuditLog(running.audit.path),
+        EngineSettings(dry_run=False, max_nodes_out=4, max_fraction_out=1.0),
+    )
+    try:
+        assert again.submit(risk("gpu03")).verdict == "act"
+    finally:
+        again.close()
 
 
 @pytest.mark.parametrize(
