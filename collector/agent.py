@@ -59,6 +59,7 @@ class Agent:
         interval_s: float = 10.0,
         source_timeout_s: float = 5.0,
         sink_stats: Callable[[], dict[str, Any]] | None = None,
+        on_cycle: Callable[[int, list[Point]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -69,6 +70,7 @@ class Agent:
         self.interval_s = interval_s
         self.source_timeout_s = source_timeout_s
         self.sink_stats = sink_stats
+        self.on_cycle = on_cycle
         self.clock = clock
         self.monotonic = monotonic
         self.health = {s.name: SourceHealth() for s in self.sources}
@@ -116,6 +118,11 @@ class Agent:
             self._check_owner()
             points += result
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
+        if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it
+            try:
+                self.on_cycle(now_ns, points)
+            except Exception:
+                log.exception("the per-cycle hook failed")
         with self._findings_lock:
             findings, self._findings = self._findings, []
         for finding in findings:

@@ -22,10 +22,11 @@ from typing import Any
 
 from collector import sources
 from collector.agent import Agent, LinePrinter, PointSink, TraceRecorder
-from collector.agentconfig import AgentConfig, load_config
+from collector.agentconfig import AgentConfig, ConfigError, load_config
 from collector.errors import CollectorError
 from collector.fastpath import FindingPoster
 from collector.finding import Finding
+from collector.health import HealthGate
 from collector.nvml.recorded import Recorder
 from collector.relay import ReporterRelay
 from collector.sink import InfluxSink
@@ -71,12 +72,27 @@ def build_agent(
         if a["remediation_url"]
         else None
     )
+    h = config["health"]
+    if h["healthy_after_s"] < 0 or h["expected_gpus"] < 0:
+        raise ConfigError("[health] healthy_after_s and expected_gpus must be 0 or more")
+    gate: HealthGate | None = None
 
     def emit(finding: Finding) -> None:
+        if gate is not None:
+            gate.observe(finding)
         agent.add_finding(finding)
         if poster is not None:
             poster.post(finding)
 
+    if h["healthy_after_s"] > 0:
+        gate = HealthGate(
+            context.cluster,
+            context.node,
+            emit,
+            healthy_after_s=float(h["healthy_after_s"]),
+            expected_gpus=int(h["expected_gpus"]),
+        )
+        agent.on_cycle = gate.cycle
     context.emit_finding = emit
     return agent, poster
 

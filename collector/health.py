@@ -1,0 +1,81 @@
+"""When a node is healthy again: the agent's ``node_healthy`` finding.
+
+Remediation takes nodes out on fatal events and predicted failures; someone has to say when a
+node may go back. The agent is the one that sees the node after its repair, so it says so: a
+``node_healthy`` finding, which the engine's ``healthy-again`` policy turns into an
+``uncordon`` proposal (approval required by default, and only for nodes gpuwarden itself
+took out).
+
+Healthy means, for ``healthy_after_s`` without a break: no critical finding from this node (a
+fatal XID on either path, a lost GPU) and, when ``expected_gpus`` is set, at least that many
+GPUs reporting every cycle (a GPU that fell off the bus is not a critical event, it is just
+missing). The stretch starts when the agent starts, so a node that was drained, repaired and
+rebooted is announced ``healthy_after_s`` after its agent comes back. Each healthy stretch is
+announced once; a critical event or a missing GPU starts a new one. A healthy fleet therefore
+says it once per agent start, which the engine answers with ``not_ours`` and nothing else.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+
+from collector.finding import Finding, Severity
+from collector.lineprotocol import Point
+
+NS = 1_000_000_000
+
+
+class HealthGate:
+    def __init__(
+        self,
+        cluster: str,
+        node: str,
+        emit: Callable[[Finding], None],
+        *,
+        healthy_after_s: float = 1800.0,
+        expected_gpus: int = 0,
+    ) -> None:
+        if healthy_after_s <= 0 or expected_gpus < 0:
+            raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
+        self.cluster, self.node, self.emit = cluster, node, emit
+        self.healthy_after_ns = int(healthy_after_s * NS)
+        self.expected_gpus = expected_gpus
+        self._since_ns: int | None = None  # start of the current healthy stretch
+        self._announced = False
+        self._lock = threading.Lock()  # observe() runs on the sources' event threads too
+
+    def observe(self, finding: Finding) -> None:
+        """Every finding the node's sources raise passes here; a critical one breaks the
+        stretch, which starts again with the next cycle (not at the event's own time: a kernel
+        log read back at start carries old times)."""
+        if finding.severity is Severity.CRITICAL and finding.kind != "node_healthy":
+            with self._lock:
+                self._since_ns, self._announced = None, False
+
+    def cycle(self, now_ns: int, points: Sequence[Point]) -> None:
+        """After each collection cycle: announce the node once it has been healthy long enough."""
+        gpus = len({p.tags.get("gpu") for p in points if p.measurement == "gpu"})
+        with self._lock:
+            if gpus < self.expected_gpus:
+                self._since_ns, self._announced = None, False
+                return
+            if self._since_ns is None:
+                self._since_ns = now_ns
+            healthy_for = now_ns - self._since_ns
+            if self._announced or healthy_for < self.healthy_after_ns:
+                return
+            self._announced = True
+        seen = f", {gpus} GPUs reporting" if self.expected_gpus else ""
+        self.emit(
+            Finding(
+                kind="node_healthy",
+                subject={"cluster": self.cluster, "node": self.node},
+                severity=Severity.INFO,
+                time_ns=now_ns,
+                evidence={"healthy_for_s": healthy_for // NS, "gpus": gpus},
+                confidence=1.0,
+                summary=f"{self.node}: no critical event for {healthy_for // NS} s{seen}",
+                source="agent",
+            )
+        )

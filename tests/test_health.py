@@ -1,0 +1,103 @@
+"""The agent's node_healthy finding: said once per healthy stretch, never while a GPU is
+missing, and a critical event starts the stretch again. NVML answers are the CONSTRUCTED
+recordings in tests/golden; the kernel log is the REAL one from ../shared/data."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from collector import agent_cli
+from collector.agentconfig import ConfigError, load_config
+from collector.finding import Finding, Severity
+from collector.health import HealthGate
+from collector.lineprotocol import Point
+from tests.test_agent import GOLDEN, H100, ListSink, write_config
+
+S = 1_000_000_000
+
+
+def gpus(n: int) -> list[Point]:
+    return [Point("gpu", {"gpu": str(i)}, {"power_w": 1.0}, 0) for i in range(n)]
+
+
+def fatal(t: int) -> Finding:
+    return Finding("gpu_xid", {"node": "n1"}, Severity.CRITICAL, t, source="agent")
+
+
+def test_announced_once_after_a_healthy_stretch() -> None:
+    said: list[Finding] = []
+    gate = HealthGate("c", "n1", said.append, healthy_after_s=60, expected_gpus=8)
+    for t in range(0, 200, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [60]
+    f = said[0]
+    assert (f.kind, f.severity, dict(f.subject)) == (
+        "node_healthy",
+        Severity.INFO,
+        {"cluster": "c", "node": "n1"},
+    )
+    assert f.evidence == {"healthy_for_s": 60, "gpus": 8}
+
+
+def test_a_critical_event_starts_the_stretch_again() -> None:
+    said: list[Finding] = []
+    gate = HealthGate("c", "n1", said.append, healthy_after_s=60)
+    gate.cycle(0, gpus(8))
+    gate.cycle(50 * S, gpus(8))
+    gate.observe(fatal(-3600 * S))  # an old kernel-log record read back at start counts now
+    gate.observe(Finding("gpu_slow", {"node": "n1"}, Severity.WARNING, 55 * S))  # not critical
+    for t in range(60, 200, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [120]  # 60 s after the first cycle past the event
+    gate.observe(fatal(130 * S))
+    for t in range(200, 300, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [120, 260]
+
+
+def test_never_healthy_while_a_gpu_is_missing() -> None:
+    said: list[Finding] = []
+    gate = HealthGate("c", "n1", said.append, healthy_after_s=60, expected_gpus=8)
+    for t in range(0, 250, 10):
+        gate.cycle(t * S, gpus(7))  # a GPU off the bus: no critical event, just missing
+    for t in range(250, 310, 10):
+        gate.cycle(t * S, gpus(8))  # back after a reset: the stretch starts now
+    assert said == []
+    gate.cycle(310 * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [310]
+
+
+@pytest.mark.parametrize("bad", [{"healthy_after_s": 0}, {"expected_gpus": -1}])
+def test_bad_settings_are_refused(bad: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        HealthGate("c", "n1", print, **bad)  # type: ignore[arg-type]
+
+
+def _run_agent(tmp_path, recording, cycles: int) -> set[str]:
+    cfg = write_config(tmp_path, sources=["nvml", "xid"])
+    text = cfg.read_text().replace(str(H100), str(recording))
+    text += "\n[health]\nhealthy_after_s = 0.2\nexpected_gpus = 8\n"
+    cfg.write_text(text)
+    sink = ListSink()
+    agent, _ = agent_cli.build_agent(load_config(cfg, environ={}), sink)
+    agent.run(threading.Event(), max_cycles=cycles)
+    return {p.tags["kind"] for b in sink.batches for p in b if p.measurement == "finding"}
+
+
+def test_the_agent_says_a_healthy_node_is_healthy(tmp_path) -> None:
+    # The REAL kernel log's fatal XIDs are read back on the first cycle, then 8 GPUs report.
+    assert "node_healthy" in _run_agent(tmp_path, H100, cycles=12)
+
+
+def test_the_agent_never_says_a_node_that_lost_a_gpu_is_healthy(tmp_path) -> None:
+    kinds = _run_agent(tmp_path, GOLDEN / "nvml-gpu-lost" / "nvml.json", cycles=12)
+    assert "gpu_lost" in kinds and "node_healthy" not in kinds
+
+
+def test_negative_health_settings_are_a_configuration_error(tmp_path) -> None:
+    cfg = write_config(tmp_path, sources=["nvml"])
+    cfg.write_text(cfg.read_text() + "\n[health]\nhealthy_after_s = -1.0\n")
+    with pytest.raises(ConfigError, match="healthy_after_s"):
+        agent_cli.build_agent(load_config(cfg, environ={}), ListSink())
