@@ -91,3 +91,20 @@ def test_golden_case(name: str, tmp_path: Path) -> None:
 
 def test_there_are_enough_cases() -> None:
     assert len(CASES) >= 5
+
+
+def test_the_recorder_captures_everything_the_source_asks(tmp_path: Path, monkeypatch) -> None:
+    """``python -m collector.nvml.record`` (run where a GPU is) re-recording the CONSTRUCTED
+    8x H100 case through the same Recorder: the new case replays to the same line protocol,
+    so a real recording made with it is a complete golden case."""
+    from collector.nvml import record
+    from collector.nvml.recorded import RecordedBackend
+
+    source = GOLDEN / "nvml-h100-8gpu"
+    monkeypatch.setattr(record, "make_backend", lambda: RecordedBackend(source / "nvml.json"))
+    out = tmp_path / "case"
+    assert record.main([str(out), "--steps", "2", "--interval-s", "0"]) == 0
+    spec = tomllib.loads((out / "case.toml").read_text(encoding="utf-8"))
+    assert spec["steps"] == 2 and spec["provenance"].startswith("CONSTRUCTED: recorded from 8x")
+    (out / "proc.csv").write_bytes((source / "proc.csv").read_bytes())  # the jobs' /proc
+    assert run_case(out, tmp_path / "replayed") == run_case(source, tmp_path / "original")
