@@ -285,14 +285,16 @@ class Spool:
         is in flight keeps its place: its commit or release is applied to its disk record."""
         dropped = 0
         while self._staged:
-            staged = self._staged.popleft()
+            staged = self._staged[0]  # leaves memory only once it is on disk (a write may fail)
             record, lost = self._write(staged.payload, staged.points, staged.appended_at)
+            self._staged.popleft()
+            self._staged_bytes -= len(staged.payload)
+            self._staged_points -= staged.points
             dropped += lost
             points = self._inflight.pop((MEMORY, staged.offset), None)
             if points is not None:
                 self._spilled[staged.offset] = record
                 self._inflight[(record.segment, record.offset)] = points
-        self._staged_bytes = self._staged_points = 0
         return dropped
 
     def spill(self) -> int:

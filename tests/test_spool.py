@@ -191,6 +191,29 @@ def test_write_behind_bound_counts_exactly(tmp_path):
     assert len(_drain(s)) * 3 == 900 - dropped
 
 
+def test_a_disk_error_while_spilling_keeps_the_batches_in_memory(tmp_path, monkeypatch):
+    s = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=60.0)
+    s.open()
+    for i in range(3):
+        s.append(f"r{i}".encode(), 1)
+    real_write = s._write
+    calls = 0
+
+    def failing(*args):
+        nonlocal calls
+        calls += 1
+        if calls == 2:
+            raise OSError(28, "No space left on device")
+        return real_write(*args)
+
+    monkeypatch.setattr(s, "_write", failing)
+    with pytest.raises(OSError):
+        s.spill()  # r0 reached the disk, r1 did not
+    assert s.pending_points == 3
+    monkeypatch.setattr(s, "_write", real_write)
+    assert _drain(s) == [b"r0", b"r1", b"r2"]
+
+
 _OPS = st.lists(
     st.sampled_from(["append", "append", "append", "ok", "fail", "spill", "restart"]),
     max_size=60,
