@@ -106,6 +106,9 @@ def _summary(a: Analysis) -> list[str]:
         for s in j.stragglers:
             cause = a.attributions.get((j.job, s.worker or ""), ("",))[0]
             lines.append(f"    {s.describe()}" + (f"; cause {cause}" if cause else ""))
+    if a.unplaced:
+        shown = ", ".join(a.unplaced[:5]) + (", ..." if len(a.unplaced) > 5 else "")
+        lines.append(f"  topology lacks {len(a.unplaced)} node(s), each its own switch: {shown}")
     for sw in a.switches[:5]:
         if sw.hot:
             lines.append(f"  HOT switch {sw.switch}: score {sw.score:.3f}, {sw.hot_s:.0f} s hot")

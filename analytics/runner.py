@@ -21,6 +21,7 @@ The executor is the only difference between the Dask path and the plain single-p
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import time
@@ -35,6 +36,8 @@ from analytics.congestion import SwitchReport, job_impact, rank_switches
 from analytics.reader import InfluxReader
 from analytics.tasks import JobResult, PortsResult, attribution_task, job_task, ports_task
 from analytics.topology import load_topology
+
+log = logging.getLogger(__name__)
 
 Call = tuple[Callable[..., Any], tuple[Any, ...]]
 Progress = Callable[[str, int, int], None]
@@ -129,6 +132,9 @@ class Analysis:
     ports: pl.DataFrame = field(default_factory=pl.DataFrame)
     attributions: dict[tuple[str, str], tuple[str, dict[str, Any]]] = field(default_factory=dict)
     switch_of: dict[str, str] = field(default_factory=dict)
+    unplaced: list[str] = field(default_factory=list)
+    """Nodes with InfiniBand data that the topology file does not list (each counts as its own
+    switch, so their congestion is not pooled with their real neighbours')."""
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def job(self, name: str) -> JobResult:
@@ -207,6 +213,15 @@ def analyse(
         )
     finally:
         reader.close()
+    if out.switch_of:
+        out.unplaced = sorted(set(nodes) - set(out.switch_of))
+        if out.unplaced:
+            log.warning(
+                "topology %s does not list %d node(s), each analysed as its own switch: %s",
+                a["topology"],
+                len(out.unplaced),
+                ", ".join(out.unplaced[:10]),
+            )
     groups = node_groups(nodes, out.switch_of, int(a["nodes_per_task"]))
     out.timings_s["plan"] = time.perf_counter() - t0
     calls: list[Call] = [(job_task, (cfg, j, start_ns, end_ns)) for j in sorted(jobs)]

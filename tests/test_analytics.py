@@ -78,6 +78,14 @@ def test_mfu_matches_the_hand_computed_value(influxd, influx_db, tmp_path):
     assert result.energy is not None and result.energy["j_per_token"] > 0
     assert not result.stragglers  # healthy: nothing flagged
     assert not [s for s in a.switches if s.hot]
+    assert a.unplaced == []
+    # a topology file that misses a node: said, not silently pooled under a made-up switch
+    topo = load_topology(cfg["analysis"]["topology"])
+    dropped = gen.node_names[-1]
+    del topo[dropped]
+    write_topology(topo, tmp_path / "partial.csv")
+    partial = with_overrides(cfg, analysis={"topology": str(tmp_path / "partial.csv")})
+    assert analyse(partial, start, end, LocalExecutor()).unplaced == [dropped]
 
 
 def test_slow_gpu_is_found_and_attributed_to_the_gpu_on_dask(influxd, influx_db, tmp_path):
