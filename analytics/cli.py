@@ -217,6 +217,9 @@ def _risk(
         reader.close()
     from analytics.predict.model import ModelError
 
+    if not nodes:
+        log.warning("failure risk not scored: no GPU reported power_w in the window")
+        return [], []
     try:
         scored = score(cfg, model, end, executor, cluster=cfg["analysis"]["cluster"], nodes=nodes)
     except ModelError as exc:  # a model that does not fit the data must not stop the analysis

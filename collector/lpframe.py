@@ -201,7 +201,10 @@ def _field_pieces(
             continue
         ftype = _field_type(dtype, name)
         if declared is not None:
-            want = declared.field(name).type
+            try:
+                want = declared.field(name).type
+            except KeyError as exc:  # a catalogued measurement takes only its declared fields
+                raise LineProtocolError(str(exc.args[0])) from None
             if want is not ftype:
                 raise LineProtocolError(
                     f"{measurement}.{name}: declared {want}, column dtype {dtype} gives {ftype}"

@@ -261,6 +261,7 @@ def test_operator_endpoints(running: Running) -> None:
     running.acted()
     status, _ = running.post("/v1/undo/gpu02", {})
     assert status == 202
+    assert running.engine.wait(10)  # the uncordon runs on the engine's pool
     assert running.sched.out == set()
     assert running.post("/v1/undo/gpu03", {})[0] == 409
     assert running.post("/v1/approve/0123456789abcdef", {})[0] == 404
