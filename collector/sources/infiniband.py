@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from collector.lineprotocol import Point
@@ -85,7 +86,13 @@ class Port:
     counters: tuple[tuple[str, str], ...]  # (counter name, file path), counters/ + hw_counters/
     ext: tuple[tuple[str, str], ...]  # (counters/ name it replaces, counters_ext file path)
 
-    @property
+    @cached_property
+    def plan(self) -> tuple[tuple[str, str, int], ...]:
+        """(counter name, catalogue field, multiplier to bytes or 1) of each counter file."""
+        return tuple((name, COUNTERS[name], 4 if name in WORD_COUNTERS else 1)
+                     for name, _ in self.counters)  # fmt: skip
+
+    @cached_property
     def files(self) -> tuple[str, ...]:
         """Every file :func:`read_port` reads, in the order :func:`parse_port` expects."""
         attrs = tuple(os.path.join(self.path, a) for a in ATTRS)
@@ -135,8 +142,7 @@ def _listdir(path: str) -> list[str]:
 
 def read_port(files_of_port: tuple[str, ...], files: FileReader) -> list[bytes | None]:
     """The raw contents of every file of a port (thin: no parsing)."""
-    read = files.read_bytes
-    return [read(path) for path in files_of_port]
+    return files.read_many(files_of_port)
 
 
 def parse_port(port: Port, raw: list[bytes | None]) -> tuple[dict[str, Any], str, int]:
@@ -144,20 +150,26 @@ def parse_port(port: Port, raw: list[bytes | None]) -> tuple[dict[str, Any], str
     fields: dict[str, Any] = {}
     bad = 0
     n, n_ext = len(port.counters), len(port.ext)
-    ext = {name: parse_int(raw[n + i]) for i, (name, _) in enumerate(port.ext)}
-    for (name, _), text in zip(port.counters, raw, strict=False):
-        value = parse_int(text)
-        if value is None or value < 0:
-            bad += text is not None
+    ext: dict[str, int | None] = (
+        {name: parse_int(raw[n + i]) for i, (name, _) in enumerate(port.ext)} if n_ext else {}
+    )
+    for (name, field_name, scale), text in zip(port.plan, raw, strict=False):
+        if text is None:
             continue
-        if value == U32_MAX:
-            wide = ext.get(name)
-            if wide is not None and wide >= 0:
-                value = wide
-        fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
-    for name, value in ext.items():  # counters_ext alone (no counters/ file) still counts
-        if COUNTERS[name] not in fields and value is not None and value >= 0:
-            fields[COUNTERS[name]] = value * 4 if name in WORD_COUNTERS else value
+        try:
+            value = int(text)  # ignores surrounding whitespace
+        except ValueError:  # "N/A (no PMA)", garbage, empty
+            bad += 1
+            continue
+        if value < 0:
+            bad += 1
+            continue
+        if value == U32_MAX and (longer := ext.get(name)) is not None and longer >= 0:
+            value = longer  # a 32-bit counter stuck at its maximum: the 64-bit one
+        fields[field_name] = value * scale
+    for name, wide in ext.items():  # counters_ext alone (no counters/ file) still counts
+        if COUNTERS[name] not in fields and wide is not None and wide >= 0:
+            fields[COUNTERS[name]] = wide * 4 if name in WORD_COUNTERS else wide
     state, phys, rate, layer_raw = (
         (t.decode("utf-8", "replace") if t is not None else None) for t in raw[n + n_ext :]
     )
@@ -192,6 +204,7 @@ class InfinibandSource:
     def collect(self, now_ns: int) -> list[Point]:
         if self._ports is None or self._cycles % self.rediscover_cycles == 0:
             self._ports = [(p, p.files) for p in discover(self._root, self.hcas)]
+            self._files.forget_groups()
         self._cycles += 1
         points = []
         for port, paths in self._ports:

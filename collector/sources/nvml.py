@@ -117,6 +117,15 @@ STATIC_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
 )
 
 
+CLOCKS = tuple(
+    (label, f"{label}_mhz", f"{label}_max", f"{label}_max_mhz")
+    for label in ("sm_clock", "mem_clock", "graphics_clock")
+)
+REASON_FIELDS = tuple(
+    (f"clock_event_{name}_active", bit) for name, bit in CLOCK_EVENT_REASONS.items()
+)
+
+
 class GpuLostError(Exception):
     def __init__(self, call: str) -> None:
         super().__init__(call)
@@ -136,7 +145,19 @@ class Device:
     lost: bool = False
 
 
-def field_request(links: int) -> tuple[tuple[int, int], ...]:
+class FieldRequest(tuple[tuple[int, int], ...]):
+    """A field request that computes its hash once: it is part of a dictionary key on every
+    cycle (the recorded backend's answer lookup), and a 146-pair tuple hashes in microseconds."""
+
+    _hash: int | None = None
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            self._hash = tuple.__hash__(self)
+        return self._hash
+
+
+def field_request(links: int) -> FieldRequest:
     """The ``nvmlDeviceGetFieldValues`` request of a GPU with ``links`` NVLinks (stable)."""
     ids = [(fid, 0) for fid, _ in GPU_FIELD_IDS.values()]
     for link in range(links):
@@ -144,28 +165,39 @@ def field_request(links: int) -> tuple[tuple[int, int], ...]:
         legacy = legacy_crc_ids(link)
         if legacy:
             ids += [(legacy[0], 0), (legacy[1], 0)]
-    return tuple(ids)
+    return FieldRequest(ids)
+
+
+def _scaled(scale: float) -> Any:
+    return lambda value: float(value) * scale
+
+
+_LINK_CONVERT = {"link_up_active": bool}
 
 
 @dataclass(frozen=True)
 class FieldLayout:
-    """Where each field sits in the answer to :func:`field_request` (computed once per GPU)."""
+    """Where each field sits in the answer to :func:`field_request` and how its value is
+    converted (computed once per GPU, so the per-cycle parse is lookups and calls only)."""
 
-    gpu: tuple[tuple[str, int, float, str], ...]  # name, position, scale, "bool"|"float"|"int"
-    links: tuple[tuple[int, tuple[tuple[str, int], ...], int, int], ...]
-    # (link, ((name, position), ...), legacy flit position or -1, legacy data position or -1)
+    gpu: tuple[tuple[str, int, Any], ...]  # name, position, converter
+    links: tuple[tuple[int, tuple[tuple[str, int, Any], ...], int, int], ...]
+    # (link, ((name, position, converter), ...), legacy flit position or -1, legacy data or -1)
 
     @classmethod
     def of(cls, request: tuple[tuple[int, int], ...], links: int) -> FieldLayout:
         pos = {ids: i for i, ids in enumerate(request)}
         gpu = tuple(
-            (name, pos[(fid, 0)], scale,
-             "bool" if name in BOOL_FIELDS else "float" if name in FLOAT_FIELDS else "int")
+            (name, pos[(fid, 0)],
+             bool if name in BOOL_FIELDS else _scaled(scale) if name in FLOAT_FIELDS else int)
             for name, (fid, scale) in GPU_FIELD_IDS.items()
         )  # fmt: skip
         per_link = []
         for link in range(links):
-            scoped = tuple((name, pos[(fid, link)]) for name, fid in NVLINK_SCOPED.items())
+            scoped = tuple(
+                (name, pos[(fid, link)], _LINK_CONVERT.get(name, int))
+                for name, fid in NVLINK_SCOPED.items()
+            )
             legacy = legacy_crc_ids(link)
             flit, data = (pos[(legacy[0], 0)], pos[(legacy[1], 0)]) if legacy else (-1, -1)
             per_link.append((link, scoped, flit, data))
@@ -224,13 +256,13 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
         f["gpu_util_pct"], f["mem_util_pct"] = float(raw["util"][0]), float(raw["util"][1])
     if isinstance(raw.get("memory"), list):
         f["mem_total_bytes"], f["mem_used_bytes"] = int(raw["memory"][0]), int(raw["memory"][1])
-    for label in ("sm_clock", "mem_clock", "graphics_clock"):
+    for label, name, static_label, static_name in CLOCKS:
         value = _num(raw.get(label))
         if value is not None:
-            f[f"{label}_mhz"] = value
-        static = _num(dev.static.get(f"{label}_max"))
+            f[name] = value
+        static = _num(dev.static.get(static_label))
         if static is not None:
-            f[f"{label}_max_mhz"] = static
+            f[static_name] = static
     if (v := _num(raw.get("gpu_temp"))) is not None:
         f["gpu_temp_c"] = v
     if (v := _num(raw.get("power"))) is not None:
@@ -244,8 +276,8 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
     reasons = raw.get("clock_events")
     if isinstance(reasons, int):
         f["clock_event_reasons_code"] = reasons
-        for name, bit in CLOCK_EVENT_REASONS.items():
-            f[f"clock_event_{name}_active"] = bool(reasons & bit)
+        for name, bit in REASON_FIELDS:
+            f[name] = bool(reasons & bit)
     for label, key in (("pcie_tx", "pcie_tx_bytes_per_s"), ("pcie_rx", "pcie_rx_bytes_per_s")):
         if (v := _num(raw.get(label))) is not None:
             f[key] = v * 1024  # NVML answers KB/s
@@ -271,22 +303,16 @@ def _parse_fields(
     dev: Device, answers: list[Any], f: dict[str, Any], links: dict[int, dict[str, Any]]
 ) -> None:
     layout = dev.layout or FieldLayout.of(dev.field_ids, dev.links)
-    for name, i, scale, kind in layout.gpu:
+    for name, i, convert in layout.gpu:
         ret, value = answers[i]
-        if ret != 0 or _num(value) is None:
-            continue
-        if kind == "bool":
-            f[name] = bool(value)
-        elif kind == "float":
-            f[name] = float(value) * scale
-        else:
-            f[name] = int(value)
+        if ret == 0 and _num(value) is not None:
+            f[name] = convert(value)
     for link, scoped, flit_i, data_i in layout.links:
         lf: dict[str, Any] = {}
-        for name, i in scoped:
+        for name, i, convert in scoped:
             ret, value = answers[i]
             if ret == 0 and value is not None:
-                lf[name] = bool(value) if name == "link_up_active" else int(value)
+                lf[name] = convert(value)
         if flit_i >= 0:
             flit, data = answers[flit_i], answers[data_i]
             if "crc_flit_errors_total" not in lf and flit[0] == 0 and flit[1] is not None:
@@ -322,7 +348,7 @@ class NvmlSource:
         self._events: queue.Queue[list[int]] = queue.Queue()
         self._waiter: threading.Thread | None = None
         self._stop = threading.Event()
-        self._tags: dict[tuple[int, int, JobInfo], dict[str, str]] = {}
+        self._tags: dict[tuple[int, JobInfo], tuple[dict[str, str], list[dict[str, str]]]] = {}
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -443,14 +469,14 @@ class NvmlSource:
             fields, links = parse_gpu(dev, raw)
             procs = raw.get("processes") or []
             job = self._job(dev, procs, live)
-            tags = self._gpu_tags(dev, -1, job)
+            tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
             for link, lf in links.items():
-                points.append(Point("gpu_nvlink", self._gpu_tags(dev, link, job), lf, now_ns))
+                points.append(Point("gpu_nvlink", link_tags[link], lf, now_ns))
             if self.processes:
                 for pid, mem in procs:
                     info = self.jobs.for_pid(pid)
-                    ptags = self._gpu_tags(dev, -1, info if info.job else job)
+                    ptags = self._tag_set(dev, info)[0] if info.job and info != job else tags
                     pf: dict[str, Any] = {"pid": int(pid)}
                     if isinstance(mem, int):
                         pf["used_mem_bytes"] = mem
@@ -470,20 +496,23 @@ class NvmlSource:
                 best, best_mem = info, used
         return best if best.job else self.jobs.for_gpu(dev.index)
 
-    def _gpu_tags(self, dev: Device, link: int, job: JobInfo) -> dict[str, str]:
-        key = (dev.index, link, job)
-        tags = self._tags.get(key)
-        if tags is None:
+    def _tag_set(self, dev: Device, job: JobInfo) -> tuple[dict[str, str], list[dict[str, str]]]:
+        """The tags of a GPU's points and of each of its NVLinks' points, for ``job``
+        (built once per GPU and job; forgotten wholesale when many jobs have come and gone)."""
+        key = (dev.index, job)
+        cached = self._tags.get(key)
+        if cached is None:
             tags = self.context.base_tags() | {"gpu": str(dev.index)}
             if dev.uuid:
                 tags["gpu_uuid"] = dev.uuid
             if dev.model:
                 tags["gpu_model"] = dev.model
-            if link >= 0:
-                tags["link"] = str(link)
             tags |= job.tags()
-            self._tags[key] = tags
-        return tags
+            link_tags = [tags | {"link": str(link)} for link in range(dev.links)]
+            if len(self._tags) >= 1024:
+                self._tags.clear()
+            cached = self._tags[key] = (tags, link_tags)
+        return cached
 
     def _lost(self, dev: Device, call: str, now_ns: int) -> Point:
         dev.lost = True
