@@ -11,16 +11,20 @@ measured and printed beside it (``encode_ms_per_cycle``), as is the sum.
 
 Side by side, in the same run, the baseline: the same cycle with every sysfs file opened,
 read and closed each time (as most exporters do) instead of kept open and re-read with pread.
+The cycles run in blocks, ours and the baseline's interleaved, and each figure is the median
+of its blocks: on a shared 2-core VM the machine's speed drifts by tens of per cent over
+seconds, and this way both sides see the same machine and one slow stretch moves the
+result by one block, not all of it (the spread of the blocks is printed too).
 
-    uv run python benchmarks/agent_cycle.py [--cycles 2000]
+    uv run python benchmarks/agent_cycle.py [--cycles 2000] [--blocks 20]
 
-The last line is ``cpu_ms_per_cycle=<x>`` (collection; target <= 1.0).
+The last line is ``cpu_ms_per_cycle=<x>`` (collection, median block; target <= 1.0).
 """
 
 from __future__ import annotations
 
 import argparse
-import resource
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -35,8 +39,7 @@ H100 = Path(__file__).parent.parent / "tests/golden/nvml-h100-8gpu/nvml.json"
 
 
 def cpu_s() -> float:
-    r = resource.getrusage(resource.RUSAGE_SELF)
-    return r.ru_utime + r.ru_stime
+    return time.process_time()  # CLOCK_PROCESS_CPUTIME_ID: user + system, ns resolution
 
 
 class Null:
@@ -62,10 +65,13 @@ def make_agent(root: Path) -> Agent:
                  sink_stats=lambda: {"spool_bytes": 0})  # fmt: skip
 
 
-def measure(agent: Agent, cycles: int) -> tuple[float, float, int, int]:
-    """(collect CPU ms, encode CPU ms, points, line-protocol bytes) per cycle."""
-    for _ in range(200):  # warm-up: discovery, first reads, caches
+def warm_up(agent: Agent) -> None:
+    for _ in range(200):  # discovery, first reads, caches
         encode_points(agent.collect(time.time_ns()))
+
+
+def block(agent: Agent, cycles: int) -> tuple[float, float, int, int]:
+    """(collect CPU ms, encode CPU ms, points, line-protocol bytes) per cycle over ``cycles``."""
     collect_s = encode_s = 0.0
     points = nbytes = 0
     for _ in range(cycles):
@@ -83,21 +89,33 @@ def measure(agent: Agent, cycles: int) -> tuple[float, float, int, int]:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cycles", type=int, default=2000)
+    p.add_argument("--blocks", type=int, default=20)
     args = p.parse_args()
+    per_block = max(1, args.cycles // args.blocks)
     with tempfile.TemporaryDirectory() as tmp:
         agent = make_agent(Path(tmp))
-        ms, enc, points, nbytes = measure(agent, args.cycles)
         baseline = make_agent(Path(tmp) / "baseline")
         for source in baseline.sources:
             files = getattr(source, "_files", None)
             if files is not None:
                 files.max_open = 0  # open, read, close every file every cycle
-        base_ms, _, _, _ = measure(baseline, max(200, args.cycles // 5))
+        warm_up(agent)
+        warm_up(baseline)
+        ours, theirs = [], []
+        for _ in range(args.blocks):  # interleaved, so both see the same machine
+            ours.append(block(agent, per_block))
+            theirs.append(block(baseline, max(1, per_block // 5)))
         for a in (agent, baseline):
             a.close()
-    print(f"cycles={args.cycles} points_per_cycle={points} lp_bytes_per_cycle={nbytes}")
+    ms = statistics.median(b[0] for b in ours)
+    enc = statistics.median(b[1] for b in ours)
+    base_ms = statistics.median(b[0] for b in theirs)
+    spread = sorted(b[0] for b in ours)
+    print(f"cycles={per_block * args.blocks} in {args.blocks} blocks, "
+          f"points_per_cycle={ours[0][2]} lp_bytes_per_cycle={ours[0][3]}")  # fmt: skip
     print("input: CONSTRUCTED 8x H100 NVML recording (18 NVLinks/GPU) + CONSTRUCTED sysfs tree "
           "(8 HCAs, 2 RAPL packages + dram, hwmon, 2 thermal zones)")  # fmt: skip
+    print(f"collect_ms_per_cycle_blocks min={spread[0]:.3f} median={ms:.3f} max={spread[-1]:.3f}")
     print(f"baseline_open_read_close_cpu_ms_per_cycle={base_ms:.3f}")
     print(f"speedup_vs_baseline={base_ms / ms:.2f}")
     print(f"encode_ms_per_cycle={enc:.3f} collect_plus_encode_ms_per_cycle={ms + enc:.3f}")
