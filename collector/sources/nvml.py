@@ -126,6 +126,9 @@ REASON_FIELDS = tuple(
 )
 
 
+TagSet = tuple[dict[str, str], list[dict[str, str]]]  # a GPU's tags, each NVLink's tags
+
+
 class GpuLostError(Exception):
     def __init__(self, call: str) -> None:
         super().__init__(call)
@@ -348,7 +351,8 @@ class NvmlSource:
         self._events: queue.Queue[list[int]] = queue.Queue()
         self._waiter: threading.Thread | None = None
         self._stop = threading.Event()
-        self._tags: dict[tuple[int, JobInfo], tuple[dict[str, str], list[dict[str, str]]]] = {}
+        self._tags: dict[tuple[int, JobInfo], TagSet] = {}  # used in the last cycle
+        self._tags_now: dict[tuple[int, JobInfo], TagSet] = {}  # used in this one
 
     # -- set-up ---------------------------------------------------------------------------
 
@@ -482,6 +486,7 @@ class NvmlSource:
                         pf["used_mem_bytes"] = mem
                     points.append(Point("gpu_process", ptags, pf, now_ns))
         self.jobs.forget_except(live)
+        self._tags, self._tags_now = self._tags_now, {}
         if self.events != "off":
             points += self._event_points(now_ns, self._devices)
         return points
@@ -496,11 +501,12 @@ class NvmlSource:
                 best, best_mem = info, used
         return best if best.job else self.jobs.for_gpu(dev.index)
 
-    def _tag_set(self, dev: Device, job: JobInfo) -> tuple[dict[str, str], list[dict[str, str]]]:
-        """The tags of a GPU's points and of each of its NVLinks' points, for ``job``
-        (built once per GPU and job; forgotten wholesale when many jobs have come and gone)."""
+    def _tag_set(self, dev: Device, job: JobInfo) -> TagSet:
+        """The tags of a GPU's points and of each of its NVLinks' points, for ``job``: built
+        once per GPU and job, and kept while the job is on the GPU (a tag set not used in a
+        cycle is dropped at its end, so the thousands of jobs a node sees leave nothing)."""
         key = (dev.index, job)
-        cached = self._tags.get(key)
+        cached = self._tags_now.get(key) or self._tags.get(key)
         if cached is None:
             tags = self.context.base_tags() | {"gpu": str(dev.index)}
             if dev.uuid:
@@ -508,10 +514,8 @@ class NvmlSource:
             if dev.model:
                 tags["gpu_model"] = dev.model
             tags |= job.tags()
-            link_tags = [tags | {"link": str(link)} for link in range(dev.links)]
-            if len(self._tags) >= 1024:
-                self._tags.clear()
-            cached = self._tags[key] = (tags, link_tags)
+            cached = (tags, [tags | {"link": str(link)} for link in range(dev.links)])
+        self._tags_now[key] = cached
         return cached
 
     def _lost(self, dev: Device, call: str, now_ns: int) -> Point:
