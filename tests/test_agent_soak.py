@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 import tracemalloc
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +54,7 @@ class CountJobs:
         self.last = ""
         self.jobs = 0
 
-    def write_points(self, points: list[Point]) -> None:
+    def write_points(self, points: Iterable[Point]) -> None:
         job = next(p.tags["job"] for p in points if p.measurement == "gpu")
         if job != self.last:
             self.last, self.jobs = job, self.jobs + 1
