@@ -40,6 +40,8 @@ class PointSink(Protocol):
 @dataclass
 class SourceHealth:
     errors: int = 0
+    failing: str = ""  # the message of the failure streak it is in ("" when it works)
+    failed_cycles: int = 0  # cycles in that streak
 
 
 class _AbandonedError(Exception):
@@ -109,13 +111,14 @@ class Agent:
                 result = source.collect(now_ns)
             except Exception as exc:  # a source's failure must never stop the agent
                 self._check_owner()
-                self.health[name].errors += 1
-                log.warning("source %s failed: %s", name, exc, exc_info=log.isEnabledFor(10))
+                self._failed(name, exc)
                 own.append(self._self_point(name, now_ns, time.perf_counter() - t0, False, 0))
                 continue
             finally:
                 self._current = None
             self._check_owner()
+            if self.health[name].failing:
+                self._recovered(name)
             points += result
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
         if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it
@@ -135,6 +138,26 @@ class Agent:
             own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))
         self.cycles += 1
         return points + own
+
+    def _failed(self, name: str, exc: Exception) -> None:
+        """Counts the failure; logs it when a streak starts or its message changes (a node
+        without a GPU, or a driver that is down for an hour, says so once, not every cycle;
+        the self-metrics record every failed cycle)."""
+        health = self.health[name]
+        health.errors += 1
+        health.failed_cycles += 1
+        message = str(exc) or type(exc).__name__
+        if message != health.failing:
+            health.failing = message
+            log.warning("source %s failed: %s (logged again when the error changes or it "
+                        "recovers)", name, message, exc_info=log.isEnabledFor(10))  # fmt: skip
+        else:
+            log.debug("source %s failed again: %s", name, message)
+
+    def _recovered(self, name: str) -> None:
+        health = self.health[name]
+        log.warning("source %s works again after %d failed cycle(s)", name, health.failed_cycles)
+        health.failing, health.failed_cycles = "", 0
 
     def _self_point(self, name: str, now_ns: int, duration: float, ok: bool, n: int) -> Point:
         fields: dict[str, Any] = {

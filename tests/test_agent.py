@@ -25,11 +25,12 @@ from collector.agent import Agent, TraceRecorder
 from collector.agentconfig import ConfigError, load_config
 from collector.catalogue import check_point
 from collector.lineprotocol import Point
+from collector.nvml.backend import NvmlError
 from collector.nvml.recorded import RecordedBackend, Recorder
 from collector.relay import ReporterRelay, measurement_of
 from collector.reporter import Reporter
 from collector.sink import InfluxSink, SinkConfig
-from collector.sources.base import SourceContext
+from collector.sources.base import SourceContext, SourceError
 from collector.sysfstree import build_node_tree
 from collector.trace import TraceReader, replay
 
@@ -231,6 +232,67 @@ def test_a_failing_or_slow_source_never_stops_the_others():
     assert self_metrics(sink.batches[-1], "broken")[0]["errors_total"] == 4
     assert len(sink.batches) == 3
     assert slow.calls == 1  # not started again while its late call was still going
+
+
+class Flaky:
+    """Fails with the messages it is given, one per cycle ("" = works)."""
+
+    name = "flaky"
+
+    def __init__(self, script):
+        self.script = list(script)
+
+    def collect(self, now_ns):
+        message = self.script.pop(0) if self.script else ""
+        if message:
+            raise RuntimeError(message)
+        return [Point("thermal", {"zone": "f"}, {"temp_c": 1.0}, now_ns)]
+
+    def close(self):
+        pass
+
+
+def test_a_source_that_keeps_failing_is_logged_once_per_streak_and_error(caplog):
+    script = ["no driver"] * 5 + ["driver too old"] * 3 + [""] * 2 + ["no driver"]
+    agent = Agent([Flaky(script)], ListSink(), cluster="c", node="n")
+    caplog.set_level("DEBUG", logger="collector.agent")
+    batches = [agent.collect(i) for i in range(len(script))]
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    again = "(logged again when the error changes or it recovers)"
+    assert warnings == [
+        f"source flaky failed: no driver {again}",
+        f"source flaky failed: driver too old {again}",
+        "source flaky works again after 8 failed cycle(s)",
+        f"source flaky failed: no driver {again}",
+    ]
+    # every failed cycle is still in the self-metrics, and in the debug log
+    success = [self_metrics(b, "flaky")[0]["collect_success_active"] for b in batches]
+    assert success == [not message for message in script]
+    assert self_metrics(batches[-1], "flaky")[0]["errors_total"] == 9
+    assert sum("failed again" in r.getMessage() for r in caplog.records) == 6
+
+
+class NoDriver(RecordedBackend):
+    def __init__(self, code):
+        super().__init__(H100)
+        self.code = code
+
+    def init(self):
+        raise NvmlError(self.code, "nvmlInit")
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [(12, "LIBRARY_NOT_FOUND (libnvidia-ml.so.1 was not found"),
+     (18, "LIB_RM_VERSION_MISMATCH (libnvidia-ml and the loaded kernel module"),
+     (999, "nvmlInit: NVML_ERROR_UNKNOWN")],
+)  # fmt: skip
+def test_nvml_that_cannot_start_says_what_to_check(tmp_path, code, says):
+    ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+    source = sources.create("nvml", ctx, {"backend_instance": NoDriver(code), "events": "poll"})
+    with pytest.raises(SourceError, match="NVML did not initialise") as failed:
+        source.collect(0)
+    assert says in str(failed.value)
 
 
 def test_the_loop_keeps_its_schedule_and_skips_missed_ticks():

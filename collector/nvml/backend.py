@@ -29,10 +29,13 @@ ERROR_INVALID_ARGUMENT = 2
 ERROR_NOT_SUPPORTED = 3
 ERROR_NO_PERMISSION = 4
 ERROR_NOT_FOUND = 6
+ERROR_DRIVER_NOT_LOADED = 9
 ERROR_TIMEOUT = 10
+ERROR_LIBRARY_NOT_FOUND = 12
 ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
-ERROR_NO_DATA = 24
+ERROR_LIB_RM_VERSION_MISMATCH = 18
+ERROR_NO_DATA = 21
 ERROR_UNKNOWN = 999
 ERROR_NOT_READY = 1000  # gpuwarden's own: GPM has no previous sample yet
 
@@ -42,13 +45,44 @@ ERROR_NAMES = {
     ERROR_INVALID_ARGUMENT: "INVALID_ARGUMENT",
     ERROR_NOT_SUPPORTED: "NOT_SUPPORTED",
     ERROR_NO_PERMISSION: "NO_PERMISSION",
+    5: "ALREADY_INITIALIZED",
     ERROR_NOT_FOUND: "NOT_FOUND",
+    7: "INSUFFICIENT_SIZE",
+    8: "INSUFFICIENT_POWER",
+    ERROR_DRIVER_NOT_LOADED: "DRIVER_NOT_LOADED",
     ERROR_TIMEOUT: "TIMEOUT",
+    11: "IRQ_ISSUE",
+    ERROR_LIBRARY_NOT_FOUND: "LIBRARY_NOT_FOUND",
     ERROR_FUNCTION_NOT_FOUND: "FUNCTION_NOT_FOUND",
+    14: "CORRUPTED_INFOROM",
     ERROR_GPU_IS_LOST: "GPU_IS_LOST",
+    16: "RESET_REQUIRED",
+    17: "OPERATING_SYSTEM",
+    ERROR_LIB_RM_VERSION_MISMATCH: "LIB_RM_VERSION_MISMATCH",
+    19: "IN_USE",
+    20: "MEMORY",
     ERROR_NO_DATA: "NO_DATA",
+    22: "VGPU_ECC_NOT_SUPPORTED",
+    23: "INSUFFICIENT_RESOURCES",
+    24: "FREQ_NOT_SUPPORTED",
+    25: "ARGUMENT_VERSION_MISMATCH",
+    26: "DEPRECATED",
+    27: "NOT_READY (driver)",
+    28: "GPU_NOT_FOUND",
+    29: "INVALID_STATE",
     ERROR_UNKNOWN: "UNKNOWN",
     ERROR_NOT_READY: "NOT_READY",
+}
+
+# What an operator should check when nvmlInit fails with these codes.
+INIT_HINTS = {
+    ERROR_LIBRARY_NOT_FOUND: "libnvidia-ml.so.1 was not found: is the NVIDIA driver installed, "
+    "and (in a container) is the NVIDIA container toolkit mounting it?",
+    ERROR_DRIVER_NOT_LOADED: "the NVIDIA kernel module is not loaded (see dmesg, nvidia-smi)",
+    ERROR_NO_PERMISSION: "no permission to open /dev/nvidia*: run the agent as root or in the "
+    "video group",
+    ERROR_LIB_RM_VERSION_MISMATCH: "libnvidia-ml and the loaded kernel module are different "
+    "driver versions (a driver upgrade without reboot or module reload)",
 }
 
 # Answers that mean "this value is not available here", never an error worth a log line.

@@ -31,6 +31,7 @@ from collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NOT_READY,
+    INIT_HINTS,
     UNAVAILABLE,
     NvmlBackend,
     NvmlError,
@@ -377,7 +378,10 @@ class NvmlSource:
         try:
             self._backend.init()
         except NvmlError as exc:
-            raise SourceError(f"NVML did not initialise: {exc}") from exc
+            hint = INIT_HINTS.get(exc.code)
+            raise SourceError(
+                f"NVML did not initialise: {exc}" + (f" ({hint})" if hint else "")
+            ) from exc
         self._reader = Reader(self._backend, self._warn)
         self._backend.begin_cycle()
         count = int(self._backend.call(None, "nvmlDeviceGetCount"))
