@@ -14,7 +14,10 @@ A key is ``device|call|args`` (device ``-`` for system calls, args as compact JS
 is a value ``v`` or an NVML return code ``e``. Each tick lists only what changed: answers carry
 over from earlier ticks, so a constructed case states its first tick in full and then only the
 differences. ``events`` are the critical-XID events that arrive during the tick. A call that
-was never recorded answers ``ERROR_FUNCTION_NOT_FOUND`` (the recorded machine was not asked).
+was never recorded answers ``ERROR_FUNCTION_NOT_FOUND`` (the recorded machine was not asked),
+except ``nvmlDeviceGetFieldValues`` with a request the recording does not hold: it is answered
+field by field from the requests it does hold, so a recording stays usable when the collector
+asks for more fields than it did when the recording was made (the new ones: not supported).
 
 "constructed" recordings are written by hand or by a script from NVML's documented behaviour;
 they say so in ``provenance`` and every test or report that uses one must too.
@@ -29,7 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from collector.errors import CollectorError
-from collector.nvml.backend import ERROR_FUNCTION_NOT_FOUND, NvmlBackend, NvmlError
+from collector.nvml.backend import (
+    ERROR_FUNCTION_NOT_FOUND,
+    ERROR_INVALID_ARGUMENT,
+    ERROR_NOT_SUPPORTED,
+    NvmlBackend,
+    NvmlError,
+)
 
 FORMAT = "gpuwarden-nvml/1"
 
@@ -74,6 +83,7 @@ class RecordedBackend:
         self._ticks: list[dict[str, Any]] = []
         self._tick = -1
         self._answers: dict[str, Any] = {}
+        self._pairs: dict[int, dict[tuple[int, int], list[Any]] | NvmlError] = {}
         self._base: dict[str, Any] = {}
         self._events: deque[list[int]] = deque()
         self._cond = threading.Condition()
@@ -98,6 +108,7 @@ class RecordedBackend:
         self._ticks = ticks
         self._tick = -1
         self._answers = {}
+        self._pairs = {}
 
     def shutdown(self) -> None:
         with self._cond:
@@ -118,6 +129,7 @@ class RecordedBackend:
             self._answers = {}
         tick = self._ticks[nxt]
         self._answers.update(tick.get("answers", {}))
+        self._pairs = {}
         self._tick = nxt
         with self._cond:
             self._events.extend(tick.get("events", []))
@@ -128,10 +140,43 @@ class RecordedBackend:
             return self._wait(int(args[0]))
         answer = self._answers.get(call_key(device, name, args))
         if answer is None:
+            if name == "nvmlDeviceGetFieldValues" and args and device is not None:
+                return self._fields_by_pair(device, args[0])
             raise NvmlError(ERROR_FUNCTION_NOT_FOUND, f"{name}[{device}] (not in recording)")
         if "e" in answer:
             raise NvmlError(int(answer["e"]), f"{name}[{device}]")
         return answer["v"]
+
+    def _fields_by_pair(self, device: int, ids: Any) -> list[list[Any]]:
+        """A field request the recording does not hold as such, answered field by field from
+        the requests it does hold (the collector asks for more fields than when the recording
+        was made). A field never recorded answers NOT_SUPPORTED, as on a driver without it; a
+        request that failed as a whole (a lost GPU) fails this one the same way."""
+        pairs = self._pairs.get(device)
+        if pairs is None:
+            pairs = self._pairs[device] = self._pair_index(device)
+        if isinstance(pairs, NvmlError):
+            raise pairs
+        if not pairs:
+            raise NvmlError(ERROR_FUNCTION_NOT_FOUND, f"nvmlDeviceGetFieldValues[{device}] "
+                            "(no field values in recording)")  # fmt: skip
+        try:
+            return [pairs.get((int(f), int(s)), [ERROR_NOT_SUPPORTED, None]) for f, s in ids]
+        except (TypeError, ValueError) as exc:
+            raise NvmlError(ERROR_INVALID_ARGUMENT, "nvmlDeviceGetFieldValues") from exc
+
+    def _pair_index(self, device: int) -> dict[tuple[int, int], list[Any]] | NvmlError:
+        prefix = f"{device}|nvmlDeviceGetFieldValues|"
+        pairs: dict[tuple[int, int], list[Any]] = {}
+        for key, answer in self._answers.items():
+            if not key.startswith(prefix):
+                continue
+            if "e" in answer:
+                return NvmlError(int(answer["e"]), f"nvmlDeviceGetFieldValues[{device}]")
+            (request,) = json.loads(key[len(prefix) :])
+            for (fid, scope), value in zip(request, answer["v"], strict=True):
+                pairs[(int(fid), int(scope))] = value
+        return pairs
 
     def _wait(self, timeout_ms: int) -> list[int] | None:
         with self._cond:
