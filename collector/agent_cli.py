@@ -2,6 +2,7 @@
 
     gpuwarden-agent --config /etc/gpuwarden/agent.toml          # run (systemd, DaemonSet)
     gpuwarden-agent --once                                      # print one cycle, send nothing
+                                                                # (exit 1 if a source failed)
     gpuwarden-agent --record /var/tmp/trace --cycles 360        # record what it would send
     gpuwarden-agent --config agent.toml --print-config          # effective settings as TOML
 
@@ -100,7 +101,11 @@ def build_agent(
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuwarden-agent", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="TOML file (default: built-in defaults)")
-    parser.add_argument("--once", action="store_true", help="print one cycle as line protocol")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="print one cycle as line protocol; exit 1 if any source failed (a node check)",
+    )
     parser.add_argument("--record", metavar="DIR", help="record to a trace instead of sending")
     parser.add_argument("--cycles", type=int, help="stop after N cycles")
     parser.add_argument(
@@ -161,6 +166,12 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.save(args.record_nvml)
             log.info("NVML answers of %d cycles saved to %s", agent.cycles, args.record_nvml)
+    if args.once:  # a node check: fails when any source did
+        failed = sorted(name for name, health in agent.health.items() if health.errors)
+        if failed:
+            print(f"gpuwarden-agent: failed in this cycle: {', '.join(failed)} (see the log)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
     return 0
 
 

@@ -314,6 +314,15 @@ def test_once_prints_one_cycle_of_line_protocol(tmp_path):
     assert {measurement_of(ln) for ln in lines} >= {"gpu", "host_power", "thermal", "agent"}
 
 
+def test_once_fails_when_a_source_fails_and_says_which(tmp_path, capsys):
+    config = write_config(tmp_path)
+    config.write_text(config.read_text().replace(str(H100), str(tmp_path / "missing.json")))
+    assert agent_cli.main(["--config", str(config), "--once"]) == 1
+    out, err = capsys.readouterr()
+    assert "failed in this cycle: nvml (see the log)" in err
+    assert sum(1 for ln in out.splitlines() if ln.startswith("ib_port,")) == 8  # the rest ran
+
+
 def test_record_then_replay_into_influxdb(influxd, influx_db, tmp_path):
     """Issue 4: the agent records what it would send; the replayer sends it later, exactly."""
     trace = tmp_path / "trace"
