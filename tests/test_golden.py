@@ -42,7 +42,8 @@ def materialise(csv_path: Path, root: Path) -> None:
                 out.write(value + "\n")
 
 
-def run_case(case: Path, tmp: Path) -> list[list[str]]:
+def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[str]]:
+    """Each step's line protocol; ``nvml_backend`` replaces the recorded NVML backend."""
     spec = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
     context = SourceContext("golden", "node-a", sysfs=tmp / "sys", procfs=tmp / "proc")
     if (case / "proc.csv").exists():
@@ -54,6 +55,8 @@ def run_case(case: Path, tmp: Path) -> list[list[str]]:
         if name == "nvml":
             s.update(backend="recorded", recording=str(case / "nvml.json"), events="poll")
             s.setdefault("jobmap_dir", str(tmp / "jobs"))
+            if nvml_backend is not None:
+                s["backend_instance"] = nvml_backend
         if name == "xid":
             s["path"] = str(case / "kmsg.log")
         made.append(sources.create(name, context, s))

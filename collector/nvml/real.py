@@ -99,6 +99,10 @@ class PynvmlBackend:
             return _plain(fn(self._handle(device), *args))
         except nv.NVMLError as exc:
             raise NvmlError(int(exc.value), f"{name}[{device}]") from exc
+        except getattr(nv, "NVMLLibraryMismatchError", ()) as exc:
+            # pynvml's unversioned wrappers raise this (not an NVMLError) when the driver
+            # lacks the versioned function they call
+            raise NvmlError(ERROR_FUNCTION_NOT_FOUND, f"{name}[{device}]: {exc}") from exc
 
     # -- adapters for calls whose pynvml shape is not plain ---------------------------------
 
@@ -115,7 +119,14 @@ class PynvmlBackend:
         return [_field_value(v) for v in values]
 
     def _processes(self, device: int) -> list[list[Any]]:
-        procs = self._nv.nvmlDeviceGetComputeRunningProcesses(self._handle(device))
+        """``[[pid, used bytes or None], ...]``: the _v3 call (R510+), else _v2 (R470)."""
+        nv, h = self._nv, self._handle(device)
+        try:
+            procs = nv.nvmlDeviceGetComputeRunningProcesses_v3(h)
+        except nv.NVMLError_FunctionNotFound:
+            if not hasattr(nv, "nvmlDeviceGetComputeRunningProcesses_v2"):
+                raise
+            procs = nv.nvmlDeviceGetComputeRunningProcesses_v2(h)
         return [[int(p.pid), p.usedGpuMemory] for p in procs]
 
     def _clock_events(self, device: int) -> int:

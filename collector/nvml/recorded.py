@@ -147,6 +147,15 @@ class RecordedBackend:
             raise NvmlError(int(answer["e"]), f"{name}[{device}]")
         return answer["v"]
 
+    def answers_of(self, device: int | None, name: str) -> list[tuple[Any, dict[str, Any]]]:
+        """Every recorded ``(args, answer)`` of ``name`` on ``device`` as of this tick."""
+        prefix = f"{'-' if device is None else device}|{name}|"
+        return [
+            (json.loads(key[len(prefix) :]), answer)
+            for key, answer in self._answers.items()
+            if key.startswith(prefix)
+        ]
+
     def _fields_by_pair(self, device: int, ids: Any) -> list[list[Any]]:
         """A field request the recording does not hold as such, answered field by field from
         the requests it does hold (the collector asks for more fields than when the recording
@@ -166,14 +175,11 @@ class RecordedBackend:
             raise NvmlError(ERROR_INVALID_ARGUMENT, "nvmlDeviceGetFieldValues") from exc
 
     def _pair_index(self, device: int) -> dict[tuple[int, int], list[Any]] | NvmlError:
-        prefix = f"{device}|nvmlDeviceGetFieldValues|"
         pairs: dict[tuple[int, int], list[Any]] = {}
-        for key, answer in self._answers.items():
-            if not key.startswith(prefix):
-                continue
+        for args, answer in self.answers_of(device, "nvmlDeviceGetFieldValues"):
             if "e" in answer:
                 return NvmlError(int(answer["e"]), f"nvmlDeviceGetFieldValues[{device}]")
-            (request,) = json.loads(key[len(prefix) :])
+            (request,) = args
             for (fid, scope), value in zip(request, answer["v"], strict=True):
                 pairs[(int(fid), int(scope))] = value
         return pairs

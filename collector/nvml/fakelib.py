@@ -1,0 +1,342 @@
+"""A stand-in for libnvidia-ml under pynvml, answering from a gpuwarden-nvml/1 recording.
+
+pynvml (nvidia-ml-py) wraps each C function of libnvidia-ml: it builds the arguments as ctypes
+objects (structs, arrays, ``byref`` pointers), calls the function it looked up in the loaded
+library, and turns a non-zero return code into an ``NVMLError``. :func:`installed` puts a
+:class:`FakeLibrary` where pynvml keeps the loaded library. Its functions take those same
+ctypes arguments, fill the output structs as NVML documents (a two-call size negotiation for
+processes, per-field return codes, ``TIMEOUT`` from an empty event wait, ``INSUFFICIENT_SIZE``,
+``ARGUMENT_VERSION_MISMATCH``) and return NVML return codes, answering from a recording.
+
+With it, the real path, pynvml's own wrappers and structs and
+:class:`collector.nvml.real.PynvmlBackend`'s adapters on top, runs where there is no GPU,
+and a test can check that it turns a recording's answers into what the recorded backend
+gives. What it does not cover: the C calling convention (arguments never cross into C), the
+driver's timing, and anything the recording does not hold. It is a fake: every result
+obtained through it is as CONSTRUCTED or as recorded as the recording it answers from.
+
+The recording advances when its :meth:`~collector.nvml.recorded.RecordedBackend.begin_cycle`
+is called (the real backend's own ``begin_cycle`` does nothing), so a test calls it before
+each collection cycle.
+"""
+
+# ruff: noqa: N802  (the methods are named after libnvidia-ml's C functions, which pynvml looks up)
+from __future__ import annotations
+
+import ctypes
+import itertools
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from collector.nvml.backend import (
+    ERROR_GPU_IS_LOST,
+    ERROR_NAMES,
+    ERROR_NOT_SUPPORTED,
+    ERROR_UNKNOWN,
+    NvmlError,
+)
+from collector.nvml.recorded import RecordedBackend
+
+SUCCESS = 0
+INVALID_ARGUMENT = 2
+INSUFFICIENT_SIZE = 7
+TIMEOUT = 10
+ARGUMENT_VERSION_MISMATCH = 25
+NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
+VALUE_DOUBLE, VALUE_ULL, VALUE_SLL = 0, 3, 4  # nvmlValueType_t
+DEVICE_BASE = 0x1000  # handle of GPU i: this address plus i (never dereferenced)
+GPM_METRICS_GET_VERSION = 1
+
+
+def _obj(ref: Any) -> Any:
+    """The ctypes object behind a ``byref()`` argument."""
+    return getattr(ref, "_obj", ref)
+
+
+def _address(pointer: Any) -> int:
+    return ctypes.cast(pointer, ctypes.c_void_p).value or 0
+
+
+def _set_pointer(out: Any, address: int) -> None:
+    """Writes ``address`` into a ctypes pointer object (a handle NVML hands out)."""
+    value = ctypes.c_void_p(address)
+    ctypes.memmove(ctypes.addressof(out), ctypes.addressof(value), ctypes.sizeof(value))
+
+
+def _function(method: Callable[..., Any]) -> Callable[..., Any]:
+    def function(*args: Any) -> Any:
+        return method(*args)
+
+    function.__name__ = method.__name__[2:]
+    return function
+
+
+class FakeLibrary:
+    """libnvidia-ml's functions, as pynvml looks them up, answering from ``recording``.
+
+    ``missing``: names of C functions this "driver" lacks (pynvml then raises
+    FUNCTION_NOT_FOUND, or its version-mismatch error for unversioned wrappers), to play an
+    older driver. ``init_error``: the return code of ``nvmlInitWithFlags`` (0 = it starts)."""
+
+    def __init__(
+        self, recording: RecordedBackend, missing: Iterable[str] = (), init_error: int = 0
+    ) -> None:
+        self.recording = recording
+        self.missing = frozenset(missing)
+        self.init_error = init_error
+        self._samples: dict[int, int] = {}  # GPM sample address -> device index
+        self._next = itertools.count(0x100000)
+        # plain functions, not bound methods: pynvml sets attributes on some (``restype``)
+        self._functions: dict[str, Callable[..., Any]] = {
+            name[2:]: _function(getattr(self, name))
+            for name in dir(type(self))
+            if name.startswith("c_nvml")
+        }
+
+    def __getattr__(self, name: str) -> Any:
+        # pynvml reads functions as attributes of the loaded library (ctypes.CDLL)
+        function = self.__dict__.get("_functions", {}).get(name)
+        if function is None or name in self.__dict__.get("missing", ()):
+            raise AttributeError(name)
+        return function
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _ask(self, device: int | None, name: str, *args: Any) -> tuple[int, Any]:
+        try:
+            return SUCCESS, self.recording.call(device, name, *args)
+        except NvmlError as exc:
+            return (exc.code if exc.code < 1000 else ERROR_UNKNOWN), None
+
+    def _scalar(self, handle: Any, out: Any, name: str, *args: Any) -> int:
+        code, value = self._ask(self._index(handle), name, *args)
+        if code == SUCCESS:
+            _obj(out).value = value
+        return code
+
+    @staticmethod
+    def _index(handle: Any) -> int:
+        return _address(handle) - DEVICE_BASE
+
+    # -- system ---------------------------------------------------------------------------
+
+    def c_nvmlInitWithFlags(self, flags: int) -> int:
+        return self.init_error
+
+    def c_nvmlShutdown(self) -> int:
+        return SUCCESS
+
+    def c_nvmlErrorString(self, code: int) -> bytes:
+        return f"NVML_ERROR_{ERROR_NAMES.get(int(code), str(code))}".encode()
+
+    def c_nvmlDeviceGetCount_v2(self, out: Any) -> int:
+        code, count = self._ask(None, "nvmlDeviceGetCount")
+        if code == SUCCESS:
+            _obj(out).value = count
+        return code
+
+    def c_nvmlSystemGetDriverVersion(self, buffer: Any, size: Any) -> int:
+        code, version = self._ask(None, "nvmlSystemGetDriverVersion")
+        if code == SUCCESS:
+            buffer.value = str(version).encode()
+        return code
+
+    # -- devices --------------------------------------------------------------------------
+
+    def c_nvmlDeviceGetHandleByIndex_v2(self, index: Any, out: Any) -> int:
+        _set_pointer(_obj(out), DEVICE_BASE + int(index.value))
+        return SUCCESS
+
+    def c_nvmlDeviceGetIndex(self, handle: Any, out: Any) -> int:
+        _obj(out).value = self._index(handle)
+        return SUCCESS
+
+    def _text(self, handle: Any, buffer: Any, name: str) -> int:
+        code, text = self._ask(self._index(handle), name)
+        if code == SUCCESS:
+            buffer.value = str(text).encode()
+        return code
+
+    def c_nvmlDeviceGetUUID(self, handle: Any, buffer: Any, size: Any) -> int:
+        return self._text(handle, buffer, "nvmlDeviceGetUUID")
+
+    def c_nvmlDeviceGetName(self, handle: Any, buffer: Any, size: Any) -> int:
+        return self._text(handle, buffer, "nvmlDeviceGetName")
+
+    def c_nvmlDeviceGetPciInfo_v3(self, handle: Any, out: Any) -> int:
+        code, bus_id = self._ask(self._index(handle), "nvmlDeviceGetPciInfo")
+        if code == SUCCESS:
+            _obj(out).busId = str(bus_id).encode()
+        return code
+
+    def c_nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetMaxClockInfo", int(clock.value))
+
+    def c_nvmlDeviceGetClockInfo(self, handle: Any, clock: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetClockInfo", int(clock.value))
+
+    def c_nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetTemperature", int(sensor.value))
+
+    def c_nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetPcieThroughput", int(counter.value))
+
+    def c_nvmlDeviceGetPowerUsage(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetPowerUsage")
+
+    def c_nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetEnforcedPowerLimit")
+
+    def c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetPerformanceState")
+
+    def c_nvmlDeviceGetFanSpeed(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetFanSpeed")
+
+    def c_nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetCurrentClocksEventReasons")
+
+    def c_nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetCurrPcieLinkGeneration")
+
+    def c_nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, out: Any) -> int:
+        return self._scalar(handle, out, "nvmlDeviceGetCurrPcieLinkWidth")
+
+    def c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
+        code, util = self._ask(self._index(handle), "nvmlDeviceGetUtilizationRates")
+        if code == SUCCESS:
+            _obj(out).gpu, _obj(out).memory = util
+        return code
+
+    def c_nvmlDeviceGetMemoryInfo(self, handle: Any, out: Any) -> int:
+        code, memory = self._ask(self._index(handle), "nvmlDeviceGetMemoryInfo")
+        if code == SUCCESS:
+            total, used = memory
+            _obj(out).total, _obj(out).used, _obj(out).free = total, used, total - used
+        return code
+
+    def c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
+        array = _obj(values)
+        n = int(count.value)
+        if n < 0 or n > len(array):
+            return INVALID_ARGUMENT
+        request = tuple((int(array[i].fieldId), int(array[i].scopeId)) for i in range(n))
+        code, answers = self._ask(self._index(handle), "nvmlDeviceGetFieldValues", request)
+        if code != SUCCESS:
+            return code
+        for i, (ret, value) in enumerate(answers):
+            field = array[i]
+            field.nvmlReturn = ret
+            if ret != SUCCESS:
+                continue
+            if isinstance(value, float):
+                field.valueType, field.value.dVal = VALUE_DOUBLE, value
+            elif int(value) < 0:
+                field.valueType, field.value.sllVal = VALUE_SLL, int(value)
+            else:
+                field.valueType, field.value.ullVal = VALUE_ULL, int(value)
+        return SUCCESS
+
+    def _processes(self, handle: Any, count: Any, infos: Any) -> int:
+        code, procs = self._ask(self._index(handle), "nvmlDeviceGetComputeRunningProcesses")
+        if code != SUCCESS:
+            return code
+        size = _obj(count)
+        if infos is None or size.value < len(procs):  # the size query, or too small a buffer
+            size.value = len(procs)
+            return INSUFFICIENT_SIZE if procs else SUCCESS
+        for i, (pid, used) in enumerate(procs):
+            infos[i].pid = pid
+            infos[i].usedGpuMemory = NOT_AVAILABLE_ULL if used is None else used
+        size.value = len(procs)
+        return SUCCESS
+
+    def c_nvmlDeviceGetComputeRunningProcesses_v3(self, handle: Any, n: Any, infos: Any) -> int:
+        return self._processes(handle, n, infos)
+
+    def c_nvmlDeviceGetComputeRunningProcesses_v2(self, handle: Any, n: Any, infos: Any) -> int:
+        return self._processes(handle, n, infos)
+
+    # -- GPM ------------------------------------------------------------------------------
+
+    def _gpm_recorded(self, device: int) -> list[tuple[tuple[Any, ...], dict[str, Any]]]:
+        return self.recording.answers_of(device, "nvmlGpmMetricsGet")
+
+    def c_nvmlGpmQueryDeviceSupport(self, handle: Any, out: Any) -> int:
+        support = _obj(out)
+        if support.version != 1:
+            return ARGUMENT_VERSION_MISMATCH
+        answers = self._gpm_recorded(self._index(handle))
+        codes = {answer.get("e") for _, answer in answers}
+        if ERROR_GPU_IS_LOST in codes:
+            return ERROR_GPU_IS_LOST
+        support.isSupportedDevice = int(bool(answers) and codes != {ERROR_NOT_SUPPORTED})
+        return SUCCESS
+
+    def c_nvmlGpmSampleAlloc(self, out: Any) -> int:
+        _set_pointer(_obj(out), next(self._next))
+        return SUCCESS
+
+    def c_nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        self._samples[_address(sample)] = self._index(handle)
+        return SUCCESS
+
+    def c_nvmlGpmSampleFree(self, sample: Any) -> int:
+        self._samples.pop(_address(sample), None)
+        return SUCCESS
+
+    def c_nvmlGpmMetricsGet(self, out: Any) -> int:
+        request = _obj(out)
+        if request.version != GPM_METRICS_GET_VERSION:
+            return ARGUMENT_VERSION_MISMATCH
+        first = self._samples.get(_address(request.sample1))
+        device = self._samples.get(_address(request.sample2))
+        if device is None or first != device or request.numMetrics > len(request.metrics):
+            return INVALID_ARGUMENT
+        ids = tuple(int(request.metrics[i].metricId) for i in range(request.numMetrics))
+        code, answers = self._ask(device, "nvmlGpmMetricsGet", ids)
+        if code != SUCCESS:
+            return code
+        for i, (ret, value) in enumerate(answers):
+            request.metrics[i].nvmlReturn = ret
+            request.metrics[i].value = value if ret == SUCCESS else 0.0
+        return SUCCESS
+
+    # -- events ---------------------------------------------------------------------------
+
+    def c_nvmlEventSetCreate(self, out: Any) -> int:
+        _set_pointer(_obj(out), next(self._next))
+        return SUCCESS
+
+    def c_nvmlDeviceRegisterEvents(self, handle: Any, types: Any, event_set: Any) -> int:
+        return SUCCESS
+
+    def c_nvmlEventSetFree(self, event_set: Any) -> int:
+        return SUCCESS
+
+    def c_nvmlEventSetWait_v2(self, event_set: Any, out: Any, timeout_ms: Any) -> int:
+        event = self.recording.call(None, "nvmlEventSetWait", int(timeout_ms.value))
+        if event is None:
+            return TIMEOUT
+        index, event_type, data = event
+        _set_pointer(_obj(out).device, DEVICE_BASE + int(index))
+        _obj(out).eventType, _obj(out).eventData = event_type, data
+        return SUCCESS
+
+
+@contextmanager
+def installed(library: FakeLibrary) -> Iterator[FakeLibrary]:
+    """pynvml answers from ``library`` inside the block (its loaded library and its cache of
+    looked-up functions are swapped, and put back after)."""
+    import pynvml
+
+    saved = pynvml.nvmlLib, dict(pynvml._nvmlGetFunctionPointer_cache)
+    pynvml.nvmlLib = library
+    pynvml._nvmlGetFunctionPointer_cache.clear()
+    try:
+        yield library
+    finally:
+        pynvml.nvmlLib = saved[0]
+        pynvml._nvmlGetFunctionPointer_cache.clear()
+        pynvml._nvmlGetFunctionPointer_cache.update(saved[1])

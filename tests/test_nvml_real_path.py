@@ -1,0 +1,120 @@
+"""The real NVML path (pynvml's wrappers and structs, then collector.nvml.real's adapters),
+run on a stand-in for libnvidia-ml (collector.nvml.fakelib) that answers from the golden
+NVML recordings, which are CONSTRUCTED: no GPU was at hand. Each case must come out exactly
+as it does through the recorded backend, so what the agent does with the real driver's
+answers is tested wherever there is no GPU; older drivers and a driver that does not start
+are played by taking functions away."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from collector import sources
+from collector.nvml.fakelib import FakeLibrary, installed
+from collector.nvml.real import PynvmlBackend
+from collector.nvml.recorded import RecordedBackend
+from collector.sources.base import SourceContext, SourceError
+from tests.test_golden import CASES, GOLDEN, run_case
+
+NVML_CASES = [c for c in CASES if (GOLDEN / c / "nvml.json").exists()]
+
+
+class RealPath(PynvmlBackend):
+    """The real backend; each cycle also moves the fake library's recording on a tick."""
+
+    def __init__(self, recording: RecordedBackend) -> None:
+        super().__init__()
+        self.recording = recording
+
+    def begin_cycle(self) -> None:
+        super().begin_cycle()
+        self.recording.begin_cycle()
+
+
+def fake(case: str, **kwargs) -> FakeLibrary:
+    recording = RecordedBackend(GOLDEN / case / "nvml.json")
+    recording.init()
+    return FakeLibrary(recording, **kwargs)
+
+
+@pytest.mark.parametrize("case", NVML_CASES)
+def test_the_real_path_gives_what_the_recorded_backend_gives(case, tmp_path):
+    assert len(NVML_CASES) >= 4
+    with installed(fake(case)) as library:
+        real = run_case(GOLDEN / case, tmp_path / "real", RealPath(library.recording))
+    recorded = run_case(GOLDEN / case, tmp_path / "recorded")
+    assert any(line.startswith("gpu,") for line in real[0])
+    assert real == recorded
+
+
+def collect_h100(library: FakeLibrary, tmp_path: Path, cycles: int = 2):
+    ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+    settings = {"backend_instance": RealPath(library.recording), "events": "poll"}
+    source = sources.create("nvml", ctx, settings)
+    try:
+        return [source.collect(i) for i in range(cycles)]
+    finally:
+        source.close()
+
+
+def collect(library: FakeLibrary, tmp_path: Path, cycles: int = 2) -> list[list]:
+    ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+    settings = {"backend_instance": RealPath(library.recording), "events": "poll"}
+    source = sources.create("nvml", ctx, settings)
+    try:
+        return [source.collect(i) for i in range(cycles)]
+    finally:
+        source.close()
+
+
+def measurements(points) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for p in points:
+        counts[p.measurement] = counts.get(p.measurement, 0) + 1
+    return counts
+
+
+def test_a_driver_without_the_v3_process_call_still_lists_processes(tmp_path):
+    """pynvml raises its own NVMLLibraryMismatchError (not an NVMLError) when the unversioned
+    process call's _v3 function is missing (drivers before R510)."""
+    with installed(fake("nvml-h100-8gpu")) as library:
+        full = collect(library, tmp_path)
+    older = fake("nvml-h100-8gpu", missing={"nvmlDeviceGetComputeRunningProcesses_v3"})
+    with installed(older) as library:
+        cycles = collect(library, tmp_path)
+    assert cycles == full
+    assert measurements(cycles[-1])["gpu_process"] >= 8
+
+
+def test_a_driver_with_no_process_call_at_all_reports_everything_else(tmp_path, caplog):
+    caplog.set_level("WARNING", logger="collector.sources.nvml")
+    missing = {f"nvmlDeviceGetComputeRunningProcesses_v{v}" for v in (2, 3)}
+    with installed(fake("nvml-h100-8gpu", missing=missing)) as library:
+        cycles = collect(library, tmp_path, cycles=3)
+    counts = measurements(cycles[-1])
+    assert counts["gpu"] == 8 and counts["gpu_nvlink"] == 8 * 18
+    assert "gpu_process" not in counts
+    assert all("process_count" not in p.fields for p in cycles[-1] if p.measurement == "gpu")
+    said = [r.getMessage() for r in caplog.records if "ComputeRunningProcesses" in r.getMessage()]
+    assert len(said) == 1 and "not in this driver" in said[0]
+
+
+def test_a_driver_without_gpm_leaves_only_the_gpm_fields_out(tmp_path):
+    with installed(fake("nvml-h100-8gpu", missing={"nvmlGpmQueryDeviceSupport"})) as library:
+        cycles = collect(library, tmp_path)
+    gpu = [p for p in cycles[-1] if p.measurement == "gpu"]
+    assert len(gpu) == 8
+    assert all(not any(k.startswith("gpm_") for k in p.fields) for p in gpu)
+    assert all("power_w" in p.fields for p in gpu)
+
+
+@pytest.mark.parametrize(
+    ("code", "says"),
+    [(9, "the NVIDIA kernel module is not loaded"), (18, "different driver versions")],
+)
+def test_a_driver_that_does_not_start_says_why(tmp_path, code, says):
+    library = fake("nvml-h100-8gpu", init_error=code)
+    with installed(library), pytest.raises(SourceError, match=says):
+        collect(library, tmp_path, cycles=1)
