@@ -7,6 +7,7 @@ are played by taking functions away."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -76,6 +77,10 @@ def measurements(points) -> dict[str, int]:
     return counts
 
 
+def xids(points) -> list[int]:
+    return [p.fields["xid_code"] for p in points if p.tags.get("event") == "xid"]
+
+
 def test_a_driver_without_the_v3_process_call_still_lists_processes(tmp_path):
     """pynvml raises its own NVMLLibraryMismatchError (not an NVMLError) when the unversioned
     process call's _v3 function is missing (drivers before R510)."""
@@ -118,3 +123,54 @@ def test_a_driver_that_does_not_start_says_why(tmp_path, code, says):
     library = fake("nvml-h100-8gpu", init_error=code)
     with installed(library), pytest.raises(SourceError, match=says):
         collect(library, tmp_path, cycles=1)
+
+
+def test_a_gpu_that_cannot_register_for_events_does_not_stop_the_others(tmp_path, caplog):
+    """GPU 0 refuses event registration (lost): GPU 1's XID 79 at step 1 is still reported,
+    and every step comes out as through the recorded backend."""
+    case = GOLDEN / "nvml-gpu-lost"
+    library = fake("nvml-gpu-lost", errors={("nvmlDeviceRegisterEvents", 0): 15})
+    with installed(library):
+        real = run_case(case, tmp_path / "real", RealPath(library.recording))
+    assert real == run_case(case, tmp_path / "recorded")
+    assert any("event=xid" in line and "xid_code=79i" in line for line in real[1])
+    assert any("no XID events from GPU 0" in r.getMessage() for r in caplog.records)
+
+
+def test_a_failing_event_wait_costs_the_events_of_that_cycle_only(tmp_path, caplog):
+    library = fake("nvml-gpu-lost", errors={("nvmlEventSetWait_v2", None): 999})
+    with installed(library):
+        ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+        settings = {"backend_instance": RealPath(library.recording), "events": "poll"}
+        source = sources.create("nvml", ctx, settings)
+        first = source.collect(0)
+        second = source.collect(1)  # the XID 79 event arrives in this tick, unseen
+        library.errors.clear()
+        third = source.collect(2)
+        source.close()
+    assert measurements(first)["gpu"] == 2 and measurements(second)["gpu"] == 1
+    assert xids(second) == []
+    assert xids(third) == [79]  # waiting again, the queued event is read
+    assert sum("NVML event wait failed" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_the_event_thread_retries_after_a_failed_wait(tmp_path, monkeypatch):
+    from collector.sources import nvml as nvml_source
+
+    monkeypatch.setattr(nvml_source, "EVENT_RETRY_S", 0.01)
+    library = fake("nvml-gpu-lost", errors={("nvmlEventSetWait_v2", None): 999})
+    with installed(library):
+        ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+        settings = {"backend_instance": RealPath(library.recording), "events": "thread"}
+        source = sources.create("nvml", ctx, settings)
+        source.collect(0)
+        source.collect(1)  # the XID 79 event is now waiting in the driver
+        library.errors.clear()
+        seen = []
+        for step in range(2, 500):  # the thread picks it up once its wait works again
+            seen = xids(source.collect(step))
+            if seen:
+                break
+            time.sleep(0.02)
+        source.close()
+    assert seen == [79]

@@ -64,11 +64,21 @@ def _set_pointer(out: Any, address: int) -> None:
     ctypes.memmove(ctypes.addressof(out), ctypes.addressof(value), ctypes.sizeof(value))
 
 
-def _function(method: Callable[..., Any]) -> Callable[..., Any]:
+def _function(library: FakeLibrary, method: Callable[..., Any]) -> Callable[..., Any]:
+    name = method.__name__[2:]
+
     def function(*args: Any) -> Any:
+        errors = library.errors
+        if errors:
+            device = None
+            if args and isinstance(args[0], ctypes._Pointer):
+                device = _address(args[0]) - DEVICE_BASE
+            code = errors.get((name, device), errors.get((name, None)))
+            if code is not None:
+                return code
         return method(*args)
 
-    function.__name__ = method.__name__[2:]
+    function.__name__ = name
     return function
 
 
@@ -77,19 +87,26 @@ class FakeLibrary:
 
     ``missing``: names of C functions this "driver" lacks (pynvml then raises
     FUNCTION_NOT_FOUND, or its version-mismatch error for unversioned wrappers), to play an
-    older driver. ``init_error``: the return code of ``nvmlInitWithFlags`` (0 = it starts)."""
+    older driver. ``init_error``: the return code of ``nvmlInitWithFlags`` (0 = it starts).
+    ``errors``: ``{(function, device index or None for any): return code}``, failures to
+    inject; a test may change it between cycles."""
 
     def __init__(
-        self, recording: RecordedBackend, missing: Iterable[str] = (), init_error: int = 0
+        self,
+        recording: RecordedBackend,
+        missing: Iterable[str] = (),
+        init_error: int = 0,
+        errors: dict[tuple[str, int | None], int] | None = None,
     ) -> None:
         self.recording = recording
         self.missing = frozenset(missing)
         self.init_error = init_error
+        self.errors = dict(errors or {})
         self._samples: dict[int, int] = {}  # GPM sample address -> device index
         self._next = itertools.count(0x100000)
         # plain functions, not bound methods: pynvml sets attributes on some (``restype``)
         self._functions: dict[str, Callable[..., Any]] = {
-            name[2:]: _function(getattr(self, name))
+            name[2:]: _function(self, getattr(self, name))
             for name in dir(type(self))
             if name.startswith("c_nvml")
         }

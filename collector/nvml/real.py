@@ -8,6 +8,7 @@ code; a function the installed binding or driver lacks becomes ``ERROR_FUNCTION_
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,8 @@ from collector.nvml.backend import (
     EVENT_XID_CRITICAL,
     NvmlError,
 )
+
+log = logging.getLogger(__name__)
 
 
 def _text(value: Any) -> str:
@@ -175,6 +178,8 @@ class PynvmlBackend:
                         )
                     except nv.NVMLError_NotSupported:
                         continue
+                    except nv.NVMLError as exc:  # a lost GPU: the others' events still count
+                        log.warning("NVML: no XID events from GPU %d (%s)", index, exc)
         try:
             data = nv.nvmlEventSetWait_v2(self._event_set, timeout_ms)
         except nv.NVMLError_Timeout:

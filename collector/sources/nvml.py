@@ -60,6 +60,7 @@ GPU_FIELD_IDS: dict[str, tuple[int, float]] = {
     "remapped_rows_failure_active": (145, 1),
 }
 FI_NVLINK_LINK_COUNT = 91
+EVENT_RETRY_S = 5.0  # the event thread's wait after a failed event wait
 # per link, asked with scope = link index
 NVLINK_SCOPED: dict[str, int] = {
     "link_up_active": 165,  # NVML_FI_DEV_NVLINK_GET_STATE
@@ -419,21 +420,36 @@ class NvmlSource:
     # -- events ---------------------------------------------------------------------------
 
     def _wait_events(self) -> None:
+        """The event thread: waits for critical XIDs until the source closes. A driver
+        without events ends it; any other failure is retried every ``EVENT_RETRY_S``."""
         assert self._backend is not None
         while not self._stop.is_set():
             try:
                 event = self._backend.call(None, "nvmlEventSetWait", 1000)
             except NvmlError as exc:
-                self._warn(f"events:{exc.code}", f"NVML event wait stopped: {exc}")
-                return
+                if exc.code in (ERROR_FUNCTION_NOT_FOUND, *UNAVAILABLE):
+                    self._warn(f"events:{exc.code}", f"NVML events are not available: {exc}")
+                    return
+                self._warn(f"events:{exc.code}", f"NVML event wait failed ({exc}); retrying "
+                           f"every {EVENT_RETRY_S:.0f} s")  # fmt: skip
+                self._stop.wait(EVENT_RETRY_S)
+                continue
             if event is not None:
                 self._events.put(event)
 
-    def _event_points(self, now_ns: int, devices: list[Device]) -> list[Point]:
-        if self.events == "poll":
-            assert self._backend is not None
+    def _poll_events(self) -> None:
+        """Drains the events that arrived since the last cycle (``events = "poll"``); a
+        failure costs this cycle's events, never its GPU points."""
+        assert self._backend is not None
+        try:
             while (event := self._backend.call(None, "nvmlEventSetWait", 0)) is not None:
                 self._events.put(event)
+        except NvmlError as exc:
+            self._warn(f"events:{exc.code}", f"NVML event wait failed: {exc}")
+
+    def _event_points(self, now_ns: int, devices: list[Device]) -> list[Point]:
+        if self.events == "poll":
+            self._poll_events()
         points = []
         while True:
             try:
