@@ -174,3 +174,26 @@ def test_the_event_thread_retries_after_a_failed_wait(tmp_path, monkeypatch):
             time.sleep(0.02)
         source.close()
     assert seen == [79]
+
+
+def test_gpm_without_permission_is_skipped_and_leaks_no_driver_memory(tmp_path, caplog):
+    """In a container without profiling permission NVML answers NO_PERMISSION for GPM: it is
+    said once and not asked again, and no GPM sample (driver memory) is left allocated."""
+    library = fake("nvml-h100-8gpu", errors={("nvmlGpmSampleGet", None): 4})
+    with installed(library):
+        cycles = collect(library, tmp_path, cycles=3)
+    gpu = [p for p in cycles[-1] if p.measurement == "gpu"]
+    assert len(gpu) == 8 and all("power_w" in p.fields for p in gpu)
+    assert all(not any(k.startswith("gpm_") for k in p.fields) for p in gpu)
+    assert library.allocated == set()
+    assert library.calls["nvmlGpmSampleGet"] == 8  # once per GPU, then not asked again
+    said = [r.getMessage() for r in caplog.records if "no permission" in r.getMessage()]
+    assert len(said) == 1
+
+
+def test_gpm_samples_are_freed_when_the_source_closes(tmp_path):
+    library = fake("nvml-h100-8gpu")
+    with installed(library):
+        cycles = collect(library, tmp_path, cycles=3)
+    assert any(k.startswith("gpm_") for k in cycles[-1][0].fields)
+    assert library.allocated == set()

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -68,6 +69,7 @@ def _function(library: FakeLibrary, method: Callable[..., Any]) -> Callable[...,
     name = method.__name__[2:]
 
     def function(*args: Any) -> Any:
+        library.calls[name] += 1
         errors = library.errors
         if errors:
             device = None
@@ -103,6 +105,8 @@ class FakeLibrary:
         self.init_error = init_error
         self.errors = dict(errors or {})
         self._samples: dict[int, int] = {}  # GPM sample address -> device index
+        self.allocated: set[int] = set()  # GPM samples allocated and not yet freed
+        self.calls: Counter[str] = Counter()  # how often each function was called
         self._next = itertools.count(0x100000)
         # plain functions, not bound methods: pynvml sets attributes on some (``restype``)
         self._functions: dict[str, Callable[..., Any]] = {
@@ -292,7 +296,9 @@ class FakeLibrary:
         return SUCCESS
 
     def c_nvmlGpmSampleAlloc(self, out: Any) -> int:
-        _set_pointer(_obj(out), next(self._next))
+        address = next(self._next)
+        self.allocated.add(address)
+        _set_pointer(_obj(out), address)
         return SUCCESS
 
     def c_nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
@@ -300,7 +306,11 @@ class FakeLibrary:
         return SUCCESS
 
     def c_nvmlGpmSampleFree(self, sample: Any) -> int:
-        self._samples.pop(_address(sample), None)
+        address = _address(sample)
+        if address not in self.allocated:
+            return INVALID_ARGUMENT  # freed twice, or never allocated
+        self.allocated.discard(address)
+        self._samples.pop(address, None)
         return SUCCESS
 
     def c_nvmlGpmMetricsGet(self, out: Any) -> int:

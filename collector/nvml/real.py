@@ -145,7 +145,11 @@ class PynvmlBackend:
         if not nv.nvmlGpmQueryDeviceSupport(h).isSupportedDevice:
             raise NvmlError(ERROR_NOT_SUPPORTED, f"nvmlGpmMetricsGet[{device}]")
         sample = nv.nvmlGpmSampleAlloc()
-        nv.nvmlGpmSampleGet(h, sample)
+        try:
+            nv.nvmlGpmSampleGet(h, sample)
+        except nv.NVMLError:
+            nv.nvmlGpmSampleFree(sample)  # the driver's memory, not Python's: free it
+            raise
         prev = self._gpm_prev.get(device)
         self._gpm_prev[device] = sample
         if prev is None:

@@ -30,6 +30,7 @@ from collector.lineprotocol import Point
 from collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
+    ERROR_NO_PERMISSION,
     ERROR_NOT_READY,
     INIT_HINTS,
     UNAVAILABLE,
@@ -234,6 +235,10 @@ class Reader:
             elif exc.code == ERROR_FUNCTION_NOT_FOUND:
                 dev.skip.add(label)
                 self.warn(f"fnf:{name}", f"NVML: {name} is not in this driver; skipped ({exc})")
+            elif exc.code == ERROR_NO_PERMISSION:  # does not change while the agent runs
+                dev.skip.add(label)
+                self.warn(f"perm:{name}", f"NVML: no permission for {name}; skipped (GPM and "
+                          "some counters need root or CAP_SYS_ADMIN in a container)")  # fmt: skip
             else:
                 self.errors += 1
                 self.warn(f"err:{name}:{exc.code}", f"NVML: {exc}")
