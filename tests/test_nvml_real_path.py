@@ -50,16 +50,6 @@ def test_the_real_path_gives_what_the_recorded_backend_gives(case, tmp_path):
     assert real == recorded
 
 
-def collect_h100(library: FakeLibrary, tmp_path: Path, cycles: int = 2):
-    ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
-    settings = {"backend_instance": RealPath(library.recording), "events": "poll"}
-    source = sources.create("nvml", ctx, settings)
-    try:
-        return [source.collect(i) for i in range(cycles)]
-    finally:
-        source.close()
-
-
 def collect(library: FakeLibrary, tmp_path: Path, cycles: int = 2) -> list[list]:
     ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
     settings = {"backend_instance": RealPath(library.recording), "events": "poll"}

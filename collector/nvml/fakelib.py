@@ -24,6 +24,7 @@ each collection cycle.
 from __future__ import annotations
 
 import ctypes
+import functools
 import itertools
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -50,6 +51,23 @@ DEVICE_BASE = 0x1000  # handle of GPU i: this address plus i (never dereferenced
 GPM_METRICS_GET_VERSION = 1
 
 
+# Functions that answer one number through their last argument, a pointer, and take an enum
+# (clock, sensor, counter) before it or nothing: the recorded call has the same name.
+SCALARS = (
+    "nvmlDeviceGetMaxClockInfo",
+    "nvmlDeviceGetClockInfo",
+    "nvmlDeviceGetTemperature",
+    "nvmlDeviceGetPcieThroughput",
+    "nvmlDeviceGetPowerUsage",
+    "nvmlDeviceGetEnforcedPowerLimit",
+    "nvmlDeviceGetPerformanceState",
+    "nvmlDeviceGetFanSpeed",
+    "nvmlDeviceGetCurrentClocksEventReasons",
+    "nvmlDeviceGetCurrPcieLinkGeneration",
+    "nvmlDeviceGetCurrPcieLinkWidth",
+)
+
+
 def _obj(ref: Any) -> Any:
     """The ctypes object behind a ``byref()`` argument."""
     return getattr(ref, "_obj", ref)
@@ -65,9 +83,7 @@ def _set_pointer(out: Any, address: int) -> None:
     ctypes.memmove(ctypes.addressof(out), ctypes.addressof(value), ctypes.sizeof(value))
 
 
-def _function(library: FakeLibrary, method: Callable[..., Any]) -> Callable[..., Any]:
-    name = method.__name__[2:]
-
+def _function(library: FakeLibrary, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def function(*args: Any) -> Any:
         library.calls[name] += 1
         errors = library.errors
@@ -110,10 +126,12 @@ class FakeLibrary:
         self._next = itertools.count(0x100000)
         # plain functions, not bound methods: pynvml sets attributes on some (``restype``)
         self._functions: dict[str, Callable[..., Any]] = {
-            name[2:]: _function(self, getattr(self, name))
+            name[2:]: _function(self, name[2:], getattr(self, name))
             for name in dir(type(self))
             if name.startswith("c_nvml")
         }
+        for name in SCALARS:
+            self._functions[name] = _function(self, name, functools.partial(self._scalar, name))
 
     def __getattr__(self, name: str) -> Any:
         # pynvml reads functions as attributes of the loaded library (ctypes.CDLL)
@@ -130,8 +148,10 @@ class FakeLibrary:
         except NvmlError as exc:
             return (exc.code if exc.code < 1000 else ERROR_UNKNOWN), None
 
-    def _scalar(self, handle: Any, out: Any, name: str, *args: Any) -> int:
-        code, value = self._ask(self._index(handle), name, *args)
+    def _scalar(self, name: str, handle: Any, *rest: Any) -> int:
+        """A function of :data:`SCALARS`: ``(handle, [enum,] out)``."""
+        *enums, out = rest
+        code, value = self._ask(self._index(handle), name, *(int(e.value) for e in enums))
         if code == SUCCESS:
             _obj(out).value = value
         return code
@@ -190,39 +210,6 @@ class FakeLibrary:
         if code == SUCCESS:
             _obj(out).busId = str(bus_id).encode()
         return code
-
-    def c_nvmlDeviceGetMaxClockInfo(self, handle: Any, clock: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetMaxClockInfo", int(clock.value))
-
-    def c_nvmlDeviceGetClockInfo(self, handle: Any, clock: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetClockInfo", int(clock.value))
-
-    def c_nvmlDeviceGetTemperature(self, handle: Any, sensor: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetTemperature", int(sensor.value))
-
-    def c_nvmlDeviceGetPcieThroughput(self, handle: Any, counter: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetPcieThroughput", int(counter.value))
-
-    def c_nvmlDeviceGetPowerUsage(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetPowerUsage")
-
-    def c_nvmlDeviceGetEnforcedPowerLimit(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetEnforcedPowerLimit")
-
-    def c_nvmlDeviceGetPerformanceState(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetPerformanceState")
-
-    def c_nvmlDeviceGetFanSpeed(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetFanSpeed")
-
-    def c_nvmlDeviceGetCurrentClocksEventReasons(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetCurrentClocksEventReasons")
-
-    def c_nvmlDeviceGetCurrPcieLinkGeneration(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetCurrPcieLinkGeneration")
-
-    def c_nvmlDeviceGetCurrPcieLinkWidth(self, handle: Any, out: Any) -> int:
-        return self._scalar(handle, out, "nvmlDeviceGetCurrPcieLinkWidth")
 
     def c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
         code, util = self._ask(self._index(handle), "nvmlDeviceGetUtilizationRates")
