@@ -9,6 +9,13 @@ A *collection cycle* is ``Agent.collect``: every source (NVML, InfiniBand, power
 and the agent's self-metrics. Encoding the points to line protocol is the sink's work and is
 measured and printed beside it (``encode_ms_per_cycle``), as is the sum.
 
+Beside it, the NVML source alone on the recorded backend and on the real path: pynvml's
+wrappers and ``collector.nvml.real`` calling a stand-in for libnvidia-ml
+(``collector.nvml.fakelib``) that answers from the same recording, with the stand-in's own
+CPU subtracted. That is what the agent spends in Python on a real node that the recorded
+backend skips, and it gives ``estimated_real_node_collect_ms_per_cycle`` (driver and kernel
+time still excluded).
+
 Side by side, in the same run, the baseline: the same cycle with every sysfs file opened,
 read and closed each time (as most exporters do) instead of kept open and re-read with pread.
 The cycles run in blocks, ours and the baseline's interleaved, and each figure is the median
@@ -28,10 +35,14 @@ import statistics
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from collector import sources
 from collector.agent import Agent
 from collector.lineprotocol import encode_points
+from collector.nvml.fakelib import FakeLibrary, installed
+from collector.nvml.real import PynvmlBackend
+from collector.nvml.recorded import RecordedBackend
 from collector.sources.base import SourceContext
 from collector.sysfstree import build_node_tree
 
@@ -63,6 +74,42 @@ def make_agent(root: Path) -> Agent:
     made = [sources.create(n, ctx, s) for n, s in settings.items()]
     return Agent(made, Null(), cluster="bench", node="node-0", interval_s=1.0,
                  sink_stats=lambda: {"spool_bytes": 0})  # fmt: skip
+
+
+class RealPath(PynvmlBackend):
+    """The real NVML backend on the stand-in library; each cycle moves its recording on."""
+
+    def __init__(self, library: FakeLibrary) -> None:
+        super().__init__()
+        self.library = library
+
+    def begin_cycle(self) -> None:
+        self.library.recording.begin_cycle()
+
+
+def nvml_pair(root: Path) -> tuple[Any, Any, FakeLibrary]:
+    """The NVML source on the recorded backend and on the real path (pynvml and
+    collector.nvml.real over collector.nvml.fakelib), both answering from the recording."""
+    ctx = SourceContext("bench", "node-0", sysfs=root, procfs=root)
+    recording = RecordedBackend(H100, loop=True)
+    recording.init()
+    library = FakeLibrary(recording)
+    recorded = sources.create(
+        "nvml", ctx, {"backend": "recorded", "recording": str(H100), "loop": True, "events": "off"}
+    )
+    real = sources.create("nvml", ctx, {"backend_instance": RealPath(library), "events": "off"})
+    return recorded, real, library
+
+
+def nvml_block(source: Any, cycles: int, library: FakeLibrary | None = None) -> float:
+    """CPU ms per cycle of one NVML source, less what the stand-in library itself spent."""
+    if library is not None:
+        library.own_cpu_s = 0.0
+    t0 = cpu_s()
+    for i in range(cycles):
+        source.collect(i)
+    spent = cpu_s() - t0 - (library.own_cpu_s if library is not None else 0.0)
+    return spent * 1000 / cycles
 
 
 def warm_up(agent: Agent) -> None:
@@ -99,12 +146,19 @@ def main() -> None:
             files = getattr(source, "_files", None)
             if files is not None:
                 files.max_open = 0  # open, read, close every file every cycle
+        recorded, real, library = nvml_pair(Path(tmp))
         warm_up(agent)
         warm_up(baseline)
-        ours, theirs = [], []
-        for _ in range(args.blocks):  # interleaved, so both see the same machine
-            ours.append(block(agent, per_block))
-            theirs.append(block(baseline, max(1, per_block // 5)))
+        ours, theirs, nvml_recorded, nvml_real = [], [], [], []
+        with installed(library):
+            nvml_block(real, 50, library)
+            for _ in range(args.blocks):  # interleaved, so all see the same machine
+                ours.append(block(agent, per_block))
+                theirs.append(block(baseline, max(1, per_block // 5)))
+                nvml_recorded.append(nvml_block(recorded, max(1, per_block // 5)))
+                nvml_real.append(nvml_block(real, max(1, per_block // 5), library))
+            for source in (recorded, real):
+                source.close()
         for a in (agent, baseline):
             a.close()
     ms = statistics.median(b[0] for b in ours)
@@ -119,6 +173,11 @@ def main() -> None:
     print(f"baseline_open_read_close_cpu_ms_per_cycle={base_ms:.3f}")
     print(f"speedup_vs_baseline={base_ms / ms:.2f}")
     print(f"encode_ms_per_cycle={enc:.3f} collect_plus_encode_ms_per_cycle={ms + enc:.3f}")
+    rec_ms, real_ms = statistics.median(nvml_recorded), statistics.median(nvml_real)
+    print(f"nvml_source_ms_per_cycle recorded_backend={rec_ms:.3f} "
+          f"real_path={real_ms:.3f} (pynvml + collector.nvml.real on the stand-in library, "
+          "its own CPU subtracted: what a real node adds, driver time aside)")  # fmt: skip
+    print(f"estimated_real_node_collect_ms_per_cycle={ms - rec_ms + real_ms:.3f}")
     print(f"cpu_ms_per_cycle={ms:.3f}")
 
 

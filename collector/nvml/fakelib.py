@@ -26,6 +26,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import itertools
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
@@ -85,16 +86,20 @@ def _set_pointer(out: Any, address: int) -> None:
 
 def _function(library: FakeLibrary, name: str, method: Callable[..., Any]) -> Callable[..., Any]:
     def function(*args: Any) -> Any:
-        library.calls[name] += 1
-        errors = library.errors
-        if errors:
-            device = None
-            if args and isinstance(args[0], ctypes._Pointer):
-                device = _address(args[0]) - DEVICE_BASE
-            code = errors.get((name, device), errors.get((name, None)))
-            if code is not None:
-                return code
-        return method(*args)
+        started = time.process_time()
+        try:
+            library.calls[name] += 1
+            errors = library.errors
+            if errors:
+                device = None
+                if args and isinstance(args[0], ctypes._Pointer):
+                    device = _address(args[0]) - DEVICE_BASE
+                code = errors.get((name, device), errors.get((name, None)))
+                if code is not None:
+                    return code
+            return method(*args)
+        finally:
+            library.own_cpu_s += time.process_time() - started
 
     function.__name__ = name
     return function
@@ -123,6 +128,9 @@ class FakeLibrary:
         self._samples: dict[int, int] = {}  # GPM sample address -> device index
         self.allocated: set[int] = set()  # GPM samples allocated and not yet freed
         self.calls: Counter[str] = Counter()  # how often each function was called
+        # CPU spent inside this library: what the real driver would spend instead, so a
+        # benchmark subtracts it to see what the agent's own Python costs on a real node
+        self.own_cpu_s = 0.0
         self._next = itertools.count(0x100000)
         # plain functions, not bound methods: pynvml sets attributes on some (``restype``)
         self._functions: dict[str, Callable[..., Any]] = {
