@@ -35,6 +35,8 @@ from typing import Any
 from collector.nvml.backend import (
     ERROR_GPU_IS_LOST,
     ERROR_NAMES,
+    ERROR_NO_DATA,
+    ERROR_NOT_READY,
     ERROR_NOT_SUPPORTED,
     ERROR_UNKNOWN,
     NvmlError,
@@ -154,6 +156,8 @@ class FakeLibrary:
         try:
             return SUCCESS, self.recording.call(device, name, *args)
         except NvmlError as exc:
+            if exc.code == ERROR_NOT_READY:  # gpuwarden's own code: NVML says "no data"
+                return ERROR_NO_DATA, None
             return (exc.code if exc.code < 1000 else ERROR_UNKNOWN), None
 
     def _scalar(self, name: str, handle: Any, *rest: Any) -> int:
