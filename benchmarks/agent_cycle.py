@@ -101,14 +101,30 @@ def nvml_pair(root: Path) -> tuple[Any, Any, FakeLibrary]:
     return recorded, real, library
 
 
-def nvml_block(source: Any, cycles: int, library: FakeLibrary | None = None) -> float:
-    """CPU ms per cycle of one NVML source, less what the stand-in library itself spent."""
+def clock_read_s() -> float:
+    """CPU cost of one cpu_s() call (the stand-in library times itself with two per call, one
+    of which lands outside its own account)."""
+    n = 20_000
+    t0 = cpu_s()
+    for _ in range(n):
+        cpu_s()
+    return (cpu_s() - t0) / n
+
+
+def nvml_block(
+    source: Any, cycles: int, library: FakeLibrary | None = None, clock_read: float = 0.0
+) -> float:
+    """CPU ms per cycle of one NVML source, less what the stand-in library itself spent
+    (its own account, and one clock read per call it answered)."""
     if library is not None:
         library.own_cpu_s = 0.0
+        library.calls.clear()
     t0 = cpu_s()
     for i in range(cycles):
         source.collect(i)
-    spent = cpu_s() - t0 - (library.own_cpu_s if library is not None else 0.0)
+    spent = cpu_s() - t0
+    if library is not None:
+        spent -= library.own_cpu_s + sum(library.calls.values()) * clock_read
     return spent * 1000 / cycles
 
 
@@ -151,12 +167,13 @@ def main() -> None:
         warm_up(baseline)
         ours, theirs, nvml_recorded, nvml_real = [], [], [], []
         with installed(library):
-            nvml_block(real, 50, library)
+            clock_read = clock_read_s()
+            nvml_block(real, 50, library, clock_read)
             for _ in range(args.blocks):  # interleaved, so all see the same machine
                 ours.append(block(agent, per_block))
                 theirs.append(block(baseline, max(1, per_block // 5)))
                 nvml_recorded.append(nvml_block(recorded, max(1, per_block // 5)))
-                nvml_real.append(nvml_block(real, max(1, per_block // 5), library))
+                nvml_real.append(nvml_block(real, max(1, per_block // 5), library, clock_read))
             for source in (recorded, real):
                 source.close()
         for a in (agent, baseline):
