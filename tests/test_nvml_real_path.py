@@ -50,6 +50,35 @@ def test_the_real_path_gives_what_the_recorded_backend_gives(case, tmp_path):
     assert real == recorded
 
 
+def test_pynvmls_own_field_wrapper_gives_the_same(tmp_path, monkeypatch):
+    """Where pynvml's field struct does not have the layout the fast unpacking reads, the
+    backend goes through pynvml's wrapper instead; both must give the same lines."""
+    from collector.nvml import real
+
+    monkeypatch.setattr(real, "_fast_fields_possible", lambda nv: False)
+    case = "nvml-a100-8gpu"  # per-lane CRC counters: the most varied field answers
+    with installed(fake(case)) as library:
+        slow = run_case(GOLDEN / case, tmp_path / "slow", RealPath(library.recording))
+    assert slow == run_case(GOLDEN / case, tmp_path / "recorded")
+
+
+def test_every_nvml_value_type_is_decoded():
+    """The fast path reads the 8-byte union as one unsigned number; each type converts."""
+    import struct
+
+    from collector.nvml.real import _FIELD, _decode_fields
+
+    members = [(0, "=d", -2.5), (1, "=I", 4_000_000_000), (3, "=Q", 2**64 - 1),
+               (4, "=q", -(2**40)), (5, "=i", -7), (6, "=H", 65_535)]  # fmt: skip
+    flat: list[int] = []
+    for kind, fmt, value in members:
+        raw = struct.pack(fmt, value).ljust(8, b"\0")  # the rest of the union stays zero
+        flat += [1, 0, 0, 0, kind, 0, struct.unpack("=Q", raw)[0]]
+    flat += [2, 0, 0, 0, 3, 3, 0]  # NOT_SUPPORTED: no value
+    assert struct.calcsize("=" + _FIELD) == 40
+    assert _decode_fields(tuple(flat)) == [(0, v) for _, _, v in members] + [(3, None)]
+
+
 def collect(library: FakeLibrary, tmp_path: Path, cycles: int = 2) -> list[list]:
     ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
     settings = {"backend_instance": RealPath(library.recording), "events": "poll"}
