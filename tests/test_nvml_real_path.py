@@ -216,3 +216,25 @@ def test_gpm_samples_are_freed_when_the_source_closes(tmp_path):
         cycles = collect(library, tmp_path, cycles=3)
     assert any(k.startswith("gpm_") for k in cycles[-1][0].fields)
     assert library.allocated == set()
+
+
+def test_recording_through_the_real_path_replays_the_same_and_is_never_called_real(
+    tmp_path, monkeypatch
+):
+    """What a GPU session will run (python -m collector.nvml.record), here with the real
+    backend on the stand-in library: the new case replays to the lines of the one it was
+    recorded from, and its provenance says CONSTRUCTED, not REAL."""
+    import tomllib
+
+    from collector.nvml import record
+
+    source = GOLDEN / "nvml-h100-8gpu"
+    library = fake("nvml-h100-8gpu")
+    monkeypatch.setattr(record, "make_backend", lambda: RealPath(library.recording))
+    out = tmp_path / "case"
+    with installed(library):
+        assert record.main([str(out), "--steps", "2", "--interval-s", "0"]) == 0
+    spec = tomllib.loads((out / "case.toml").read_text(encoding="utf-8"))
+    assert spec["provenance"].startswith("CONSTRUCTED: recorded from 8x NVIDIA H100")
+    (out / "proc.csv").write_bytes((source / "proc.csv").read_bytes())  # the jobs' /proc
+    assert run_case(out, tmp_path / "replayed") == run_case(source, tmp_path / "original")

@@ -124,6 +124,7 @@ class FakeLibrary:
         errors: dict[tuple[str, int | None], int] | None = None,
     ) -> None:
         self.recording = recording
+        self.provenance = recording.provenance or "constructed"  # never "real"
         self.missing = frozenset(missing)
         self.init_error = init_error
         self.errors = dict(errors or {})

@@ -101,6 +101,7 @@ class PynvmlBackend:
         self._gpm_prev: dict[int, Any] = {}
         self._event_set: Any = None
         self._fast_fields = False
+        self._provenance = ""
         self._gpm_supported: dict[int, bool] = {}
         self._field_requests: dict[Any, tuple[Any, bytes, struct.Struct]] = {}
         self._lock = threading.Lock()
@@ -114,6 +115,13 @@ class PynvmlBackend:
             raise NvmlError(int(exc.value), "nvmlInit") from exc
         self._nv = pynvml
         self._fast_fields = _fast_fields_possible(pynvml)
+        self._provenance = str(getattr(pynvml.nvmlLib, "provenance", ""))
+
+    @property
+    def provenance(self) -> str:
+        """Empty for the driver; a stand-in library's (``constructed``, or its recording's),
+        so a recording made through one is never labelled real. Kept after shutdown."""
+        return self._provenance
 
     def shutdown(self) -> None:
         if self._nv is None:
