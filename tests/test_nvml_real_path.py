@@ -112,6 +112,18 @@ def test_a_driver_without_the_v3_process_call_still_lists_processes(tmp_path):
     assert measurements(cycles[-1])["gpu_process"] >= 8
 
 
+def test_a_driver_before_r535_still_gives_the_clock_event_reasons(tmp_path):
+    """R535 renamed "throttle reasons" to "clock event reasons"; older drivers only have the
+    old C function, which current bindings no longer call for the new name."""
+    with installed(fake("nvml-h100-8gpu")) as library:
+        full = collect(library, tmp_path)
+    older = fake("nvml-h100-8gpu", missing={"nvmlDeviceGetCurrentClocksEventReasons"})
+    with installed(older) as library:
+        cycles = collect(library, tmp_path)
+    assert cycles == full
+    assert all("clock_event_reasons_code" in p.fields for p in cycles[-1] if p.measurement == "gpu")
+
+
 def test_a_driver_with_no_process_call_at_all_reports_everything_else(tmp_path, caplog):
     caplog.set_level("WARNING", logger="collector.sources.nvml")
     missing = {f"nvmlDeviceGetComputeRunningProcesses_v{v}" for v in (2, 3)}

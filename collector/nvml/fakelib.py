@@ -224,6 +224,10 @@ class FakeLibrary:
             _obj(out).busId = str(bus_id).encode()
         return code
 
+    def c_nvmlDeviceGetCurrentClocksThrottleReasons(self, handle: Any, out: Any) -> int:
+        # the pre-R535 name of nvmlDeviceGetCurrentClocksEventReasons (later drivers keep it)
+        return self._scalar("nvmlDeviceGetCurrentClocksEventReasons", handle, out)
+
     def c_nvmlDeviceGetUtilizationRates(self, handle: Any, out: Any) -> int:
         code, util = self._ask(self._index(handle), "nvmlDeviceGetUtilizationRates")
         if code == SUCCESS:

@@ -213,11 +213,16 @@ class PynvmlBackend:
         return [[int(p.pid), p.usedGpuMemory] for p in procs]
 
     def _clock_events(self, device: int) -> int:
-        h = self._handle(device)
-        fn = getattr(self._nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-        if fn is None:  # bindings before 12.535 name it "throttle reasons"
-            fn = self._nv.nvmlDeviceGetCurrentClocksThrottleReasons
-        return int(fn(h))
+        """Clock-event (throttle) reasons: drivers before R535 (and bindings before 12.535)
+        have only the function's old name, "throttle reasons"."""
+        nv, h = self._nv, self._handle(device)
+        fn = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+        if fn is not None:
+            try:
+                return int(fn(h))
+            except nv.NVMLError_FunctionNotFound:
+                pass
+        return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
 
     def _gpm(self, device: int, metric_ids: tuple[int, ...]) -> list[list[Any]]:
         nv = self._nv
