@@ -250,3 +250,22 @@ def test_recording_through_the_real_path_replays_the_same_and_is_never_called_re
     assert spec["provenance"].startswith("CONSTRUCTED: recorded from 8x NVIDIA H100")
     (out / "proc.csv").write_bytes((source / "proc.csv").read_bytes())  # the jobs' /proc
     assert run_case(out, tmp_path / "replayed") == run_case(source, tmp_path / "original")
+
+
+def test_the_recorder_needs_no_polars(tmp_path):
+    """A GPU node's own Python has nvidia-ml-py but not polars: the recorder must import and
+    start there. (Without a GPU it then stops at NVML's start, which is past the imports.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['polars'] = None\n"
+        "from collector.nvml import record\n"
+        f"raise SystemExit(record.main([{str(tmp_path / 'case')!r}, '--steps', '1']))\n"
+    )
+    root = Path(__file__).parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", code], check=False, cwd=root, capture_output=True, text=True
+    )
+    no_driver = done.returncode == 1 and "no recording: NVML did not initialise" in done.stderr
+    assert no_driver or done.returncode == 0, done.stderr  # 0: run where a GPU is, it recorded
