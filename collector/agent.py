@@ -102,6 +102,7 @@ class Agent:
             if hung is not None:
                 if hung.is_alive():  # its late run has not returned yet: skip it
                     self.health[name].errors += 1
+                    self.health[name].failed_cycles += 1
                     own.append(self._self_point(name, now_ns, 0.0, False, 0))
                     continue
                 del self._hung[name]
@@ -194,7 +195,10 @@ class Agent:
                 name = current[0]
                 self._hung[name] = loop
                 self._current = None
-                self.health[name].errors += 1
+                health = self.health[name]
+                health.errors += 1
+                health.failed_cycles += 1
+                health.failing = "made no progress"  # so its return is logged
                 log.warning("source %s made no progress for %.1fs; skipped until it returns",
                             name, self.source_timeout_s)  # fmt: skip
                 self._pending_failures.append(name)

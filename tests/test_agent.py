@@ -295,6 +295,38 @@ def test_nvml_that_cannot_start_says_what_to_check(tmp_path, code, says):
     assert says in str(failed.value)
 
 
+class SlowOnce(Slow):
+    """Hangs on its first call only (a D-state read that ends)."""
+
+    def collect(self, now_ns):
+        self.calls += 1
+        if self.calls == 1:
+            time.sleep(self.seconds)
+        return [Point("thermal", {"zone": "z"}, {"temp_c": 1.0}, now_ns)]
+
+
+def test_a_source_that_hung_and_returned_is_said_to_work_again(caplog):
+    caplog.set_level("WARNING", logger="collector.agent")
+    sink = ListSink()
+    slow = SlowOnce(0.5)
+    agent = Agent([slow, Fine()], sink, cluster="c", node="n", interval_s=0.05,
+                  source_timeout_s=0.1)  # fmt: skip
+    stop = threading.Event()
+    runner = threading.Thread(target=agent.run, args=(stop,))
+    runner.start()
+    try:
+        for _ in range(400):  # until it has returned and run once more
+            if slow.calls >= 2 and any("works again" in r.getMessage() for r in caplog.records):
+                break
+            time.sleep(0.02)
+    finally:
+        stop.set()
+        runner.join(10)
+    said = [r.getMessage() for r in caplog.records]
+    assert any("source slow made no progress" in m for m in said)
+    assert any(m.startswith("source slow works again after") for m in said)
+
+
 def test_the_loop_keeps_its_schedule_and_skips_missed_ticks():
     sink = ListSink()
     agent = Agent([Slow(0.26)], sink, cluster="c", node="n", interval_s=0.1, source_timeout_s=1)
