@@ -149,3 +149,25 @@ def test_group_reads_answer_what_single_reads_answer(tmp_path_factory, ops):
         os.pread = real_pread
         grouped.close()
         single.close()
+
+
+def test_the_files_of_an_hca_that_went_away_are_closed_at_rediscovery(tmp_path):
+    """SR-IOV functions come and go with pods: their counter files must not stay open (the
+    agent would run out of descriptors), and the HCAs that remain are still read."""
+    import shutil
+
+    from collector import sources
+    from collector.sources.base import SourceContext
+    from collector.sysfstree import build_node_tree
+
+    build_node_tree(tmp_path / "sys", hcas=4)
+    ctx = SourceContext("c", "n", sysfs=tmp_path / "sys", procfs=tmp_path)
+    ib = sources.create("infiniband", ctx, {"rediscover_cycles": 2})
+    assert len(ib.collect(0)) == 4
+    per_port = ib._files.open_files // 4
+    shutil.rmtree(tmp_path / "sys/class/infiniband/mlx5_3")
+    ib.collect(1)  # not yet rediscovered: the files it can no longer read answer nothing
+    points = ib.collect(2)  # rediscovered
+    assert sorted(p.tags["hca"] for p in points) == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    assert ib._files.open_files == 3 * per_port
+    ib.close()

@@ -136,6 +136,20 @@ class FileReader:
         """Drops the cached groups (after rediscovery; their files stay open)."""
         self._groups.clear()
 
+    def keep_only(self, paths: set[str]) -> None:
+        """Closes every open file not in ``paths`` (after rediscovery: the files of a device
+        that went away, e.g. an SR-IOV function removed with its pod, are not kept open)."""
+        gone = [path for path in self._fds if path not in paths]
+        for path in gone:
+            os.close(self._fds.pop(path))
+        if gone:
+            self._generation += 1
+            self._groups.clear()
+
+    @property
+    def open_files(self) -> int:
+        return len(self._fds)
+
     def close(self) -> None:
         for fd in self._fds.values():
             os.close(fd)

@@ -205,6 +205,7 @@ class InfinibandSource:
         if self._ports is None or self._cycles % self.rediscover_cycles == 0:
             self._ports = [(p, p.files) for p in discover(self._root, self.hcas)]
             self._files.forget_groups()
+            self._files.keep_only({path for _, paths in self._ports for path in paths})
         self._cycles += 1
         points = []
         for port, paths in self._ports:
