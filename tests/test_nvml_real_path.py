@@ -100,14 +100,18 @@ def xids(points) -> list[int]:
     return [p.fields["xid_code"] for p in points if p.tags.get("event") == "xid"]
 
 
+def as_now_and_older(tmp_path: Path, missing: set[str]) -> tuple[list, list]:
+    """The 8x H100 cycles from a current driver, and from one that lacks ``missing``."""
+    with installed(fake("nvml-h100-8gpu")) as library:
+        full = collect(library, tmp_path)
+    with installed(fake("nvml-h100-8gpu", missing=missing)) as library:
+        return full, collect(library, tmp_path)
+
+
 def test_a_driver_without_the_v3_process_call_still_lists_processes(tmp_path):
     """pynvml raises its own NVMLLibraryMismatchError (not an NVMLError) when the unversioned
     process call's _v3 function is missing (drivers before R510)."""
-    with installed(fake("nvml-h100-8gpu")) as library:
-        full = collect(library, tmp_path)
-    older = fake("nvml-h100-8gpu", missing={"nvmlDeviceGetComputeRunningProcesses_v3"})
-    with installed(older) as library:
-        cycles = collect(library, tmp_path)
+    full, cycles = as_now_and_older(tmp_path, {"nvmlDeviceGetComputeRunningProcesses_v3"})
     assert cycles == full
     assert measurements(cycles[-1])["gpu_process"] >= 8
 
@@ -115,11 +119,7 @@ def test_a_driver_without_the_v3_process_call_still_lists_processes(tmp_path):
 def test_a_driver_before_r535_still_gives_the_clock_event_reasons(tmp_path):
     """R535 renamed "throttle reasons" to "clock event reasons"; older drivers only have the
     old C function, which current bindings no longer call for the new name."""
-    with installed(fake("nvml-h100-8gpu")) as library:
-        full = collect(library, tmp_path)
-    older = fake("nvml-h100-8gpu", missing={"nvmlDeviceGetCurrentClocksEventReasons"})
-    with installed(older) as library:
-        cycles = collect(library, tmp_path)
+    full, cycles = as_now_and_older(tmp_path, {"nvmlDeviceGetCurrentClocksEventReasons"})
     assert cycles == full
     assert all("clock_event_reasons_code" in p.fields for p in cycles[-1] if p.measurement == "gpu")
 
