@@ -48,6 +48,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "processes": True,
         "events": "thread",
         "jobmap_dir": "/run/gpuwarden/jobs",
+        "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "pod_resources_refresh_s": 30.0,
+        "pod_resources_names": ["nvidia.com/gpu", "nvidia.com/gpu.shared"],
     },
     "xid": {
         "path": "",

@@ -6,9 +6,11 @@ In order of preference, for each process NVML lists on a GPU:
    torchrun's ``RANK``/``LOCAL_RANK``/``TORCHELASTIC_RUN_ID``, ``SLURM_PROCID``/``SLURM_LOCALID``
    for ``srun`` launches;
 2. the process cgroup (``<procfs>/<pid>/cgroup``): Slurm's ``job_<id>`` and Kubernetes'
-   ``pod<uid>`` (the pod UID; mapping it to a pod *name* needs the kubelet pod-resources API,
-   which the agent does not query yet);
-3. for a GPU with no readable process, the job map written by the Slurm prolog
+   ``pod<uid>`` (the pod UID, tagged ``pod-<uid>``);
+3. on Kubernetes, the kubelet's pod-resources API (:mod:`collector.podresources`), which names
+   the pod holding each GPU: ``<namespace>/<pod>`` replaces a pod UID from step 2, and tags a
+   GPU the pod holds while none of its processes runs;
+4. for a GPU with no readable process, the job map written by the Slurm prolog
    (``deploy/slurm/prolog.sh``): one file per GPU index in ``jobmap_dir`` holding the job id.
 
 A pid's answer is cached while the pid stays on a GPU, so the environment is read once.
@@ -26,6 +28,7 @@ _POD_RE = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
 _SLURM_CG_RE = re.compile(r"/job_(\d+)(?:/|$)")
+POD_UID_PREFIX = "pod-"  # the job of a process known only by its pod's cgroup
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,13 +69,14 @@ def parse_cgroup(text: str) -> str:
         return m[1]
     p = _POD_RE.search(text)
     if p:
-        return "pod-" + p[1].replace("_", "-")
+        return POD_UID_PREFIX + p[1].replace("_", "-")
     return ""
 
 
 class JobResolver:
     def __init__(self, procfs: Path, jobmap_dir: str = "") -> None:
         self.procfs = procfs
+        self._procfs = str(procfs)
         self.jobmap_dir = jobmap_dir
         self._cache: dict[int, JobInfo] = {}
 
@@ -84,13 +88,16 @@ class JobResolver:
         return info
 
     def _read(self, pid: int) -> JobInfo:
-        base = self.procfs / str(pid)
+        # plain strings, not pathlib: pathlib interns every path part, and a node sees
+        # millions of pids over its life
+        base = os.path.join(self._procfs, str(pid))
         info = NO_JOB
-        with contextlib.suppress(OSError):
-            info = parse_environ((base / "environ").read_bytes())
+        with contextlib.suppress(OSError), open(os.path.join(base, "environ"), "rb") as f:
+            info = parse_environ(f.read())
         if not info.job:
             try:
-                job = parse_cgroup((base / "cgroup").read_text("utf-8", "replace"))
+                with open(os.path.join(base, "cgroup"), "rb") as f:
+                    job = parse_cgroup(f.read().decode("utf-8", "replace"))
             except OSError:
                 job = ""
             if job:

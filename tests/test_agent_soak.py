@@ -7,6 +7,7 @@ test replaces every cycle with a new process of a new Slurm job (SIMULATED)."""
 
 from __future__ import annotations
 
+import os
 import time
 import tracemalloc
 from collections.abc import Iterable
@@ -38,11 +39,12 @@ class NewJobEveryCycle(RecordedBackend):
     def call(self, device: int | None, name: str, *args: Any) -> Any:
         if name == "nvmlDeviceGetComputeRunningProcesses" and device is not None:
             pid = 10_000 + self.cycle * 8 + device
-            proc = self.procfs / str(pid)
-            if not proc.exists():
-                proc.mkdir()
+            proc = os.path.join(self.procfs, str(pid))  # not pathlib: it interns each part
+            if not os.path.exists(proc):
+                os.mkdir(proc)
                 env = f"SLURM_JOB_ID={900_000 + self.cycle}\0SLURM_PROCID={device}\0"
-                (proc / "environ").write_bytes(env.encode())
+                with open(os.path.join(proc, "environ"), "wb") as f:
+                    f.write(env.encode())
             return [[pid, 1 << 30]]
         return super().call(device, name, *args)
 

@@ -24,7 +24,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.attribution import NO_JOB, JobInfo, JobResolver
+from collector.attribution import NO_JOB, POD_UID_PREFIX, JobInfo, JobResolver
 from collector.catalogue import CLOCK_EVENT_REASONS
 from collector.lineprotocol import Point
 from collector.nvml.backend import (
@@ -37,6 +37,7 @@ from collector.nvml.backend import (
     NvmlBackend,
     NvmlError,
 )
+from collector.podresources import GPU_RESOURCE, PodResources
 from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
 from collector.sources.events import emit, gpu_event, xid_point
 from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
@@ -351,6 +352,14 @@ class NvmlSource:
             settings.get("not_fatal_xids", ()),
         )
         self.jobs = JobResolver(context.procfs, str(settings.get("jobmap_dir", "")))
+        self.pods: PodResources | None = None
+        if settings.get("pod_resources_socket"):
+            self.pods = PodResources(
+                str(settings["pod_resources_socket"]),
+                refresh_s=float(settings.get("pod_resources_refresh_s", 30.0)),
+                resources=settings.get("pod_resources_names", (GPU_RESOURCE,)),
+            )
+        self._pids: set[int] = set()  # on any GPU in the last cycle
         self._backend: NvmlBackend | None = settings.get("backend_instance")
         self._devices: list[Device] | None = None
         self._warn = WarnOnce(log)
@@ -486,25 +495,39 @@ class NvmlSource:
             self._backend.begin_cycle()
         assert self._reader is not None
         points: list[Point] = []
-        live: set[int] = set()
+        reads: list[tuple[Device, dict[str, Any]] | Point] = []  # a Point: the GPU was lost
         for dev in self._devices:
             if dev.lost and not self._probe(dev):
                 continue
             try:
-                raw = read_gpu(self._reader, dev, self.gpm)
+                reads.append((dev, read_gpu(self._reader, dev, self.gpm)))
             except GpuLostError as lost:
-                points.append(self._lost(dev, lost.call, now_ns))
+                reads.append(self._lost(dev, lost.call, now_ns))
+        live = {
+            pid
+            for read in reads
+            if not isinstance(read, Point)
+            for pid, _ in read[1].get("processes") or ()
+        }
+        if self.pods is not None:
+            # new processes mean a pod may have started: ask before tagging its GPUs
+            self.pods.refresh(changed=live != self._pids)
+        self._pids = live
+        for read in reads:
+            if isinstance(read, Point):
+                points.append(read)
                 continue
+            dev, raw = read
             fields, links = parse_gpu(dev, raw)
             procs = raw.get("processes") or []
-            job = self._job(dev, procs, live)
+            job = self._job(dev, procs)
             tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
             for link, lf in links.items():
                 points.append(Point("gpu_nvlink", link_tags[link], lf, now_ns))
             if self.processes:
                 for pid, mem in procs:
-                    info = self.jobs.for_pid(pid)
+                    info = self._pod_named(dev, self.jobs.for_pid(pid))
                     ptags = self._tag_set(dev, info)[0] if info.job and info != job else tags
                     pf: dict[str, Any] = {"pid": int(pid)}
                     if isinstance(mem, int):
@@ -516,15 +539,28 @@ class NvmlSource:
             points += self._event_points(now_ns, self._devices)
         return points
 
-    def _job(self, dev: Device, procs: list[Any], live: set[int]) -> JobInfo:
+    def _job(self, dev: Device, procs: list[Any]) -> JobInfo:
+        """The job of the process using the most memory on the GPU (a pod UID named by the
+        kubelet where it can); for a GPU without one, the pod holding it, else the job map."""
         best, best_mem = NO_JOB, -1
         for pid, mem in procs:
-            live.add(pid)
             info = self.jobs.for_pid(pid)
             used = mem if isinstance(mem, int) else 0
             if info.job and used > best_mem:
                 best, best_mem = info, used
+        best = self._pod_named(dev, best)
         return best if best.job else self.jobs.for_gpu(dev.index)
+
+    def _pod_named(self, dev: Device, info: JobInfo) -> JobInfo:
+        """``info`` with a pod UID (or no job) replaced by ``<namespace>/<pod>`` of the one pod
+        the kubelet says holds this GPU. A GPU shared by several pods keeps its processes' pod
+        UIDs: the pod-resources API does not give UIDs, so they cannot be told apart."""
+        if self.pods is None or (info.job and not info.job.startswith(POD_UID_PREFIX)):
+            return info
+        holders = self.pods.holders(dev.uuid, dev.index)
+        if not holders or any(h.job != holders[0].job for h in holders):
+            return info
+        return JobInfo(holders[0].job, info.rank, info.local_rank)
 
     def _tag_set(self, dev: Device, job: JobInfo) -> TagSet:
         """The tags of a GPU's points and of each of its NVLinks' points, for ``job``: built
@@ -577,6 +613,8 @@ class NvmlSource:
 
     def close(self) -> None:
         self._stop.set()
+        if self.pods is not None:
+            self.pods.close()
         if self._waiter is not None:
             self._waiter.join(timeout=2)
         if self._backend is not None and self._devices is not None:

@@ -1,0 +1,271 @@
+"""Kubernetes job attribution through the kubelet's pod-resources API.
+
+The kubelet is :class:`collector.kubeletfake.FakeKubelet`: a real gRPC server on a unix
+socket, answering what each test allocates (SIMULATED pods; no cluster here). The kubelet's
+answer in the wire-format test is encoded in this file by hand from the field numbers of the
+upstream ``api.proto`` (independently of the message declarations under test), with the fields
+a 1.31 kubelet sends that the agent does not read. NVML answers are the CONSTRUCTED 8x H100
+recording, with each test's processes in place of the recorded ones.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import grpc
+import pytest
+
+from collector import sources
+from collector.kubeletfake import FakeKubelet
+from collector.lineprotocol import Point
+from collector.nvml.recorded import RecordedBackend
+from collector.podresources import (
+    STALE_AFTER_S,
+    Holder,
+    PodResources,
+    device_key,
+    gpu_holders,
+    messages,
+)
+from collector.sources.base import SourceContext
+
+H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"
+UUID = [f"GPU-{i:08x}-0000-4000-8000-{i:012x}" for i in range(8)]  # the recording's GPUs
+POD_UID = "3f2c8a9e-1b7d-4c55-9e0a-6d2b1c4e8f10"
+
+
+# -- the wire, encoded by hand ---------------------------------------------------------------
+
+
+def varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def ld(number: int, payload: bytes) -> bytes:
+    """A length-delimited field (wire type 2): strings, messages, packed repeats."""
+    return varint(number << 3 | 2) + varint(len(payload)) + payload
+
+
+def text(number: int, value: str) -> bytes:
+    return ld(number, value.encode())
+
+
+def kubelet_answer() -> bytes:
+    """A ListPodResourcesResponse as a 1.31 kubelet sends it (api.proto field numbers)."""
+    numa0 = ld(3, ld(1, varint(1 << 3 | 0) + varint(0)))  # topology {nodes {ID: 0}}
+    gpus = text(1, "nvidia.com/gpu") + text(2, UUID[0]) + text(2, UUID[1] + "::3") + numa0
+    memory = text(1, "memory") + varint(2 << 3 | 0) + varint(1 << 34) + numa0
+    claim = text(2, "gpu-claim") + text(3, "train") + ld(4, text(2, "gpu.nvidia.com"))
+    trainer = (
+        text(1, "trainer")
+        + ld(2, gpus)
+        + ld(3, varint(2) + varint(3))  # cpu_ids, packed
+        + ld(4, memory)
+        + ld(5, claim)  # dynamic_resources
+    )
+    sidecar = text(1, "sidecar") + ld(2, text(1, "rdma/hca_shared") + text(2, "mlx5_0"))
+    llama = text(1, "llama-0") + text(2, "train") + ld(3, trainer) + ld(3, sidecar)
+    mig = text(1, "nvidia.com/gpu") + text(2, "MIG-9b1e6a3c-5d4f-5e2a-8c7b-0a1b2c3d4e5f")
+    infer = text(1, "infer-7") + text(2, "serve") + ld(3, text(1, "server") + ld(2, mig))
+    plugin = text(1, "nvidia-device-plugin-x2k9") + text(2, "kube-system")
+    return ld(1, llama) + ld(1, infer) + ld(1, plugin)
+
+
+def test_a_kubelet_answer_with_fields_the_agent_does_not_read_decodes():
+    response = messages()["ListPodResourcesResponse"].FromString(kubelet_answer())
+    held, unmapped = gpu_holders(response)
+    trainer = Holder("train", "llama-0", "trainer")
+    assert held == {UUID[0]: [trainer], UUID[1]: [trainer]}  # the "::3" replica: the GPU
+    assert unmapped == ["MIG-9b1e6a3c-5d4f-5e2a-8c7b-0a1b2c3d4e5f"]
+    assert trainer.job == "train/llama-0"
+
+
+def test_the_same_answer_through_grpc(tmp_path):
+    sock = str(tmp_path / "kubelet.sock")
+    with FakeKubelet(sock) as kubelet:
+        kubelet.raw = kubelet_answer()
+        pods = PodResources(sock)
+        pods.refresh()
+    assert pods.holders(UUID[1], 1) == [Holder("train", "llama-0", "trainer")]
+    assert pods.holders(UUID[2], 2) == []
+    assert (pods.calls, pods.failures) == (1, 0)
+
+
+@pytest.mark.parametrize(
+    ("device_id", "key"),
+    [
+        (UUID[3], UUID[3]),  # deviceIDStrategy=uuid, the plugin's default
+        ("5", "5"),  # deviceIDStrategy=index
+        (UUID[3] + "::0", UUID[3]),  # time-sliced replica
+        ("5::12", "5"),
+        ("MIG-9b1e6a3c-5d4f-5e2a-8c7b-0a1b2c3d4e5f", ""),
+        ("nvidia0/gi0", ""),
+        ("", ""),
+    ],
+)
+def test_device_ids_name_whole_gpus(device_id, key):
+    assert device_key(device_id) == key
+
+
+# -- the NVML source tags GPUs with pods -------------------------------------------------------
+
+
+class Processes(RecordedBackend):
+    """The CONSTRUCTED H100 recording with the processes this test puts on each GPU."""
+
+    def __init__(self) -> None:
+        super().__init__(H100, loop=True)
+        self.on: dict[int, list[list[int]]] = {}
+
+    def call(self, device: int | None, name: str, *args: Any) -> Any:
+        if name == "nvmlDeviceGetComputeRunningProcesses" and device is not None:
+            return self.on.get(device, [])
+        return super().call(device, name, *args)
+
+
+def pod_process(procfs: Path, pid: int, environ: str = "") -> None:
+    """A process of pod POD_UID as cgroup v2 on a systemd kubelet shows it."""
+    base = procfs / str(pid)
+    base.mkdir(parents=True)
+    scope = f"kubepods-pod{POD_UID.replace('-', '_')}.slice/cri-containerd-ab12.scope"
+    (base / "cgroup").write_text(f"0::/kubepods.slice/kubepods-burstable.slice/{scope}\n")
+    (base / "environ").write_bytes(environ.encode())
+
+
+@pytest.fixture
+def node(tmp_path):
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    sock = str(tmp_path / "kubelet.sock")
+    kubelet = FakeKubelet(sock).start()
+    backend = Processes()
+    ctx = SourceContext("k8s", "node-0", sysfs=tmp_path / "sys", procfs=procfs)
+    settings = {"backend_instance": backend, "events": "off", "pod_resources_socket": sock}
+    nvml = sources.create("nvml", ctx, settings)
+    yield nvml, backend, kubelet, procfs
+    nvml.close()
+    kubelet.stop()
+
+
+def jobs(points: list[Point], measurement: str = "gpu") -> dict[int, str]:
+    return {
+        int(p.tags["gpu"]): p.tags.get("job", "") for p in points if p.measurement == measurement
+    }
+
+
+def test_gpus_are_tagged_with_the_pod_that_holds_them(node):
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100)
+    pod_process(procfs, 4101, "TORCHELASTIC_RUN_ID=llama-run\0RANK=9\0LOCAL_RANK=1\0")
+    backend.on = {0: [[4100, 1 << 30]], 1: [[4101, 1 << 30]]}
+    kubelet.allocate("train", "llama-0", [UUID[0], UUID[1], UUID[2]])
+    points = nvml.collect(1)
+    gpu = jobs(points)
+    assert gpu[0] == "train/llama-0"  # the cgroup's pod UID, named by the kubelet
+    assert gpu[1] == "llama-run"  # a job in the process environment wins
+    assert gpu[2] == "train/llama-0"  # held by the pod, no process yet
+    assert gpu[3] == ""
+    assert jobs(points, "gpu_process") == {0: "train/llama-0", 1: "llama-run"}
+    rank = next(p for p in points if p.measurement == "gpu" and p.tags["gpu"] == "1")
+    assert (rank.tags["rank"], rank.tags["local_rank"]) == ("9", "1")
+
+
+def test_a_gpu_shared_by_two_pods_keeps_the_process_pod_uid(node):
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100)
+    backend.on = {0: [[4100, 1 << 30]]}
+    kubelet.allocate("train", "a", [UUID[0] + "::0"])
+    kubelet.allocate("train", "b", [UUID[0] + "::1"])
+    kubelet.allocate("train", "c", ["1::0", "1::1"])  # one pod, two replicas: still one pod
+    gpu = jobs(nvml.collect(1))
+    assert gpu[0] == f"pod-{POD_UID}"
+    assert gpu[1] == "train/c"
+
+
+def test_the_kubelet_is_asked_when_processes_change_not_every_cycle(node):
+    nvml, backend, kubelet, procfs = node
+    kubelet.allocate("train", "old", [UUID[0]])
+    for _ in range(5):
+        assert jobs(nvml.collect(1))[0] == "train/old"
+    assert kubelet.calls == 1  # refresh_s (30 s) has not passed
+    kubelet.release("train", "old")
+    kubelet.allocate("train", "new", [UUID[0]])
+    pod_process(procfs, 4100)
+    backend.on = {0: [[4100, 1 << 30]]}  # the new pod's process appears
+    assert jobs(nvml.collect(1))[0] == "train/new"  # asked before tagging
+    assert kubelet.calls == 2
+
+
+def test_a_kubelet_that_fails_costs_tags_not_data(node, caplog):
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100)
+    backend.on = {0: [[4100, 1 << 30]]}
+    kubelet.allocate("train", "llama-0", [UUID[0]])
+    assert jobs(nvml.collect(1))[0] == "train/llama-0"
+    for failure in (grpc.StatusCode.UNAVAILABLE, b"\xff\xff garbage", "stopped"):
+        if isinstance(failure, grpc.StatusCode):
+            kubelet.fail = failure
+        elif isinstance(failure, bytes):
+            kubelet.fail, kubelet.raw = None, failure
+        else:
+            kubelet.stop()
+        nvml.pods._asked_at = -float("inf")  # the next cycle is due to ask
+        with caplog.at_level(logging.WARNING):
+            points = nvml.collect(1)
+        assert len([p for p in points if p.measurement == "gpu"]) == 8  # nothing lost
+        assert jobs(points)[0] == "train/llama-0"  # the last answer is kept a while
+    said = [r.getMessage() for r in caplog.records if "pod-resources" in r.getMessage()]
+    assert len(said) == 3 and "UNAVAILABLE" in said[0]
+    assert "not a ListPodResourcesResponse" in said[1] and "socket is gone" in said[2]
+    kubelet.raw = None
+    kubelet.start()  # a restarted kubelet makes its socket anew
+    nvml.pods._asked_at = -float("inf")
+    with caplog.at_level(logging.WARNING):
+        assert jobs(nvml.collect(1))[0] == "train/llama-0"
+    assert "answers again" in caplog.records[-1].getMessage()
+
+
+def test_a_slow_kubelet_is_cut_off_at_the_deadline(tmp_path):
+    sock = str(tmp_path / "kubelet.sock")
+    with FakeKubelet(sock) as kubelet:
+        kubelet.allocate("train", "llama-0", [UUID[0]])
+        kubelet.delay_s = 1.0
+        pods = PodResources(sock, timeout_s=0.2)
+        pods.refresh()
+    assert pods.failures == 1 and pods.held == {}
+
+
+def test_the_last_answer_is_dropped_when_the_kubelet_stays_away(tmp_path):
+    now = [0.0]
+    sock = str(tmp_path / "kubelet.sock")
+    kubelet = FakeKubelet(sock).start()
+    kubelet.allocate("train", "llama-0", [UUID[0]])
+    pods = PodResources(sock, refresh_s=30.0, clock=lambda: now[0])
+    pods.refresh()
+    kubelet.stop()
+    asked = pods.calls
+    for t in range(1, 12):  # 11 cycles of 10 s, processes changing in each
+        now[0] = t * 10.0
+        pods.refresh(changed=True)
+    # asked at the first change (10 s), then, failing, only every refresh_s: 40, 70, 100 s
+    assert pods.failures == 4
+    assert pods.calls == asked  # the socket is gone: no call was even made
+    assert pods.holders(UUID[0], 0)  # kept: the kubelet was away for less than STALE_AFTER_S
+    now[0] = STALE_AFTER_S + 1.0
+    pods.refresh()
+    assert pods.holders(UUID[0], 0) == []
+
+
+def test_a_node_without_kubernetes_asks_nothing(tmp_path):
+    pods = PodResources(str(tmp_path / "no-kubelet.sock"))
+    pods.refresh()
+    assert (pods.calls, pods.failures, pods.held) == (0, 0, {})
+    assert not os.path.exists(tmp_path / "no-kubelet.sock")
