@@ -10,15 +10,17 @@ recording, with each test's processes in place of the recorded ones.
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+from contextlib import redirect_stdout
 from pathlib import Path
 from typing import Any
 
 import grpc
 import pytest
 
-from collector import sources
+from collector import agent_cli, sources
 from collector.kubeletfake import FakeKubelet
 from collector.lineprotocol import Point
 from collector.nvml.recorded import RecordedBackend
@@ -31,6 +33,7 @@ from collector.podresources import (
     messages,
 )
 from collector.sources.base import SourceContext
+from tests.test_agent import write_config
 
 H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"
 UUID = [f"GPU-{i:08x}-0000-4000-8000-{i:012x}" for i in range(8)]  # the recording's GPUs
@@ -269,3 +272,28 @@ def test_a_node_without_kubernetes_asks_nothing(tmp_path):
     pods.refresh()
     assert (pods.calls, pods.failures, pods.held) == (0, 0, {})
     assert not os.path.exists(tmp_path / "no-kubelet.sock")
+
+
+def test_the_agent_configuration_reaches_the_kubelet(tmp_path):
+    """``gpuwarden-agent --once`` with ``[nvml] pod_resources_*`` set in its TOML file: the
+    recording's processes have no environment or cgroup here, so every GPU the fake kubelet
+    allocated is tagged by the pod-resources answer alone (index device ids, a renamed
+    resource)."""
+    sock = str(tmp_path / "kubelet.sock")
+    config = write_config(tmp_path)
+    config.write_text(
+        config.read_text().replace(
+            'jobmap_dir = ""',
+            f'jobmap_dir = ""\npod_resources_socket = "{sock}"\n'
+            'pod_resources_names = ["example.com/accelerator"]',
+        )
+    )
+    out = io.StringIO()
+    with FakeKubelet(sock) as kubelet, redirect_stdout(out):
+        kubelet.allocate("train", "llama-0", ["0", "1"], resource="example.com/accelerator")
+        kubelet.allocate("train", "other", ["2"])  # nvidia.com/gpu: not a configured name
+        assert agent_cli.main(["--config", str(config), "--once"]) == 0
+    gpu = [ln for ln in out.getvalue().splitlines() if ln.startswith("gpu,")]
+    tagged = sorted(ln.split(",gpu=")[1].split(",")[0] for ln in gpu if "job=train/" in ln)
+    assert tagged == ["0", "1"]
+    assert kubelet.calls == 1
