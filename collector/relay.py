@@ -2,19 +2,35 @@
 
 The reporter (:mod:`collector.reporter`) can send to the node's agent instead of straight to
 InfluxDB; the agent then spools its points with its own, so a training loop never waits on the
-database and nothing is lost during an outage. Only the reporter's measurements (``job_step``,
-``job_model``) are accepted; anything else is refused with 400 and a message, and a body over
-1 MiB with 413. Listens on loopback by default (``agent.reporter_listen``).
+database and nothing is lost during an outage. Any InfluxDB client can write here too (the
+``/write`` of InfluxDB 1.x, with its ``precision`` parameter; gzip bodies are accepted).
+
+Every line is read (:mod:`collector.lpparse`) and checked against the catalogue before
+anything is kept, then written out again by the agent's own encoder, so a bad line from a
+training job can never make the database refuse a batch that carries the node's telemetry.
+A request is taken whole or not at all: one bad line answers 400 naming its line, column and
+problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
+``job_model``) are accepted. A line without a timestamp is stamped when it arrives (not when
+the spool reaches the database, which may be hours later after an outage). A body over 1 MiB
+(after decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``).
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import threading
+import time
+import urllib.parse
+import zlib
+from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
-from collector.catalogue import CATALOGUE, Producer
+from collector.catalogue import CATALOGUE, Producer, check_point
+from collector.errors import LineProtocolError
+from collector.lineprotocol import EncodeStats, encode_points
+from collector.lpparse import PRECISIONS, parse_lines
 
 log = logging.getLogger(__name__)
 
@@ -43,15 +59,60 @@ def measurement_of(line: str) -> str:
     return "".join(out)
 
 
-def check_lines(body: str) -> tuple[list[str], str]:
-    lines = [ln for ln in body.splitlines() if ln.strip() and not ln.startswith("#")]
-    for n, line in enumerate(lines, 1):
-        m = measurement_of(line)
-        if m not in ACCEPTED:
-            return [], f"line {n}: measurement {m!r} is not accepted here; only {sorted(ACCEPTED)}"
-        if " " not in line.rstrip():
-            return [], f"line {n}: has no fields"
+def check_lines(body: str, precision: str = "", now_ns: int | None = None) -> tuple[list[str], str]:
+    """The body's points, checked and encoded again at nanosecond precision; or a message
+    saying what is wrong (and no lines)."""
+    ns_per_unit = PRECISIONS.get(precision)
+    if ns_per_unit is None:
+        return [], f"precision {precision!r} is not one of {sorted(p for p in PRECISIONS if p)}"
+    try:
+        points = parse_lines(body, time.time_ns() if now_ns is None else now_ns, ns_per_unit)
+    except LineProtocolError as e:
+        return [], str(e)
+    for n, point in enumerate(points, 1):
+        if point.measurement not in ACCEPTED:
+            return [], (
+                f"point {n}: measurement {point.measurement!r} is not accepted here; only "
+                f"{sorted(ACCEPTED)}"
+            )
+        problems = check_point(point.measurement, point.tags, point.fields)
+        if problems:
+            return [], f"point {n}: " + "; ".join(problems)
+    stats = EncodeStats()
+    lines = encode_points(points, stats=stats)
+    if stats.points_dropped:  # cannot happen for what parse_lines reads; say so if it does
+        return [], f"{stats.points_dropped} point(s) could not be written: {stats.reasons}"
     return lines, ""
+
+
+def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None, int, str]:
+    """The request body, or ``(None, status, message)``: a length that is missing, not a
+    number or over :data:`MAX_BODY`; an encoding other than gzip; gzip that is broken or
+    inflates past :data:`MAX_BODY`."""
+    if headers.get("Transfer-Encoding"):
+        return None, 411, "send a Content-Length (chunked bodies are not read)"
+    raw = headers.get("Content-Length") or "0"
+    if not raw.isdigit():
+        return None, 400, f"Content-Length {raw!r} is not a number of bytes"
+    length = int(raw)
+    if length > MAX_BODY:
+        return None, 413, f"body over {MAX_BODY} bytes"
+    body = rfile.read(length)
+    encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
+    if encoding == "identity":
+        return body, 0, ""
+    if encoding != "gzip":
+        return None, 415, f"Content-Encoding {encoding!r}: only gzip or none"
+    inflate = zlib.decompressobj(wbits=31)
+    try:
+        data = inflate.decompress(body, MAX_BODY + 1)
+    except zlib.error as e:
+        return None, 400, f"gzip body is broken: {e}"
+    if len(data) > MAX_BODY:
+        return None, 413, f"body over {MAX_BODY} bytes once inflated"
+    if not inflate.eof:
+        return None, 400, "gzip body is cut short"
+    return data, 0, ""
 
 
 class ReporterRelay:
@@ -59,7 +120,8 @@ class ReporterRelay:
         host, _, port = listen.rpartition(":")
         self.address = (host or "127.0.0.1", int(port))
         self.sink = sink
-        self.accepted = 0
+        self.accepted = 0  # lines
+        self.refused = 0  # requests
         self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> None:
@@ -80,20 +142,25 @@ class ReporterRelay:
                 self._answer(200 if self.path in ("/health", "/ping") else 404, "ok\n")
 
             def do_POST(self) -> None:
-                if not self.path.startswith("/write"):
+                url = urllib.parse.urlsplit(self.path)
+                if url.path != "/write":
                     self._answer(404, "POST /write\n")
                     return
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > MAX_BODY:
-                    self._answer(413, f"body over {MAX_BODY} bytes\n")
+                body, status, problem = read_body(self.headers, self.rfile)
+                if body is None:
+                    self.close_connection = True  # the rest of the body may still be unread
+                    self._answer(status, problem + "\n")
                     return
                 try:
-                    body = self.rfile.read(length).decode("utf-8")
+                    text = body.decode("utf-8")
                 except UnicodeDecodeError:
                     self._answer(400, "body is not UTF-8\n")
                     return
-                lines, problem = check_lines(body)
+                query = urllib.parse.parse_qs(url.query)
+                precision = (query.get("precision") or [""])[0]
+                lines, problem = check_lines(text, precision)
                 if problem:
+                    relay.refused += 1
                     self._answer(400, problem + "\n")
                     return
                 relay.sink.write_lines(lines)

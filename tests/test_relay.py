@@ -1,0 +1,228 @@
+"""The agent's relay for training jobs, and the strict line-protocol reader behind it.
+
+Lines here are written by hand or generated (hypothesis); the differential test writes them to
+the real InfluxDB (Debian's influxd 1.6.7) to check that what the reader accepts, the
+database reads the same way.
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.client
+import itertools
+import json
+import math
+
+import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
+
+from collector.errors import LineProtocolError
+from collector.lineprotocol import Point, encode_point
+from collector.lpparse import parse_lines
+from collector.relay import MAX_BODY, ReporterRelay
+from tests import strategies as hs
+
+NOW = 1_700_000_000_123_456_789
+_seq = itertools.count()
+
+
+# -- the reader --------------------------------------------------------------------------------
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    measurement=hs.measurements,
+    tags=st.dictionaries(hs.names, hs.names, max_size=3),
+    fields=st.dictionaries(
+        hs.names,
+        st.one_of(hs.floats, hs.ints, st.booleans(), hs.string_values),
+        min_size=1,
+        max_size=4,
+    ),
+    time_ns=st.integers(-(2**62), 2**62),
+)
+def test_the_reader_reads_back_everything_the_encoder_writes(measurement, tags, fields, time_ns):
+    point = Point(measurement, tags, fields, time_ns)
+    try:
+        line = encode_point(point)
+    except LineProtocolError:
+        assume(False)  # a name line protocol cannot carry; the encoder's own tests cover it
+    assert line is not None
+    (back,) = parse_lines(line + "\n", now_ns=0)
+    assert back == point
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        ("job_step,job=a", "column 15: expected ' ' before the fields"),
+        ("m v=3u", "unsigned integer 3u (write 3i"),
+        ("m v=nan", "'nan' is not a number"),
+        ("m v=inf", "'inf' is not a number"),
+        ("m v=1i,v=2i", "column 8: field 'v' appears twice"),
+        ("m v=1 17x", "timestamp '17x' is not an integer"),
+        ('m v="open', "column 5: string value has no closing quote"),
+        ("m,=x v=1", "column 3: empty tag key"),
+        ("m,t= v=1", "column 5: empty tag value"),
+        ("m v=1 5 extra", "unexpected 'e' after the timestamp"),
+        ("m time=1", "field key 'time' is reserved"),
+        ("m v=9223372036854775808i", "does not fit in 64 bits"),
+        ("m v=1,w=", "field 'w': '' is not a number"),
+        ("m v=1\nm w=1\nm x=y", "line 3, column 5: field 'x'"),
+    ],
+)
+def test_the_reader_names_what_is_wrong_and_where(line, says):
+    with pytest.raises(LineProtocolError, match=None) as caught:
+        parse_lines(line, NOW)
+    assert says in str(caught.value)
+
+
+def test_blank_lines_comments_crlf_and_leading_spaces():
+    text = '\n# a comment\n  m,t=a v=1i 5\r\n\n\tm s="two\nlines" 6\n'
+    assert parse_lines(text, NOW) == [
+        Point("m", {"t": "a"}, {"v": 1}, 5),
+        Point("m", {}, {"s": "two\nlines"}, 6),
+    ]
+
+
+# -- the reader agrees with InfluxDB -------------------------------------------------------------
+
+HAND_WRITTEN = [
+    r'rl{n},host=a\ b,k\=x=v\,w f=1.5,i=-3i,b=T,s="q\"uo\\te" 1600000000000000001',
+    "rl{n} f=-2e3,g=.25,h=7.,e=1e-3,E=1E+3 1600000000000000002",
+    "rl{n} b1=true,b2=False,b3=f,b4=TRUE,b5=t 1600000000000000003",
+    'rl{n},t=back\\slash s="multi\nline",u="a\\b" 1600000000000000004',
+    r"rl{n}\ with\ space,k=v v=1i 1600000000000000005",
+    "   rl{n} v=2i 1600000000000000006",
+    "rl{n},z=1,a=2 v=-0.0,w=0 1600000000000000007",
+]
+
+
+@pytest.mark.influxdb
+@pytest.mark.parametrize("template", HAND_WRITTEN)
+def test_what_the_reader_accepts_influxdb_reads_the_same(influxd, influx_db, template):
+    line = template.format(n=next(_seq))
+    (point,) = parse_lines(line, NOW)
+    conn = http.client.HTTPConnection("127.0.0.1", influxd.port, timeout=30)
+    conn.request("POST", f"/write?db={influx_db}&precision=ns", line.encode())
+    answer = conn.getresponse()
+    assert answer.status == 204, answer.read()
+    name = point.measurement.replace('"', '\\"')
+    result = json.loads(influxd.query(f'SELECT * FROM "{name}"', influx_db))
+    (series,) = result["results"][0]["series"]
+    row = dict(zip(series["columns"], series["values"][0], strict=True))
+    assert row.pop("time") == point.time_ns
+    assert {k: row[k] for k in point.tags} == dict(point.tags)
+    for key, value in point.fields.items():
+        read = row[key]
+        if isinstance(value, float):
+            assert math.isclose(read, value) or (read == value == 0)
+        else:
+            assert read == value and type(read) is type(value), key
+
+
+# -- the relay -------------------------------------------------------------------------------
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write_lines(self, lines: list[str]) -> None:
+        self.lines += lines
+
+
+@pytest.fixture
+def relay():
+    sink = Lines()
+    relay = ReporterRelay("127.0.0.1:0", sink)
+    relay.start()
+    yield relay, sink
+    relay.close()
+
+
+def post(relay, body: bytes, path: str = "/write", **headers: str) -> tuple[int, str]:
+    host, port = relay.address
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.putrequest("POST", path)
+    if "Content-Length" not in headers and "Transfer-Encoding" not in headers:
+        headers["Content-Length"] = str(len(body))
+    for key, value in headers.items():
+        conn.putheader(key, value)
+    conn.endheaders()
+    conn.send(body)
+    answer = conn.getresponse()
+    text = answer.read().decode()
+    conn.close()
+    return answer.status, text
+
+
+STEP = "job_step,job=j1,rank=0 step_index=7i,step_time_s=1.25,tokens_count=4096i"
+
+
+def test_lines_are_checked_encoded_again_and_stamped(relay):
+    r, sink = relay
+    assert post(r, f"{STEP} 1700000000\n".encode(), "/write?db=x&precision=s")[0] == 204
+    assert sink.lines == [
+        "job_step,job=j1,rank=0 step_index=7i,step_time_s=1.25,tokens_count=4096i "
+        "1700000000000000000"
+    ]
+    assert post(r, STEP.encode())[0] == 204  # no timestamp: stamped on arrival, in ns
+    stamp = int(sink.lines[1].rsplit(" ", 1)[1])
+    assert stamp > 1_700_000_000 * 10**9
+    assert r.accepted == 2
+
+
+@pytest.mark.parametrize(
+    ("body", "path", "headers", "status", "says"),
+    [
+        (b"cpu,host=a v=1 1", "/write", {}, 400, "measurement 'cpu' is not accepted"),
+        (b"job_step,job=j tokens_count=4096", "/write", {}, 400, "declared integer, written"),
+        (b"job_step,job=j,gpu=0 step_index=1i", "/write", {}, 400, "tag 'gpu' is not declared"),
+        (STEP.encode(), "/write?precision=fortnight", {}, 400, "precision 'fortnight'"),
+        (STEP.encode() + b"\njob_step v=", "/write", {}, 400, "line 2, column 12"),
+        (b"\xff\xfe", "/write", {}, 400, "not UTF-8"),
+        (STEP.encode(), "/query", {}, 404, "POST /write"),
+        (STEP.encode(), "/write", {"Content-Length": "12abc"}, 400, "is not a number"),
+        (STEP.encode(), "/write", {"Content-Length": "-5"}, 400, "is not a number"),
+        (STEP.encode(), "/write", {"Content-Encoding": "br"}, 415, "only gzip"),
+        (b"not gzip at all", "/write", {"Content-Encoding": "gzip"}, 400, "gzip body is broken"),
+        (gzip.compress(STEP.encode())[:-9], "/write", {"Content-Encoding": "gzip"}, 400, "short"),
+    ],
+)
+def test_bad_requests_get_a_clear_answer_and_keep_nothing(relay, body, path, headers, status, says):
+    r, sink = relay
+    got, text = post(r, body, path, **headers)
+    assert (got, sink.lines) == (status, [])
+    assert says in text
+    assert post(r, STEP.encode())[0] == 204  # and the relay still serves
+
+
+def test_one_bad_line_refuses_the_whole_request(relay):
+    r, sink = relay
+    body = "\n".join([STEP + " 1", STEP + " 2", "job_step,job=j1 step_index=1.5 3"])
+    status, text = post(r, body.encode())
+    assert (status, sink.lines, r.refused) == (400, [], 1)
+    assert "point 3: job_step.step_index: declared integer" in text
+
+
+def test_gzip_bodies_and_their_limits(relay):
+    r, sink = relay
+    assert post(r, gzip.compress(STEP.encode()), **{"Content-Encoding": "gzip"})[0] == 204
+    assert len(sink.lines) == 1
+    bomb = gzip.compress(b"#" * (MAX_BODY + 10))  # a kilobyte that inflates past the limit
+    status, text = post(r, bomb, **{"Content-Encoding": "gzip"})
+    assert status == 413 and "once inflated" in text
+    status, _ = post(r, b"x" * (MAX_BODY + 1))
+    assert status == 413
+    assert len(sink.lines) == 1
+
+
+def test_chunked_bodies_are_refused_not_waited_for(relay):
+    r, sink = relay
+    chunk = STEP.encode()
+    body = f"{len(chunk):x}\r\n".encode() + chunk + b"\r\n0\r\n\r\n"
+    status, text = post(r, body, **{"Transfer-Encoding": "chunked"})
+    assert status == 411 and "Content-Length" in text
+    assert sink.lines == []
