@@ -4,7 +4,8 @@ The agent's relay (:mod:`collector.relay`) accepts line protocol from training j
 every line into a :class:`~collector.lineprotocol.Point` with this module before anything is
 spooled, and writes it out again with the agent's own encoder, so a line the database would
 refuse is refused here, at once and with its line and column, instead of failing a batch that
-also carries the node's telemetry (InfluxDB 2.x and 3.x refuse a whole batch for one bad line).
+also carries the node's telemetry (InfluxDB 2.x refuses a whole batch for one malformed line,
+per its write documentation; 3.x too unless partial writes are configured).
 
 It reads what :mod:`collector.lineprotocol` writes (a property test round-trips every point the
 encoder can write), with InfluxDB 1.x's escaping: ``\\,`` and ``\\ `` in a measurement, also
