@@ -25,6 +25,7 @@ import polars as pl
 
 from collector.finding import Finding
 from collector.lineprotocol import Point
+from collector.plausible import Screen
 from collector.sources import Source
 from collector.trace import TraceWriter
 
@@ -42,6 +43,7 @@ class SourceHealth:
     errors: int = 0
     failing: str = ""  # the message of the failure streak it is in ("" when it works)
     failed_cycles: int = 0  # cycles in that streak
+    implausible: int = 0  # readings left out as physically impossible (collector.plausible)
 
 
 class _AbandonedError(Exception):
@@ -76,6 +78,7 @@ class Agent:
         self.clock = clock
         self.monotonic = monotonic
         self.health = {s.name: SourceHealth() for s in self.sources}
+        self.screen = Screen()
         self.cycles = 0
         self.skipped_ticks = 0
         self._hung: dict[str, threading.Thread] = {}
@@ -120,6 +123,7 @@ class Agent:
             self._check_owner()
             if self.health[name].failing:
                 self._recovered(name)
+            self.health[name].implausible += self.screen(result)
             points += result
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
         if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it
@@ -166,6 +170,7 @@ class Agent:
             "collect_success_active": ok,
             "points_count": n,
             "errors_total": self.health[name].errors,
+            "implausible_total": self.health[name].implausible,
         }
         return Point("agent", self._tags[name], fields, now_ns)
 

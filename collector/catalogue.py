@@ -59,6 +59,7 @@ class FieldSpec:
     unit: str
     kind: Kind
     description: str
+    valid: tuple[float, float] | None = None  # physical range of a hardware reading
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,8 +112,27 @@ TAGS: Mapping[str, str] = MappingProxyType(
 )
 
 
-def _f(name: str, type_: FieldType, unit: str, kind: Kind, description: str) -> FieldSpec:
-    return FieldSpec(name, type_, unit, kind, description)
+def _f(
+    name: str,
+    type_: FieldType,
+    unit: str,
+    kind: Kind,
+    description: str,
+    valid: tuple[float, float] | None = None,
+) -> FieldSpec:
+    return FieldSpec(name, type_, unit, kind, description, valid)
+
+
+# Physical ranges of hardware gauges. A reading outside one is a sensor's sentinel (the
+# kernel's THERMAL_TEMP_INVALID reads -274 °C; an all-ones 32-bit register read as milliwatts
+# is 4.3 MW) or a broken sensor, never a measurement: the agent leaves it out, counts it
+# (agent.implausible_total) and says so once (collector/plausible.py). Wide on purpose.
+PCT = (0.0, 110.0)  # GPM ratios may read a little over 100 % for a short sample
+TEMP = (-40.0, 150.0)  # °C
+POWER = (0.0, 50_000.0)  # W: up to a whole node's PSU sensor
+CLOCK = (0.0, 20_000.0)  # MHz
+MEMORY = (0.0, 2.0**50)  # B
+PCIE = (0.0, 1e12)  # B/s: PCIe 6.0 x16 moves ~1.3e11 per direction
 
 
 F, I, B, S = FieldType.FLOAT, FieldType.INTEGER, FieldType.BOOLEAN, FieldType.STRING  # noqa: E741
@@ -136,23 +156,30 @@ CLOCK_EVENT_REASONS: Mapping[str, int] = MappingProxyType(
 )
 
 _gpu_fields = [
-    _f("gpu_util_pct", F, "%", G, "percent of time a kernel was running (NVML utilization.gpu)"),
-    _f("mem_util_pct", F, "%", G, "percent of time device memory was read or written"),
-    _f("mem_used_bytes", I, "B", G, "framebuffer memory used"),
-    _f("mem_total_bytes", I, "B", G, "framebuffer memory total"),
-    _f("sm_clock_mhz", F, "MHz", G, "current SM clock"),
-    _f("mem_clock_mhz", F, "MHz", G, "current memory clock"),
-    _f("graphics_clock_mhz", F, "MHz", G, "current graphics clock"),
-    _f("sm_clock_max_mhz", F, "MHz", G, "maximum SM clock"),
-    _f("mem_clock_max_mhz", F, "MHz", G, "maximum memory clock"),
-    _f("graphics_clock_max_mhz", F, "MHz", G, "maximum graphics clock"),
-    _f("gpu_temp_c", F, "°C", G, "GPU die temperature"),
-    _f("mem_temp_c", F, "°C", G, "HBM temperature (not on every GPU)"),
-    _f("power_w", F, "W", G, "power draw"),
-    _f("power_limit_w", F, "W", G, "enforced power limit"),
+    _f(
+        "gpu_util_pct",
+        F,
+        "%",
+        G,
+        "percent of time a kernel was running (NVML utilization.gpu)",
+        PCT,
+    ),
+    _f("mem_util_pct", F, "%", G, "percent of time device memory was read or written", PCT),
+    _f("mem_used_bytes", I, "B", G, "framebuffer memory used", MEMORY),
+    _f("mem_total_bytes", I, "B", G, "framebuffer memory total", MEMORY),
+    _f("sm_clock_mhz", F, "MHz", G, "current SM clock", CLOCK),
+    _f("mem_clock_mhz", F, "MHz", G, "current memory clock", CLOCK),
+    _f("graphics_clock_mhz", F, "MHz", G, "current graphics clock", CLOCK),
+    _f("sm_clock_max_mhz", F, "MHz", G, "maximum SM clock", CLOCK),
+    _f("mem_clock_max_mhz", F, "MHz", G, "maximum memory clock", CLOCK),
+    _f("graphics_clock_max_mhz", F, "MHz", G, "maximum graphics clock", CLOCK),
+    _f("gpu_temp_c", F, "°C", G, "GPU die temperature", TEMP),
+    _f("mem_temp_c", F, "°C", G, "HBM temperature (not on every GPU)", TEMP),
+    _f("power_w", F, "W", G, "power draw", POWER),
+    _f("power_limit_w", F, "W", G, "enforced power limit", POWER),
     _f("energy_j_total", F, "J", C, "total energy since the driver loaded (counter)"),
     _f("pstate_code", I, "", ST, "performance state P0..P15 (0 is the fastest)"),
-    _f("fan_speed_pct", F, "%", G, "fan speed (absent on passively cooled GPUs)"),
+    _f("fan_speed_pct", F, "%", G, "fan speed (absent on passively cooled GPUs)", PCT),
     _f("clock_event_reasons_code", I, "", ST, "raw clock-event (throttle) reason bitmask"),
     *[
         _f(f"clock_event_{r}_active", B, "", ST, f"clock-event reason '{r}' is active")
@@ -169,15 +196,17 @@ _gpu_fields = [
     _f("remapped_rows_uncorrectable_total", I, "", C, "rows remapped for uncorrectable errors"),
     _f("remapped_rows_pending_active", B, "", ST, "a row remap waits for a GPU reset"),
     _f("remapped_rows_failure_active", B, "", ST, "a row remap failed: the GPU needs service"),
-    _f("pcie_tx_bytes_per_s", F, "B/s", G, "PCIe transmit throughput"),
-    _f("pcie_rx_bytes_per_s", F, "B/s", G, "PCIe receive throughput"),
+    _f("pcie_tx_bytes_per_s", F, "B/s", G, "PCIe transmit throughput", PCIE),
+    _f("pcie_rx_bytes_per_s", F, "B/s", G, "PCIe receive throughput", PCIE),
     _f("pcie_replay_total", I, "", C, "PCIe replay counter"),
     _f("pcie_link_gen_code", I, "", ST, "current PCIe link generation"),
     _f("pcie_link_width_count", I, "lanes", ST, "current PCIe link width"),
-    _f("gpm_sm_util_pct", F, "%", G, "GPM SM utilisation (Hopper+)"),
-    _f("gpm_sm_occupancy_pct", F, "%", G, "GPM SM occupancy (Hopper+)"),
-    _f("gpm_tensor_active_pct", F, "%", G, "GPM tensor-core activity, any precision (Hopper+)"),
-    _f("gpm_dram_bw_util_pct", F, "%", G, "GPM DRAM bandwidth utilisation (Hopper+)"),
+    _f("gpm_sm_util_pct", F, "%", G, "GPM SM utilisation (Hopper+)", PCT),
+    _f("gpm_sm_occupancy_pct", F, "%", G, "GPM SM occupancy (Hopper+)", PCT),
+    _f(
+        "gpm_tensor_active_pct", F, "%", G, "GPM tensor-core activity, any precision (Hopper+)", PCT
+    ),
+    _f("gpm_dram_bw_util_pct", F, "%", G, "GPM DRAM bandwidth utilisation (Hopper+)", PCT),
     _f("process_count", I, "", G, "compute processes on the GPU"),
 ]
 
@@ -258,7 +287,7 @@ _m(
     _GPU_TAGS,
     [
         _f("pid", I, "", IN, "process id (a field: unbounded cardinality)"),
-        _f("used_mem_bytes", I, "B", G, "GPU memory used by the process"),
+        _f("used_mem_bytes", I, "B", G, "GPU memory used by the process", MEMORY),
     ],
 )
 _m(
@@ -295,7 +324,7 @@ _m(
     ("cluster", "node", "domain", "source"),
     [
         _f("energy_j_total", F, "J", C, "energy counter (RAPL wraps at max_energy_range_uj)"),
-        _f("power_w", F, "W", G, "power (hwmon power sensors)"),
+        _f("power_w", F, "W", G, "power (hwmon power sensors)", POWER),
     ],
 )
 _m(
@@ -304,7 +333,7 @@ _m(
     "thermal zones and hwmon temperature sensors",
     ("cluster", "node", "zone", "sensor", "source"),
     [
-        _f("temp_c", F, "°C", G, "temperature"),
+        _f("temp_c", F, "°C", G, "temperature", TEMP),
         _f("crit_temp_c", F, "°C", G, "critical trip point, where reported"),
     ],
 )
@@ -356,6 +385,13 @@ _m(
         _f("collect_success_active", B, "", ST, "the collection succeeded"),
         _f("points_count", I, "", G, "points the source produced"),
         _f("errors_total", I, "", C, "collection errors since start"),
+        _f(
+            "implausible_total",
+            I,
+            "",
+            C,
+            "readings left out since start as physically impossible (sensor sentinels)",
+        ),
         _f("cycle_lag_s", F, "s", G, "how late the cycle started against its schedule"),
     ],
 )

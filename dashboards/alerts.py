@@ -197,6 +197,18 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
             "warning",
             "{{ $labels.node }}: the spool overflowed while InfluxDB was unreachable",
         ),
+        RuleSpec(
+            "gw-sensor-implausible",
+            "A sensor reads impossible values",
+            # per source: each has its own counter
+            _growth("agent", "implausible_total", "implausible", (*node, "source")),
+            "gt",
+            0,
+            "warning",
+            "{{ $labels.node }} ({{ $labels.source }}): a sensor reads values no hardware can "
+            "have (left out of the data; the agent log names it once): a broken sensor or a "
+            "driver problem",
+        ),
     ]
 
 

@@ -161,6 +161,18 @@ def build() -> model.Dashboard:
             unit="bytes",
             alias="$tag_node $col",
         ),
+        graph(
+            "Implausible readings",
+            "Readings the agents left out as physically impossible (a sensor's sentinel or a "
+            "broken sensor; the agent log names each field once)",
+            S(
+                "agent",
+                Agg("increase", "implausible_total", "implausible"),
+                group_tags=("node", "source"),
+            ),
+            unit="none",
+            alias="$tag_node $tag_source",
+        ),
     ]
     return board(
         UID,

@@ -262,6 +262,9 @@ def test_alert_rules_fire_where_the_scenario_put_the_faults(
     hot = rules["gw-gpu-hot"]["data"][0]["model"]["query"]
     temps = _series_values(client, hot, dataset, dataset.end_ms, 3600)
     assert temps and all(v < cfg["alerts"]["gpu_temp_c"] for v in temps.values())
+    implausible = rules["gw-sensor-implausible"]["data"][0]["model"]["query"]
+    grown = _series_values(client, implausible, dataset, dataset.end_ms, 3600)
+    assert grown and all(v == 0 for v in grown.values())  # the agent's sensors tell no lies
 
 
 def test_export_writes_dashboards_and_provisioning(tmp_path: Path) -> None:

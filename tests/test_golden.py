@@ -20,6 +20,7 @@ import pytest
 from collector import sources
 from collector.catalogue import check_point
 from collector.lineprotocol import encode_points
+from collector.plausible import Screen
 from collector.sources.base import SourceContext
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -61,11 +62,13 @@ def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[st
             s["path"] = str(case / "kmsg.log")
         made.append(sources.create(name, context, s))
     steps = []
+    screen = Screen()
     for step in range(spec["steps"]):
         if (case / f"sysfs-{step}.csv").exists():
             materialise(case / f"sysfs-{step}.csv", tmp)
         now = T0 + step * STEP_NS
         points = [p for src in made for p in src.collect(now)]
+        screen(points)  # as the agent does: implausible readings are left out
         for p in points:
             assert check_point(p.measurement, p.tags, p.fields) == [], p
         steps.append(encode_points(points))
