@@ -226,3 +226,21 @@ def test_chunked_bodies_are_refused_not_waited_for(relay):
     status, text = post(r, body, **{"Transfer-Encoding": "chunked"})
     assert status == 411 and "Content-Length" in text
     assert sink.lines == []
+
+
+def test_everything_the_reporter_sends_is_accepted(relay):
+    """The training-side reporter, every option used, a NaN loss (a diverging run) included:
+    nothing it sends is refused (the NaN field is left out by its encoder, the step kept)."""
+    from collector.reporter import Reporter
+
+    r, sink = relay
+    rep = Reporter("j1", 3, url=f"http://{r.address[0]}:{r.address[1]}", flush_interval_s=0.01)
+    rep.model(params=8 * 10**9, layers=32, hidden_size=4096, heads=32, seq_len=8192,
+              world_size=64, dtype="bf16", recompute=True, gpu_model="NVIDIA H100 80GB HBM3",
+              tensor_parallel=8, pipeline_parallel=2)  # fmt: skip
+    rep.step(1, 1.5, tokens=8192, samples=1, loss=2.25)
+    rep.step(2, 1.5, tokens=8192, samples=1, loss=math.nan)
+    assert rep.flush(timeout_s=10)
+    rep.close()
+    assert (r.accepted, r.refused, rep.dropped) == (3, 0, 0)
+    assert "loss_ratio" not in sink.lines[2] and "step_index=2i" in sink.lines[2]
