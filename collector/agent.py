@@ -79,6 +79,8 @@ class Agent:
         self.monotonic = monotonic
         self.health = {s.name: SourceHealth() for s in self.sources}
         self.screen = Screen()
+        # more self-metrics, each a point per cycle (the reporter relay's)
+        self.self_reports: list[Callable[[int], Point]] = []
         self.cycles = 0
         self.skipped_ticks = 0
         self._hung: dict[str, threading.Thread] = {}
@@ -138,6 +140,8 @@ class Agent:
             points.append(Point("finding", tags, fields, finding.time_ns))  # type: ignore[arg-type]
         agent_tags = {"cluster": self.cluster, "node": self.node, "source": "agent"}
         own.append(Point("agent", agent_tags, {"cycle_lag_s": lag_s}, now_ns))
+        for report in self.self_reports:
+            own.append(report(now_ns))
         if self.sink_stats is not None:
             sink_tags = {"cluster": self.cluster, "node": self.node, "sink": "influxdb"}
             own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))

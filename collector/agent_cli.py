@@ -18,6 +18,7 @@ import signal
 import socket
 import sys
 import threading
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +153,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     if influx is not None and config["agent"]["reporter_listen"]:
         relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
         relay.start()
+        agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -29,13 +29,15 @@ from typing import Protocol
 
 from collector.catalogue import CATALOGUE, Producer, check_point
 from collector.errors import LineProtocolError
-from collector.lineprotocol import EncodeStats, encode_points
+from collector.lineprotocol import EncodeStats, Point, encode_points
 from collector.lpparse import PRECISIONS, parse_lines
 
 log = logging.getLogger(__name__)
 
 ACCEPTED = frozenset(m.name for m in CATALOGUE.values() if m.producer is Producer.REPORTER)
 MAX_BODY = 2**20
+DRAIN_MAX = 16 * MAX_BODY  # a body up to this size is read and dropped before a 413
+LOG_EVERY_S = 60.0
 
 
 class LineSink(Protocol):
@@ -96,6 +98,9 @@ def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None,
         return None, 400, f"Content-Length {raw!r} is not a number of bytes"
     length = int(raw)
     if length > MAX_BODY:
+        if length <= DRAIN_MAX:  # read it away, so the client gets the answer, not a reset
+            while length > 0 and (chunk := rfile.read(min(length, 1 << 16))):
+                length -= len(chunk)
         return None, 413, f"body over {MAX_BODY} bytes"
     body = rfile.read(length)
     encoding = (headers.get("Content-Encoding") or "identity").strip().lower()
@@ -122,6 +127,10 @@ class ReporterRelay:
         self.sink = sink
         self.accepted = 0  # lines
         self.refused = 0  # requests
+        self._reported = 0  # lines accepted up to the last stats_point
+        self._unsaid = 0  # refusals not logged yet
+        self._said_at = -float("inf")
+        self._lock = threading.Lock()
         self._server: ThreadingHTTPServer | None = None
 
     def start(self) -> None:
@@ -142,34 +151,62 @@ class ReporterRelay:
                 self._answer(200 if self.path in ("/health", "/ping") else 404, "ok\n")
 
             def do_POST(self) -> None:
-                url = urllib.parse.urlsplit(self.path)
-                if url.path != "/write":
-                    self._answer(404, "POST /write\n")
-                    return
-                body, status, problem = read_body(self.headers, self.rfile)
-                if body is None:
-                    self.close_connection = True  # the rest of the body may still be unread
+                status, problem = relay._post(self)
+                if status >= 400:
+                    relay._refused(status, problem, self.client_address[0])
                     self._answer(status, problem + "\n")
-                    return
-                try:
-                    text = body.decode("utf-8")
-                except UnicodeDecodeError:
-                    self._answer(400, "body is not UTF-8\n")
-                    return
-                query = urllib.parse.parse_qs(url.query)
-                precision = (query.get("precision") or [""])[0]
-                lines, problem = check_lines(text, precision)
-                if problem:
-                    relay.refused += 1
-                    self._answer(400, problem + "\n")
-                    return
-                relay.sink.write_lines(lines)
-                relay.accepted += len(lines)
-                self._answer(204)
+                else:
+                    self._answer(status)
 
         self._server = ThreadingHTTPServer(self.address, Handler)
         self.address = self._server.server_address[:2]  # type: ignore[assignment]
         threading.Thread(target=self._server.serve_forever, daemon=True, name="relay").start()
+
+    def _post(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
+        """Reads, checks and keeps one request's lines: ``(204, "")`` or an error status and
+        what is wrong."""
+        url = urllib.parse.urlsplit(request.path)
+        if url.path != "/write":
+            return 404, "POST /write"
+        body, status, problem = read_body(request.headers, request.rfile)
+        if body is None:
+            request.close_connection = True  # the rest of the body may still be unread
+            return status, problem
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            return 400, "body is not UTF-8"
+        precision = (urllib.parse.parse_qs(url.query).get("precision") or [""])[0]
+        lines, problem = check_lines(text, precision)
+        if problem:
+            return 400, problem
+        self.sink.write_lines(lines)
+        with self._lock:
+            self.accepted += len(lines)
+        return 204, ""
+
+    def _refused(self, status: int, problem: str, client: str) -> None:
+        """Counts a refused request; logs the first, then at most one line a minute with how
+        many were refused since (a training job sending bad lines every step must not flood
+        the agent's log, nor go unnoticed)."""
+        with self._lock:
+            self.refused += 1
+            self._unsaid += 1
+            now = time.monotonic()
+            if now - self._said_at < LOG_EVERY_S:
+                return
+            count, self._unsaid, self._said_at = self._unsaid, 0, now
+        log.warning("relay refused %d request(s) since its last word; the latest, from %s: "
+                    "%d %s", count, client, status, problem)  # fmt: skip
+
+    def stats_point(self, cluster: str, node: str, now_ns: int) -> Point:
+        """The relay's self-metrics: lines kept since the last call, requests refused since
+        start (``agent`` measurement, ``source=relay``)."""
+        with self._lock:
+            kept, self._reported = self.accepted - self._reported, self.accepted
+            refused = self.refused
+        tags = {"cluster": cluster, "node": node, "source": "relay"}
+        return Point("agent", tags, {"points_count": kept, "errors_total": refused}, now_ns)
 
     def close(self) -> None:
         if self._server is not None:

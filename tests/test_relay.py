@@ -11,16 +11,18 @@ import gzip
 import http.client
 import itertools
 import json
+import logging
 import math
 
 import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from collector.catalogue import check_point
 from collector.errors import LineProtocolError
 from collector.lineprotocol import Point, encode_point
 from collector.lpparse import parse_lines
-from collector.relay import MAX_BODY, ReporterRelay
+from collector.relay import LOG_EVERY_S, MAX_BODY, ReporterRelay
 from tests import strategies as hs
 
 NOW = 1_700_000_000_123_456_789
@@ -244,3 +246,23 @@ def test_everything_the_reporter_sends_is_accepted(relay):
     rep.close()
     assert (r.accepted, r.refused, rep.dropped) == (3, 0, 0)
     assert "loss_ratio" not in sink.lines[2] and "step_index=2i" in sink.lines[2]
+
+
+def test_refusals_are_counted_in_self_metrics_and_logged_sparingly(relay, caplog):
+    r, _ = relay
+    with caplog.at_level(logging.WARNING, logger="collector.relay"):
+        for _ in range(5):
+            assert post(r, b"cpu v=1")[0] == 400
+        assert post(r, STEP.encode())[0] == 204
+    said = [rec.getMessage() for rec in caplog.records]
+    assert len(said) == 1  # the first; the next four wait for the minute to pass
+    assert "refused 1 request(s)" in said[0] and "127.0.0.1: 400 point 1: measurement" in said[0]
+    own = r.stats_point("c", "n", 7)
+    assert own.tags["source"] == "relay" and own.time_ns == 7
+    assert own.fields == {"points_count": 1, "errors_total": 5}
+    assert check_point(own.measurement, own.tags, own.fields) == []
+    assert r.stats_point("c", "n", 8).fields["points_count"] == 0  # per cycle, not a total
+    r._said_at -= LOG_EVERY_S
+    with caplog.at_level(logging.WARNING, logger="collector.relay"):
+        assert post(r, b"cpu v=1")[0] == 400
+    assert "refused 5 request(s)" in caplog.records[-1].getMessage()
