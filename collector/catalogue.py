@@ -107,6 +107,7 @@ TAGS: Mapping[str, str] = MappingProxyType(
         "adapter": "remediation adapter name: slurm, kubernetes, torch_elastic, webhook",
         "outcome": "result of a remediation action: ok, failed, dry_run, queued, skipped",
         "sink": "sink name from the agent configuration",
+        "nvswitch": "NVSwitch index on the node (nvidia-nvswitchN in the kernel log)",
         "dtype": "training numeric type: bf16, fp16, fp8, tf32, fp32",
     }
 )
@@ -301,6 +302,19 @@ _m(
         _f("resolution", S, "", IN, "NVIDIA's recommended resolution from the XID catalogue"),
         _f("fatal_active", B, "", ST, "the event counts as a hardware failure"),
         _f("pid", I, "", IN, "process named in the event, if any"),
+    ],
+)
+_m(
+    "nvswitch_event",
+    A,
+    "NVSwitch errors (SXid) from the kernel log; a fatal one stops NVLink for the node's GPUs",
+    ("cluster", "node", "nvswitch", "event", "severity", "source"),
+    [
+        _f("sxid_code", I, "", ST, "SXid number"),
+        _f("fatal_active", B, "", ST, "the driver calls the error fatal"),
+        _f("link_id", I, "", IN, "the switch port (link) the error names, where it names one"),
+        _f("pci_bus_id", S, "", IN, "the switch's PCI address"),
+        _f("message", S, "", IN, "the kernel log line from the switch name on"),
     ],
 )
 _m(

@@ -89,6 +89,16 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
             "{{ $labels.node }}: a fatal XID in the last 10 minutes; drain and reset the GPU",
         ),
         RuleSpec(
+            "gw-fatal-sxid",
+            "Fatal NVSwitch error",
+            _count_true("nvswitch_event", "fatal_active", "fatal_sxids", node, counted="sxid_code"),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }}: a fatal NVSwitch error (SXid) in the last 10 minutes; NVLink is "
+            "down for the node's GPUs: drain the node and reset its GPUs",
+        ),
+        RuleSpec(
             "gw-row-remap-failure",
             "Row remap failure or pending remap",
             _count_true("gpu", "remapped_rows_failure_active", "remap_problems", gpu),

@@ -247,6 +247,26 @@ def build() -> model.Dashboard:
             ),
         ),
         grid(
+            "NVSwitch errors (SXid)",
+            "Newest first; a fatal SXid stops NVLink through that switch, so the node's GPUs "
+            "need a reset",
+            S.latest(
+                "nvswitch_event",
+                (
+                    "node",
+                    "nvswitch",
+                    "severity",
+                    "sxid_code",
+                    "fatal_active",
+                    "link_id",
+                    "pci_bus_id",
+                    "message",
+                    "source",
+                ),
+                limit=500,
+            ),
+        ),
+        grid(
             "GPU processes",
             "Processes on the GPUs, the job each belongs to, and their memory",
             S.latest(
@@ -293,6 +313,7 @@ def build() -> model.Dashboard:
         scope=S,
         annotations=[
             marks(S, "XIDs", "gpu_event", "message", "event", "red"),
+            marks(S, "NVSwitch SXids", "nvswitch_event", "message", "event", "purple"),
             marks(S, "Findings", "finding", "summary", "kind", "orange"),
         ],
     )

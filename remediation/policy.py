@@ -104,7 +104,7 @@ NODE_LADDER = ("notify", "checkpoint", "drain", "requeue")
 DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
     {
         "name": "fatal-gpu-event",
-        "kinds": ["gpu_xid", "gpu_lost"],
+        "kinds": ["gpu_xid", "gpu_lost", "nvswitch_sxid"],
         "min_severity": "critical",
         "actions": list(NODE_LADDER),
     },

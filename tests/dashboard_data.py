@@ -7,6 +7,7 @@ writes, each part from the path that really produces it.
   recorded 8xH100 NVML answers (constructed from NVML's documentation, see that case's
   provenance), the constructed RAPL/hwmon/thermal tree, the REAL kernel log with XID 119,
   and an InfiniBand tree with every counter the source reads (constructed here, growing);
+  NVSwitch SXid lines (CONSTRUCTED in the driver's format) through the kernel-log source;
 * analytics (``analyse`` + ``emit``) over the scenario in four windows: findings, MFU,
   stragglers, congestion, energy;
 * the failure predictor (trained on this same hour: plumbing, not a model to trust) scoring
@@ -137,6 +138,20 @@ def _agent_points(tmp: Path, sink: InfluxSink, cluster: str, start_ns: int) -> N
         sink.write_points(pts)
     for s in made:
         s.close()
+    # NVSwitch SXids: CONSTRUCTED lines in the driver's format (no real NVSwitch log here),
+    # 40 and 41 minutes into the hour, through the kernel-log source
+    sxid_log = tmp / "sxid-kmsg.log"
+    sxid_log.write_text(
+        "[Sun Feb 23 16:40:00 2025] nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, "
+        "Non-fatal, Link 04 RX Short Error Rate\n"
+        "[Sun Feb 23 16:41:00 2025] nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, "
+        "Link 30 sourcetrack TCEN0 crumbstore ECC DBE Error\n"
+    )
+    sxid = sources.create("xid", context, {"path": str(sxid_log), "lookback_s": 0.0})
+    sxid_points = sxid.collect(start_ns)
+    sxid.close()
+    assert [p.measurement for p in sxid_points] == ["nvswitch_event", "nvswitch_event"]
+    sink.write_points(sxid_points)
 
 
 def _reporter_steps(url: str, database: str, cluster: str, start_ns: int) -> None:

@@ -123,7 +123,15 @@ def test_queries_use_catalogue_names_only(boards: dict[str, dict[str, Any]]) -> 
 
 def test_node_dashboard_shows_every_agent_field(boards: dict[str, dict[str, Any]]) -> None:
     text = " ".join(q for _, q, _ in queries(boards["node"]))
-    for m in ("gpu", "gpu_nvlink", "gpu_process", "gpu_event", "host_power", "thermal"):
+    for m in (
+        "gpu",
+        "gpu_nvlink",
+        "gpu_process",
+        "gpu_event",
+        "nvswitch_event",
+        "host_power",
+        "thermal",
+    ):
         missing = [f for f in CATALOGUE[m].fields if f'"{f}"' not in text]
         assert not missing, f"{m}: {missing}"
 
@@ -243,7 +251,8 @@ def test_alert_rules_fire_where_the_scenario_put_the_faults(
 ) -> None:
     """Each rule's query runs on the real InfluxDB; evaluated as Grafana's reduce(last) and
     threshold would, the fatal-XID rule fires for the XID 64 and XID 79 nodes of the SIMULATED
-    scenario (and the REAL XID 119 log's node) and nowhere else."""
+    scenario (and the REAL XID 119 log's node) and nowhere else; the fatal-SXid rule for the
+    node given a CONSTRUCTED fatal SXid."""
     cfg = load_dashboards_config(environ={})
     doc = rules_file(cfg)
     rules = {r["uid"]: r for r in doc["groups"][0]["rules"]}
@@ -259,6 +268,9 @@ def test_alert_rules_fire_where_the_scenario_put_the_faults(
     )
     firing = {dict(k)["node"] for k, v in values.items() if v > 0}
     assert firing == {"node-007", "node-014", AGENT_NODE}
+    sxid = rules["gw-fatal-sxid"]["data"][0]["model"]["query"]
+    values = _series_values(client, sxid, dataset, dataset.end_ms, 3600)
+    assert {dict(k)["node"] for k, v in values.items() if v > 0} == {AGENT_NODE}  # the fatal one
     hot = rules["gw-gpu-hot"]["data"][0]["model"]["query"]
     temps = _series_values(client, hot, dataset, dataset.end_ms, 3600)
     assert temps and all(v < cfg["alerts"]["gpu_temp_c"] for v in temps.values())

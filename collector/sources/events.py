@@ -8,12 +8,15 @@ id depends only on kind, subject and time bucket, so the engine de-duplicates th
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collector.finding import Finding, Severity
 from collector.lineprotocol import Point
 from collector.sources.base import SourceContext
 from collector.xidcat import XidPolicy
+
+if TYPE_CHECKING:
+    from collector.sources.xid import SxidLine
 
 
 def gpu_event(
@@ -79,6 +82,34 @@ def xid_point(
             evidence | {"source": source},
         )
     return point
+
+
+def sxid_point(context: SourceContext, line: SxidLine, *, source: str, now_ns: int) -> Point:
+    """The ``nvswitch_event`` point of an NVSwitch SXid, and the fast-path finding if the
+    driver calls it fatal (NVLink through that switch is down: the node's GPUs need a reset,
+    so it is a node's finding, not a GPU's)."""
+    tags = context.base_tags() | {
+        "nvswitch": str(line.switch),
+        "event": "sxid",
+        "severity": "critical" if line.fatal else "warning",
+        "source": source,
+    }
+    fields: dict[str, Any] = {
+        "sxid_code": line.sxid,
+        "pci_bus_id": line.pci,
+        "message": line.message,
+        "fatal_active": line.fatal,
+    }
+    if line.link is not None:
+        fields["link_id"] = line.link
+    if line.fatal:
+        evidence = {"sxid": line.sxid, "nvswitch": line.switch, "pci": line.pci}
+        if line.link is not None:
+            evidence["link"] = line.link
+        summary = f"fatal NVSwitch error SXid {line.sxid} on nvswitch{line.switch}"
+        emit(context, "nvswitch_sxid", None, now_ns, summary,
+             evidence | {"message": line.message, "source": source})  # fmt: skip
+    return Point("nvswitch_event", tags, fields, now_ns)
 
 
 def emit(

@@ -1,4 +1,11 @@
-"""XIDs from the kernel log: ``NVRM: Xid`` lines in ``/dev/kmsg`` or in a file.
+"""XIDs and NVSwitch SXids from the kernel log: ``/dev/kmsg`` or a file.
+
+``NVRM: Xid`` lines are the GPUs' errors; ``nvidia-nvswitchN: SXid`` lines are the NVSwitches'
+(HGX and DGX baseboards): the driver says itself whether each is ``Fatal`` (NVLink traffic
+through that switch stops; every GPU of the node needs a reset) or ``Non-fatal``, and names
+the switch port (``Link N``) where there is one. They become ``nvswitch_event`` points and, when
+fatal, an ``nvswitch_sxid`` finding on the fast path. The same lines in a Fabric Manager log
+file are read the same way.
 
 ``/dev/kmsg`` yields one record per read (``prio,seq,usec,flags;text``) and is read without
 blocking; a plain file (a saved ``dmesg -T``, a journal export) is followed like ``tail -f``.
@@ -21,13 +28,21 @@ from typing import Any
 
 from collector.lineprotocol import Point
 from collector.sources.base import SourceContext, normalise_pci
-from collector.sources.events import xid_point
+from collector.sources.events import sxid_point, xid_point
 from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
     r"(?:, pid=(?P<pid>\d+|'?<unknown>'?))?(?:, name=(?P<name>[^,]*))?(?:, (?P<text>.*))?$"
 )
+# Only a line with its severity is an error; the driver's continuation lines for the same
+# SXid ("12028, Data {0x..., ...}") are not new errors.
+SXID_RE = re.compile(
+    r"nvidia-nvswitch(?P<switch>\d+): SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)"
+    r", (?P<severity>Fatal|Non-fatal)\b(?:, (?P<text>.*))?$",
+    re.IGNORECASE,
+)
+LINK_RE = re.compile(r"\bLink (?P<link>\d+)\b")
 GPU_AT_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 DMESG_T_RE = re.compile(r"^\[(?P<when>\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\] ")
 KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<text>.*)$")
@@ -44,8 +59,22 @@ class XidLine:
     time_ns: int | None
 
 
-def parse_line(line: str, boot_ns: int | None = None) -> XidLine | tuple[str, str] | None:
-    """An XID line, a ``(pci, uuid)`` pair from a "GPU at" line, or None (pure)."""
+@dataclass(frozen=True)
+class SxidLine:
+    switch: int
+    pci: str
+    sxid: int
+    fatal: bool
+    link: int | None
+    message: str
+    time_ns: int | None
+
+
+def parse_line(
+    line: str, boot_ns: int | None = None
+) -> XidLine | SxidLine | tuple[str, str] | None:
+    """An XID line, an SXid line, a ``(pci, uuid)`` pair from a "GPU at" line, or None
+    (pure)."""
     time_ns = None
     m = KMSG_RE.match(line)
     if m:
@@ -63,7 +92,7 @@ def parse_line(line: str, boot_ns: int | None = None) -> XidLine | tuple[str, st
         return normalise_pci(g["pci"]), g["uuid"]
     x = XID_RE.search(text)
     if not x:
-        return None
+        return _sxid(text, time_ns)
     pid = int(x["pid"]) if x["pid"] and x["pid"].isdigit() else None
     message = text[text.index("NVRM: ") + 6 :].strip()
     return XidLine(
@@ -73,6 +102,22 @@ def parse_line(line: str, boot_ns: int | None = None) -> XidLine | tuple[str, st
         (x["name"] or "").strip(),
         (x["text"] or "").strip(),
         message,
+        time_ns,
+    )
+
+
+def _sxid(text: str, time_ns: int | None) -> SxidLine | None:
+    m = SXID_RE.search(text)
+    if not m:
+        return None
+    link = LINK_RE.search(m["text"] or "")
+    return SxidLine(
+        int(m["switch"]),
+        normalise_pci(m["pci"]),
+        int(m["sxid"]),
+        m["severity"].lower() == "fatal",
+        int(link["link"]) if link else None,
+        text[m.start() :].strip(),
         time_ns,
     )
 
@@ -138,6 +183,9 @@ class KmsgXidSource:
                 continue
             when = parsed.time_ns if parsed.time_ns is not None else now_ns
             if oldest is not None and when < oldest:
+                continue
+            if isinstance(parsed, SxidLine):
+                points.append(sxid_point(self.context, parsed, source="kmsg", now_ns=when))
                 continue
             known = self.context.inventory.gpu_for_pci(parsed.pci)
             gpu, uuid = known if known else (None, self._uuids.get(parsed.pci, ""))

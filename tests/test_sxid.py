@@ -1,0 +1,52 @@
+"""NVSwitch SXids from the kernel log: events, the fast path, and the default remediation.
+
+The SXid lines are CONSTRUCTED in the driver's format (no real NVSwitch log was available);
+the golden case ``sxid-kmsg`` shows the line protocol they become.
+"""
+
+from __future__ import annotations
+
+from collector import sources
+from collector.finding import Finding
+from collector.sources.base import SourceContext
+from collector.sources.xid import SxidLine, parse_line
+from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+
+FATAL = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 30 sourcetrack timeout"
+
+
+def test_kmsg_records_and_their_time():
+    parsed = parse_line(f"3,9121,86400123456,-;{FATAL}", boot_ns=10**18)
+    assert parsed == SxidLine(2, "0000:07:00", 24007, True, 30, FATAL, 10**18 + 86400123456000)
+    non_fatal = parse_line("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 04")
+    assert isinstance(non_fatal, SxidLine) and not non_fatal.fatal and non_fatal.link == 4
+    no_link = parse_line("nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 11004, Fatal, ingress error")
+    assert isinstance(no_link, SxidLine) and no_link.link is None
+
+
+def test_continuation_and_garbled_lines_are_not_errors():
+    for line in (
+        "nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Data {0x00000000, 0x00000000}",
+        "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): garbled, Fatal",
+        "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): 12028",
+    ):
+        assert parse_line(line) is None, line
+
+
+def test_a_fatal_sxid_is_a_node_finding_on_the_fast_path_and_a_default_policy_acts(tmp_path):
+    log = tmp_path / "kmsg.log"
+    nonfatal = "nvidia-nvswitch1: SXid (PCI:0000:06:00.0): 20009, Non-fatal, Link 04 RX Short"
+    log.write_text(f"{nonfatal}\n{FATAL}\n")
+    context = SourceContext("c", "node-9", sysfs=tmp_path, procfs=tmp_path)
+    found: list[Finding] = []
+    context.emit_finding = found.append
+    source = sources.create("xid", context, {"path": str(log), "lookback_s": 0.0})
+    points = source.collect(1_800_000_000 * 10**9)
+    source.close()
+    assert [p.tags["severity"] for p in points] == ["warning", "critical"]
+    assert [f.kind for f in found] == ["nvswitch_sxid"]  # the non-fatal one raises nothing
+    finding = found[0]
+    assert finding.subject == {"cluster": "c", "node": "node-9"}  # the node: all its GPUs
+    assert finding.evidence["sxid"] == 24007 and finding.evidence["link"] == 30
+    policy = first_match(load_policies(DEFAULT_POLICIES), finding)
+    assert policy is not None and "drain" in policy.actions
