@@ -312,7 +312,7 @@ _m(
     [
         _f("sxid_code", I, "", ST, "SXid number"),
         _f("fatal_active", B, "", ST, "the driver calls the error fatal"),
-        _f("link_id", I, "", IN, "the switch port (link) the error names, where it names one"),
+        _f("link_index", I, "", IN, "the switch port (link) the error names, where it names one"),
         _f("pci_bus_id", S, "", IN, "the switch's PCI address"),
         _f("message", S, "", IN, "the kernel log line from the switch name on"),
     ],

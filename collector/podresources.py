@@ -33,6 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 log = logging.getLogger(__name__)
+# grpc's C core would print its own INFO lines to stderr (e.g. at every kubelet restart); the
+# agent logs what matters itself. Read when grpc is first imported; an explicit setting wins.
+os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
 
 DEFAULT_SOCKET = "/var/lib/kubelet/pod-resources/kubelet.sock"
 SERVICE = "v1.PodResourcesLister"

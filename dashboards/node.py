@@ -258,7 +258,7 @@ def build() -> model.Dashboard:
                     "severity",
                     "sxid_code",
                     "fatal_active",
-                    "link_id",
+                    "link_index",
                     "pci_bus_id",
                     "message",
                     "source",

@@ -41,6 +41,7 @@ TEXT_FIELDS = {
     "action_id",
     "model_version",
     "gpu_model",
+    "pci_bus_id",
     "cause",
     "pid",
 }

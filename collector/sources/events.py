@@ -101,7 +101,7 @@ def sxid_point(context: SourceContext, line: SxidLine, *, source: str, now_ns: i
         "fatal_active": line.fatal,
     }
     if line.link is not None:
-        fields["link_id"] = line.link
+        fields["link_index"] = line.link
     if line.fatal:
         evidence = {"sxid": line.sxid, "nvswitch": line.switch, "pci": line.pci}
         if line.link is not None:
