@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,16 +52,21 @@ class JobInfo:
 NO_JOB = JobInfo()
 
 
+def job_from_environ(env: Mapping[str, str]) -> str:
+    """The job a process environment names; the agent (for the GPUs a process uses) and the
+    training-side reporter (for its steps) both use this, so the two tag the same job."""
+    return env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("GPUWARDEN_JOB", "")
+
+
 def parse_environ(data: bytes) -> JobInfo:
     env = {}
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    job = env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("GPUWARDEN_JOB", "")
     rank = env.get("RANK") or env.get("SLURM_PROCID", "")
     local = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID", "")
-    return JobInfo(job, rank, local)
+    return JobInfo(job_from_environ(env), rank, local)
 
 
 def parse_cgroup(text: str) -> str:

@@ -5,7 +5,9 @@ so any training script can import it::
 
     from collector.reporter import Reporter
 
-    rep = Reporter()                      # job, rank and node from the environment
+    rep = Reporter()                      # job, rank and node from the environment (the job
+                                          # as the node agent names it: Slurm, torchrun,
+                                          # GPUWARDEN_JOB, or the Kubernetes pod)
     rep.model(params=7_000_000_000, layers=32, hidden_size=4096, heads=32, seq_len=4096,
               world_size=64, dtype="bf16")
     for step in range(start, steps):
@@ -29,10 +31,31 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
+from collector.attribution import job_from_environ
 from collector.lineprotocol import Point, encode_point
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def pod_job(env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """``<namespace>/<pod>`` inside a Kubernetes pod, as the node agent names the pod holding
+    a GPU (pod-resources API): the pod name is the default hostname, the namespace is in the
+    service-account mount (or ``POD_NAMESPACE``, set it from the downward API if the pod has
+    no service account or a ``hostname`` of its own); ``""`` outside Kubernetes."""
+    if "KUBERNETES_SERVICE_HOST" not in env:
+        return ""
+    namespace = env.get("POD_NAMESPACE", "")
+    if not namespace:
+        try:
+            with open(namespace_file, encoding="utf-8") as f:
+                namespace = f.read().strip()
+        except OSError:
+            return ""
+    pod = env.get("POD_NAME") or env.get("HOSTNAME", "")
+    return f"{namespace}/{pod}" if namespace and pod else ""
 
 
 class Reporter:
@@ -50,7 +73,7 @@ class Reporter:
         flush_interval_s: float = 1.0,
     ) -> None:
         env = os.environ
-        self.job = job or env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or "unknown"
+        self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
         self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
         self.database = database

@@ -297,3 +297,40 @@ def test_the_agent_configuration_reaches_the_kubelet(tmp_path):
     tagged = sorted(ln.split(",gpu=")[1].split(",")[0] for ln in gpu if "job=train/" in ln)
     assert tagged == ["0", "1"]
     assert kubelet.calls == 1
+
+
+def test_the_reporter_in_a_pod_names_the_job_as_the_agent_does(node, tmp_path, monkeypatch):
+    """MFU joins the reporter's steps with the agent's GPU points by job: inside a pod with no
+    job in its environment both must say ``<namespace>/<pod>``."""
+    from collector.attribution import parse_environ
+    from collector.reporter import Reporter, pod_job
+
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100)
+    backend.on = {0: [[4100, 1 << 30]]}
+    kubelet.allocate("train", "llama-0", [UUID[0]])
+    agent_job = jobs(nvml.collect(1))[0]
+    namespace = tmp_path / "namespace"
+    namespace.write_text("train\n")
+    env = {"KUBERNETES_SERVICE_HOST": "10.0.0.1", "HOSTNAME": "llama-0"}
+    assert pod_job(env, str(namespace)) == agent_job == "train/llama-0"
+    assert pod_job(env | {"POD_NAMESPACE": "other"}, "/nonexistent") == "other/llama-0"
+    assert pod_job({"HOSTNAME": "llama-0"}, str(namespace)) == ""  # not in Kubernetes
+    assert pod_job(env, "/nonexistent") == ""  # no namespace known: no guess
+    # with a job in the environment, both take it, in the same order of preference
+    for job_env in (
+        {"SLURM_JOB_ID": "77", "TORCHELASTIC_RUN_ID": "r", "GPUWARDEN_JOB": "g"},
+        {"TORCHELASTIC_RUN_ID": "r", "GPUWARDEN_JOB": "g"},
+        {"GPUWARDEN_JOB": "g"},
+    ):
+        for key in (
+            "SLURM_JOB_ID",
+            "TORCHELASTIC_RUN_ID",
+            "GPUWARDEN_JOB",
+            "KUBERNETES_SERVICE_HOST",
+        ):
+            monkeypatch.delenv(key, raising=False)
+        for key, value in job_env.items():
+            monkeypatch.setenv(key, value)
+        environ = "".join(f"{k}={v}\0" for k, v in job_env.items()).encode()
+        assert Reporter(url="http://127.0.0.1:9").job == parse_environ(environ).job
