@@ -44,23 +44,6 @@ class LineSink(Protocol):
     def write_lines(self, lines: list[str]) -> None: ...
 
 
-def measurement_of(line: str) -> str:
-    """The measurement of a line-protocol line (up to the first unescaped comma or space)."""
-    out = []
-    i = 0
-    while i < len(line):
-        c = line[i]
-        if c == "\\" and i + 1 < len(line):
-            out.append(line[i + 1])
-            i += 2
-            continue
-        if c in ", ":
-            break
-        out.append(c)
-        i += 1
-    return "".join(out)
-
-
 def check_lines(body: str, precision: str = "", now_ns: int | None = None) -> tuple[list[str], str]:
     """The body's points, checked and encoded again at nanosecond precision; or a message
     saying what is wrong (and no lines)."""

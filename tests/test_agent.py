@@ -25,9 +25,10 @@ from collector.agent import Agent, TraceRecorder
 from collector.agentconfig import ConfigError, load_config
 from collector.catalogue import check_point
 from collector.lineprotocol import Point
+from collector.lpparse import parse_lines
 from collector.nvml.backend import NvmlError
 from collector.nvml.recorded import RecordedBackend, Recorder
-from collector.relay import ReporterRelay, measurement_of
+from collector.relay import ReporterRelay
 from collector.reporter import Reporter
 from collector.sink import InfluxSink, SinkConfig
 from collector.sources.base import SourceContext, SourceError
@@ -343,7 +344,8 @@ def test_once_prints_one_cycle_of_line_protocol(tmp_path):
     lines = out.getvalue().splitlines()
     assert sum(1 for ln in lines if ln.startswith("gpu,")) == 8
     assert sum(1 for ln in lines if ln.startswith("ib_port,")) == 8
-    assert {measurement_of(ln) for ln in lines} >= {"gpu", "host_power", "thermal", "agent"}
+    measurements = {p.measurement for p in parse_lines("\n".join(lines), 0)}
+    assert measurements >= {"gpu", "host_power", "thermal", "agent"}
 
 
 def test_once_fails_when_a_source_fails_and_says_which(tmp_path, capsys):
