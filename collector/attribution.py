@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,6 +80,34 @@ def parse_cgroup(text: str) -> str:
     return ""
 
 
+def job_of_pid(procfs: str, pid: int, comm: str = "") -> JobInfo:
+    """The job of a running process, from its environment, else its cgroup; NO_JOB if it is
+    gone or unreadable, or (``comm`` given) if it is another program now (a reused pid)."""
+    # plain strings, not pathlib: pathlib interns every path part, and a node sees millions
+    # of pids over its life
+    base = os.path.join(procfs, str(pid))
+    if comm:
+        try:
+            with open(os.path.join(base, "comm"), "rb") as f:
+                # the kernel keeps 15 bytes of the name
+                if f.read().decode("utf-8", "replace").strip() != comm[:15]:
+                    return NO_JOB
+        except OSError:
+            return NO_JOB
+    info = NO_JOB
+    with contextlib.suppress(OSError), open(os.path.join(base, "environ"), "rb") as f:
+        info = parse_environ(f.read())
+    if not info.job:
+        try:
+            with open(os.path.join(base, "cgroup"), "rb") as f:
+                job = parse_cgroup(f.read().decode("utf-8", "replace"))
+        except OSError:
+            job = ""
+        if job:
+            info = JobInfo(job, info.rank, info.local_rank)
+    return info
+
+
 class JobResolver:
     def __init__(self, procfs: Path, jobmap_dir: str = "") -> None:
         self.procfs = procfs
@@ -89,25 +118,8 @@ class JobResolver:
     def for_pid(self, pid: int) -> JobInfo:
         info = self._cache.get(pid)
         if info is None:
-            info = self._read(pid)
+            info = job_of_pid(self._procfs, pid)
             self._cache[pid] = info
-        return info
-
-    def _read(self, pid: int) -> JobInfo:
-        # plain strings, not pathlib: pathlib interns every path part, and a node sees
-        # millions of pids over its life
-        base = os.path.join(self._procfs, str(pid))
-        info = NO_JOB
-        with contextlib.suppress(OSError), open(os.path.join(base, "environ"), "rb") as f:
-            info = parse_environ(f.read())
-        if not info.job:
-            try:
-                with open(os.path.join(base, "cgroup"), "rb") as f:
-                    job = parse_cgroup(f.read().decode("utf-8", "replace"))
-            except OSError:
-                job = ""
-            if job:
-                info = JobInfo(job, info.rank, info.local_rank)
         return info
 
     def for_gpu(self, index: int) -> JobInfo:
@@ -125,3 +137,61 @@ class JobResolver:
         """Drop cached pids no longer on any GPU (a reused pid is read afresh)."""
         for pid in [p for p in self._cache if p not in live]:
             del self._cache[pid]
+
+
+class JobHistory:
+    """The job each GPU had at each look, and the job of each process seen on a GPU, over the
+    last ``keep_s``: an event read after the fact is tagged with the job it hit.
+
+    A kernel-log XID is often read after the process it killed has gone, and NVML's event
+    thread reports an XID at the next cycle, when the GPU's job is no job, or the next one.
+    So the NVML source records what it saw at every look (only changes are kept) and an
+    event at time ``t`` gets:
+
+    1. the job of the pid the event names, if that pid was on a GPU within ``keep_s``;
+    2. else the job the GPU had at the agent's last look at or before ``t``;
+    3. else no job: ``t`` is before the agent first looked at the GPU, or too long ago.
+
+    Shared by the sources through :class:`collector.sources.base.Inventory`; thread-safe.
+    """
+
+    def __init__(self, keep_s: float = 900.0, max_pids: int = 4096) -> None:
+        self.keep_ns = int(keep_s * 1e9)
+        self.max_pids = max_pids
+        self._gpus: dict[int, list[tuple[int, JobInfo]]] = {}  # (since, job), oldest first
+        self._pids: dict[int, tuple[int, JobInfo]] = {}  # pid -> (last seen, job), oldest first
+        self._last_ns: int | None = None
+        self._lock = threading.Lock()
+
+    def saw(self, now_ns: int, gpus: Mapping[int, JobInfo], pids: Mapping[int, JobInfo]) -> None:
+        """One look: each GPU's job (NO_JOB for an idle GPU) and each GPU process's job."""
+        horizon = now_ns - self.keep_ns
+        with self._lock:
+            self._last_ns = now_ns
+            for gpu, job in gpus.items():
+                changes = self._gpus.setdefault(gpu, [])
+                if not changes or changes[-1][1] != job:
+                    changes.append((now_ns, job))
+                # the state at the horizon is the newest change at or before it
+                while len(changes) > 1 and changes[1][0] <= horizon:
+                    del changes[0]
+            for pid, job in pids.items():
+                self._pids.pop(pid, None)  # re-inserted: the dict stays in last-seen order
+                self._pids[pid] = (now_ns, job)
+            while self._pids and (
+                len(self._pids) > self.max_pids or next(iter(self._pids.values()))[0] < horizon
+            ):
+                del self._pids[next(iter(self._pids))]
+
+    def job_at(self, when_ns: int, gpu: int | None = None, pid: int | None = None) -> JobInfo:
+        """The job an event at ``when_ns`` on ``gpu`` (naming ``pid``, if it does) hit."""
+        with self._lock:
+            if self._last_ns is None or when_ns < self._last_ns - self.keep_ns:
+                return NO_JOB
+            seen = self._pids.get(pid) if pid is not None else None
+            if seen is not None and seen[1].job:
+                return seen[1]
+            for since, job in reversed(self._gpus.get(gpu, ()) if gpu is not None else ()):
+                if since <= when_ns:
+                    return job
+            return NO_JOB

@@ -294,8 +294,12 @@ _m(
 _m(
     "gpu_event",
     A,
-    "GPU events: XIDs (NVML event set or kernel log), a GPU lost, ECC DBE",
-    ("cluster", "node", "gpu", "gpu_uuid", "event", "severity", "source"),
+    "GPU events: XIDs (NVML event set or kernel log), a GPU lost, ECC DBE; tagged with the job "
+    "the GPU (or the process the XID names) had when it happened",
+    (
+        *("cluster", "node", "gpu", "gpu_uuid", "job", "rank", "local_rank"),
+        *("event", "severity", "source"),
+    ),
     [
         _f("xid_code", I, "", ST, "XID number"),
         _f("message", S, "", IN, "the event text (kernel log line or NVML description)"),

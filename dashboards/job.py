@@ -1,5 +1,6 @@
 """Job: MFU, goodput and throughput from analytics; step time per rank with the stragglers
-analytics flagged drawn over it; the model's shape and its energy."""
+analytics flagged drawn over it; the XIDs that hit its GPUs; the model's shape and its
+energy."""
 
 from __future__ import annotations
 
@@ -138,6 +139,31 @@ def build() -> model.Dashboard:
             ),
         ),
     ]
+    events = [
+        grid(
+            "GPU events (XID) that hit the job",
+            "Newest first: the XIDs and lost GPUs on the job's GPUs (or naming its processes) "
+            "while it ran, with the rank hit and NVIDIA's recommended resolution",
+            S.latest(
+                "gpu_event",
+                (
+                    "job",
+                    "rank",
+                    "node",
+                    "gpu",
+                    "event",
+                    "severity",
+                    "xid_code",
+                    "fatal_active",
+                    "message",
+                    "resolution",
+                    "source",
+                ),
+                limit=200,
+            ),
+            h=6,
+        ),
+    ]
     model_rows = [
         grid(
             "Model and parallelism",
@@ -167,7 +193,13 @@ def build() -> model.Dashboard:
         UID,
         "gpuwarden / Job",
         "Training efficiency (MFU, goodput), step time per rank and stragglers",
-        [("Efficiency", efficiency), ("Trend", trend), ("Step time", steps), ("Model", model_rows)],
+        [
+            ("Efficiency", efficiency),
+            ("Trend", trend),
+            ("Step time", steps),
+            ("GPU events", events),
+            ("Model", model_rows),
+        ],
         scope=S,
         annotations=[
             marks(
@@ -179,5 +211,6 @@ def build() -> model.Dashboard:
                 "orange",
                 where=(Cond("job", "!=", ""),),
             ),
+            marks(S, "XIDs on the job's GPUs", "gpu_event", "message", "event", "red"),
         ],
     )

@@ -228,12 +228,15 @@ def build() -> model.Dashboard:
     events: list[AnyPanel] = [
         grid(
             "GPU events (XID)",
-            "Newest first, with NVIDIA's recommended resolution from the XID catalogue",
+            "Newest first, with NVIDIA's recommended resolution from the XID catalogue, and "
+            "the job and rank the GPU (or the process the XID names) had when it happened",
             S.latest(
                 "gpu_event",
                 (
                     "node",
                     "gpu",
+                    "job",
+                    "rank",
                     "event",
                     "severity",
                     "xid_code",

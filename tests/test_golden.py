@@ -5,7 +5,9 @@ rewrites the expected files; review the diff before committing it.
 Each case folder (``tests/golden/<case>/``) holds ``case.toml`` (sources, settings, steps and
 the provenance of its inputs: real data or constructed), ``nvml.json`` (a recording),
 ``sysfs-<step>.csv`` and ``proc.csv`` (``path,value`` rows materialised into a tree; an
-``environ`` value's spaces become NULs), ``kmsg.log``, and ``expected-<step>.lp``.
+``environ`` value's spaces become NULs), ``kmsg.log`` (read whole) or ``kmsg-<step>.log`` (the
+lines the kernel logs before that step, appended to the file the source follows), and
+``expected-<step>.lp``. The sources share one context, as in the agent.
 """
 
 from __future__ import annotations
@@ -60,12 +62,18 @@ def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[st
                 s["backend_instance"] = nvml_backend
         if name == "xid":
             s["path"] = str(case / "kmsg.log")
+            if (case / "kmsg-0.log").exists():
+                s["path"] = str(tmp / "kmsg.log")
+                (tmp / "kmsg.log").touch()
         made.append(sources.create(name, context, s))
     steps = []
     screen = Screen()
     for step in range(spec["steps"]):
         if (case / f"sysfs-{step}.csv").exists():
             materialise(case / f"sysfs-{step}.csv", tmp)
+        if (case / f"kmsg-{step}.log").exists():
+            with (tmp / "kmsg.log").open("ab") as log:
+                log.write((case / f"kmsg-{step}.log").read_bytes())
         now = T0 + step * STEP_NS
         points = [p for src in made for p in src.collect(now)]
         screen(points)  # as the agent does: implausible readings are left out

@@ -422,12 +422,18 @@ class ScenarioGenerator:
         return np.asarray(mean / np.sqrt(s**2 + (1 - s**2) / g))
 
     def _event(self, f: Fault, t: float) -> dict[str, object]:
+        gi = f.node * self.spec.gpus_per_node + f.gpu
+        # the job the GPU had at the agent's last look before the event, as the agent tags it
+        job, rank, local, _ = self._job_gpu_tags(max(t - self.spec.interval_s, 0.0))
         return {
             "time": self.spec.start_ns + int(t * NS),
             "cluster": self.spec.cluster,
             "node": self.node_names[f.node],
             "gpu": str(f.gpu),
-            "gpu_uuid": self._uuid(f.node * self.spec.gpus_per_node + f.gpu),
+            "gpu_uuid": self._uuid(gi),
+            "job": job[gi],
+            "rank": rank[gi],
+            "local_rank": local[gi],
             "event": "xid",
             "severity": "critical" if f.fatal else "warning",
             "source": "scenario",

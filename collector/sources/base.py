@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from collector.attribution import JobHistory
 from collector.errors import CollectorError
 from collector.finding import Finding
 from collector.lineprotocol import Point
@@ -30,10 +31,12 @@ class SourceError(CollectorError):
 
 @dataclass
 class Inventory:
-    """What sources learn about the node and share: PCI bus id -> (GPU index, UUID)."""
+    """What sources learn about the node and share: PCI bus id -> (GPU index, UUID), and the
+    jobs the GPUs had (so an event read late names the job it hit)."""
 
     gpus_by_pci: dict[str, tuple[int, str]] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    jobs: JobHistory = field(default_factory=JobHistory)
 
     def gpu_for_pci(self, pci: str) -> tuple[int, str] | None:
         with self.lock:

@@ -1,15 +1,19 @@
 """GPU events (XIDs, a lost GPU) as ``gpu_event`` points, and the fast path to remediation.
 
 Both the NVML event set and the kernel log report XIDs; each writes its own point (``source``
-tag ``nvml`` or ``kmsg``) so an operator sees which path saw it. A fatal event also becomes a
-:class:`~collector.finding.Finding` handed to ``context.emit_finding`` at once; the finding's
-id depends only on kind, subject and time bucket, so the engine de-duplicates the two paths.
+tag ``nvml`` or ``kmsg``) so an operator sees which path saw it. Each is tagged with the job
+(and rank) it hit, from :class:`~collector.attribution.JobHistory`: the job the GPU had when
+the event happened, not the one found when it was read. A fatal event also becomes a
+:class:`~collector.finding.Finding` handed to ``context.emit_finding`` at once, with the job
+in its evidence; the finding's id depends only on kind, subject and time bucket (not the job,
+which the two paths may see differently), so the engine de-duplicates the two paths.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from collector.attribution import NO_JOB, JobInfo
 from collector.finding import Finding, Severity
 from collector.lineprotocol import Point
 from collector.sources.base import SourceContext
@@ -28,6 +32,7 @@ def gpu_event(
     now_ns: int,
     gpu: int | None = None,
     uuid: str = "",
+    job: JobInfo = NO_JOB,
     fields: dict[str, Any],
 ) -> Point:
     tags = context.base_tags() | {"event": event, "severity": severity, "source": source}
@@ -35,7 +40,7 @@ def gpu_event(
         tags["gpu"] = str(gpu)
     if uuid:
         tags["gpu_uuid"] = uuid
-    return Point("gpu_event", tags, fields, now_ns)
+    return Point("gpu_event", tags | job.tags(), fields, now_ns)
 
 
 def xid_point(
@@ -49,6 +54,7 @@ def xid_point(
     gpu: int | None = None,
     uuid: str = "",
     pid: int | None = None,
+    job: JobInfo = NO_JOB,
 ) -> Point:
     """The ``gpu_event`` point of an XID, and the fast-path finding if it is fatal."""
     severity, resolution, fatal = policy.describe(xid)
@@ -68,6 +74,7 @@ def xid_point(
         now_ns=now_ns,
         gpu=gpu,
         uuid=uuid,
+        job=job,
         fields=fields,
     )
     if fatal:
@@ -78,10 +85,17 @@ def xid_point(
             "gpu_xid",
             gpu,
             now_ns,
-            f"XID {xid} on GPU {where}",
-            evidence | {"source": source},
+            f"XID {xid} on GPU {where}" + job_words(job),
+            evidence | job.tags() | {"source": source},
         )
     return point
+
+
+def job_words(job: JobInfo) -> str:
+    """`` (job J rank R)`` for a finding's summary, or nothing."""
+    if not job.job:
+        return ""
+    return f" (job {job.job}" + (f" rank {job.rank})" if job.rank else ")")
 
 
 def sxid_point(context: SourceContext, line: SxidLine, *, source: str, now_ns: int) -> Point:

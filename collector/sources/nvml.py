@@ -39,7 +39,7 @@ from collector.nvml.backend import (
 )
 from collector.podresources import GPU_RESOURCE, PodResources
 from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
-from collector.sources.events import emit, gpu_event, xid_point
+from collector.sources.events import emit, gpu_event, job_words, xid_point
 from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 log = logging.getLogger(__name__)
@@ -481,6 +481,9 @@ class NvmlSource:
                     now_ns=now_ns,
                     gpu=index,
                     uuid=uuid,
+                    # it happened after the last look (this cycle's is recorded already):
+                    # the job it hit is the one seen then
+                    job=self.context.inventory.jobs.job_at(now_ns - 1, index),
                 )
             )
         return points
@@ -513,6 +516,8 @@ class NvmlSource:
             # new processes mean a pod may have started: ask before tagging its GPUs
             self.pods.refresh(changed=live != self._pids)
         self._pids = live
+        gpu_jobs: dict[int, JobInfo] = {}
+        pid_jobs: dict[int, JobInfo] = {}
         for read in reads:
             if isinstance(read, Point):
                 points.append(read)
@@ -520,14 +525,14 @@ class NvmlSource:
             dev, raw = read
             fields, links = parse_gpu(dev, raw)
             procs = raw.get("processes") or []
-            job = self._job(dev, procs)
+            job = gpu_jobs[dev.index] = self._job(dev, procs)
             tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
             for link, lf in links.items():
                 points.append(Point("gpu_nvlink", link_tags[link], lf, now_ns))
-            if self.processes:
-                for pid, mem in procs:
-                    info = self._pod_named(dev, self.jobs.for_pid(pid))
+            for pid, mem in procs:
+                info = pid_jobs[pid] = self._pod_named(dev, self.jobs.for_pid(pid))
+                if self.processes:
                     ptags = self._tag_set(dev, info)[0] if info.job and info != job else tags
                     pf: dict[str, Any] = {"pid": int(pid)}
                     if isinstance(mem, int):
@@ -535,6 +540,7 @@ class NvmlSource:
                     points.append(Point("gpu_process", ptags, pf, now_ns))
         self.jobs.forget_except(live)
         self._tags, self._tags_now = self._tags_now, {}
+        self.context.inventory.jobs.saw(now_ns, gpu_jobs, pid_jobs)
         if self.events != "off":
             points += self._event_points(now_ns, self._devices)
         return points
@@ -583,7 +589,9 @@ class NvmlSource:
         dev.lost = True
         message = f"GPU {dev.index} is lost (NVML_ERROR_GPU_IS_LOST from {call})"
         log.error("%s", message)
-        emit(self.context, "gpu_lost", dev.index, now_ns, message, {"gpu_uuid": dev.uuid})
+        job = self.context.inventory.jobs.job_at(now_ns - 1, dev.index)  # at the last look
+        evidence = {"gpu_uuid": dev.uuid} | job.tags()
+        emit(self.context, "gpu_lost", dev.index, now_ns, message + job_words(job), evidence)
         return gpu_event(
             self.context,
             event="gpu_lost",
@@ -592,6 +600,7 @@ class NvmlSource:
             now_ns=now_ns,
             gpu=dev.index,
             uuid=dev.uuid,
+            job=job,
             fields={"message": message, "fatal_active": True},
         )
 

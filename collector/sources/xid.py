@@ -11,8 +11,11 @@ file are read the same way.
 blocking; a plain file (a saved ``dmesg -T``, a journal export) is followed like ``tail -f``.
 The PCI address in the XID line is mapped to the GPU index and UUID through the NVML source's
 inventory, or through the driver's own ``NVRM: GPU at PCI:... GPU-...`` lines when NVML is
-not running. Records older than ``lookback_s`` are skipped (0: keep all), so an agent restart
-does not re-report what the kernel ring still holds from long ago.
+not running. The job tagged is the one the NVML source saw on that process or GPU when the
+record was written (:class:`~collector.attribution.JobHistory`), else that of the process
+named, if it still runs under the same name. Records older than ``lookback_s`` are skipped
+(0: keep all), so an agent restart does not re-report what the kernel ring still holds from
+long ago.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from calendar import timegm
 from dataclasses import dataclass
 from typing import Any
 
+from collector.attribution import job_of_pid
 from collector.lineprotocol import Point
 from collector.sources.base import SourceContext, normalise_pci
 from collector.sources.events import sxid_point, xid_point
@@ -189,6 +193,10 @@ class KmsgXidSource:
                 continue
             known = self.context.inventory.gpu_for_pci(parsed.pci)
             gpu, uuid = known if known else (None, self._uuids.get(parsed.pci, ""))
+            job = self.context.inventory.jobs.job_at(when, gpu, parsed.pid)
+            if not job.job and parsed.pid is not None and parsed.process:
+                # a process no look saw (it started since, or NVML is not running here)
+                job = job_of_pid(str(self.context.procfs), parsed.pid, parsed.process)
             points.append(
                 xid_point(
                     self.context,
@@ -200,6 +208,7 @@ class KmsgXidSource:
                     gpu=gpu,
                     uuid=uuid,
                     pid=parsed.pid,
+                    job=job,
                 )
             )
         return points

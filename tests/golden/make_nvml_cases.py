@@ -7,6 +7,8 @@ nvml-gpu-lost: 2 H100s; at tick 1 GPU 1 answers GPU_IS_LOST to everything and NV
   critical XID 79 event for it; tick 2 it is still lost (no second gpu_lost event).
 nvml-driver-reload: 2 H100s; at tick 2 the driver was reloaded: energy, volatile ECC and NVLink
   byte counters start again from (near) zero. The agent writes them raw; analytics handles it.
+xid-kmsg-job: 2 H100s; GPU 1's process is gone from tick 1 on (its kernel-log XIDs, read at
+  tick 1 and 2, must still name the job it belonged to).
 """
 
 from __future__ import annotations
@@ -58,6 +60,12 @@ def main() -> None:
                 answers[n][1] = reset[fid]
     reload_["note"] += "; driver reloaded before tick 2 (counters restart)"
     save(reload_, "nvml-driver-reload")
+
+    killed = construct("h100", ticks=3, gpus=2, seed=3)
+    for tick in killed["ticks"][1:]:
+        tick["answers"][call_key(1, "nvmlDeviceGetComputeRunningProcesses", ())] = {"v": []}
+    killed["note"] += "; GPU 1's process is gone from tick 1 on"
+    save(killed, "xid-kmsg-job")
 
 
 if __name__ == "__main__":
