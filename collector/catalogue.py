@@ -209,6 +209,30 @@ _gpu_fields = [
     ),
     _f("gpm_dram_bw_util_pct", F, "%", G, "GPM DRAM bandwidth utilisation (Hopper+)", PCT),
     _f("process_count", I, "", G, "compute processes on the GPU"),
+    # NVLink fabric (NVSwitch systems, Hopper+): the GPU's registration with Fabric Manager
+    _f(
+        "fabric_state_code",
+        I,
+        "",
+        ST,
+        "fabric registration: 1 not started, 2 in progress, 3 completed (nvmlGpuFabricState_t)",
+    ),
+    _f(
+        "fabric_registered_active",
+        B,
+        "",
+        ST,
+        "registration completed without error (false on an NVSwitch system: CUDA "
+        "programs fail to start on the GPU until Fabric Manager registers it)",
+    ),
+    _f("fabric_status_code", I, "", ST, "NVML return code of a completed registration (0 success)"),
+    _f("fabric_health_mask_code", I, "", IN, "the driver's fabric health mask, raw"),
+    _f("fabric_degraded_bw_active", B, "", ST, "the GPU's NVLink bandwidth is degraded"),
+    _f("fabric_route_recovery_active", B, "", ST, "a fabric route recovery is in progress"),
+    _f("fabric_route_unhealthy_active", B, "", ST, "a fabric route is unhealthy"),
+    _f(
+        "fabric_access_timeout_recovery_active", B, "", ST, "recovering from fabric access timeouts"
+    ),
 ]
 
 _ib_counter_names = [

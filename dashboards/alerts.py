@@ -99,6 +99,26 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
             "down for the node's GPUs: drain the node and reset its GPUs",
         ),
         RuleSpec(
+            "gw-fabric-unregistered",
+            "GPU not registered with the NVLink fabric",
+            # a GPU that answered "not registered" in each of the last windows: a driver
+            # reload's few seconds of registration never page, a stopped Fabric Manager does
+            Select(
+                "gpu",
+                (Agg("count", "fabric_state_code", "unregistered"),),
+                where=(Cond("fabric_registered_active", "=", False),),
+                group_tags=gpu,
+                every=False,
+            ),
+            "gt",
+            0,
+            "critical",
+            "{{ $labels.node }} GPU {{ $labels.gpu }}: not registered with the NVLink fabric; "
+            "CUDA programs cannot start on it. Check that nvidia-fabricmanager runs and its log",
+            for_="10m",
+            window_s=300,
+        ),
+        RuleSpec(
             "gw-row-remap-failure",
             "Row remap failure or pending remap",
             _count_true("gpu", "remapped_rows_failure_active", "remap_problems", gpu),

@@ -218,6 +218,38 @@ def build() -> model.Dashboard:
             alias=PER_GPU,
         ),
         states(
+            "NVLink fabric registration and health",
+            "NVSwitch systems (Hopper+): registered (true) once Fabric Manager has added the "
+            "GPU to the fabric; until then CUDA programs fail to start on it. Health bits the "
+            "driver reports (degraded bandwidth, route recovery or unhealthy, access-timeout "
+            "recovery) are true when something is wrong",
+            S(
+                "gpu",
+                agg(
+                    "last",
+                    "fabric_registered_active",
+                    "fabric_degraded_bw_active",
+                    "fabric_route_recovery_active",
+                    "fabric_route_unhealthy_active",
+                    "fabric_access_timeout_recovery_active",
+                ),
+                group_tags=("node", "gpu"),
+            ),
+            alias=PER_GPU,
+        ),
+        grid(
+            "NVLink fabric registration codes",
+            "Per GPU, last: state (1 not started, 2 in progress, 3 completed), the NVML return "
+            "code of a completed registration (0 success) and the raw health mask",
+            S(
+                "gpu",
+                agg("last", "fabric_state_code", "fabric_status_code", "fabric_health_mask_code"),
+                group_tags=("node", "gpu"),
+                every=False,
+            ),
+            h=6,
+        ),
+        states(
             "NVLink state",
             "Each link up (true) or down",
             S("gpu_nvlink", Agg("last", "link_up_active"), group_tags=("node", "gpu", "link")),

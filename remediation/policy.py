@@ -118,6 +118,15 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "min_probability": 0.0,
         "actions": list(NODE_LADDER),
     },
+    # A GPU not registered with the NVLink fabric cannot start CUDA programs: no new work on
+    # the node until Fabric Manager registers it (the operator uncordons; its running work,
+    # if any, is left alone)
+    {
+        "name": "nvlink-fabric-unregistered",
+        "kinds": ["fabric_unregistered"],
+        "min_severity": "critical",
+        "actions": ["notify", "cordon"],
+    },
     {
         "name": "slow-gpu",
         "kinds": ["straggler"],

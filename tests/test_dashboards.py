@@ -9,6 +9,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -238,7 +239,7 @@ def test_every_dashboard_renders_to_png_panels(
     assert "fleet.html" in (tmp_path / "index.html").read_text()
 
 
-def _series_values(client: InfluxQLClient, query: str, ds: Dataset, end_ms: int, window_s: int):
+def _series_values(client: InfluxQLClient, query: str, end_ms: int, window_s: int):
     ctx = QueryContext(end_ms - window_s * 1000, end_ms)
     return {
         tuple(sorted(s.tags.items())): s.values[-1][1]
@@ -263,20 +264,46 @@ def test_alert_rules_fire_where_the_scenario_put_the_faults(
         assert catalogue_problems(model_["query"]) == []
         assert [d["refId"] for d in r["data"]] == ["A", "B", "C"] and r["condition"] == "C"
     fatal = rules["gw-fatal-xid"]
-    values = _series_values(
-        client, fatal["data"][0]["model"]["query"], dataset, dataset.end_ms, 3600
-    )
+    values = _series_values(client, fatal["data"][0]["model"]["query"], dataset.end_ms, 3600)
     firing = {dict(k)["node"] for k, v in values.items() if v > 0}
     assert firing == {"node-007", "node-014", AGENT_NODE}
     sxid = rules["gw-fatal-sxid"]["data"][0]["model"]["query"]
-    values = _series_values(client, sxid, dataset, dataset.end_ms, 3600)
+    values = _series_values(client, sxid, dataset.end_ms, 3600)
     assert {dict(k)["node"] for k, v in values.items() if v > 0} == {AGENT_NODE}  # the fatal one
     hot = rules["gw-gpu-hot"]["data"][0]["model"]["query"]
-    temps = _series_values(client, hot, dataset, dataset.end_ms, 3600)
+    temps = _series_values(client, hot, dataset.end_ms, 3600)
     assert temps and all(v < cfg["alerts"]["gpu_temp_c"] for v in temps.values())
     implausible = rules["gw-sensor-implausible"]["data"][0]["model"]["query"]
-    grown = _series_values(client, implausible, dataset, dataset.end_ms, 3600)
+    grown = _series_values(client, implausible, dataset.end_ms, 3600)
     assert grown and all(v == 0 for v in grown.values())  # the agent's sensors tell no lies
+    fabric = rules["gw-fabric-unregistered"]["data"][0]["model"]["query"]
+    registered = _series_values(client, fabric, dataset.end_ms, 3600)
+    assert registered == {}  # the agent's H100s are registered (the scenario's have no fabric)
+
+
+def test_the_fabric_rule_fires_for_a_gpu_that_is_not_registered(
+    influxd: LocalInfluxd, influx_db: str, tmp_path: Path
+) -> None:
+    """The CONSTRUCTED driver-reload case, written as the agent writes it: GPU 1 is still
+    registering at its last step, so the rule's query counts it and not GPU 0 (on the
+    dashboards' dataset, where the agent's GPUs are registered, it counts nothing: the test
+    above)."""
+    from tests.test_golden import GOLDEN, STEP_NS, T0, run_case
+
+    steps = run_case(GOLDEN / "nvml-driver-reload", tmp_path)
+    body = "\n".join(line for step in steps for line in step).encode()
+    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", body, method="POST")
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 204
+    rules = rules_file(load_dashboards_config(environ={}))["groups"][0]["rules"]
+    query = next(r for r in rules if r["uid"] == "gw-fabric-unregistered")["data"][0]["model"]
+    client = InfluxQLClient(influxd.url, influx_db)
+    try:
+        end_ms = (T0 + 2 * STEP_NS) // 10**6 + 1
+        values = _series_values(client, query["query"], end_ms, 300)
+    finally:
+        client.close()
+    assert {dict(k)["gpu"]: v for k, v in values.items()} == {"1": 1}
 
 
 def test_export_writes_dashboards_and_provisioning(tmp_path: Path) -> None:

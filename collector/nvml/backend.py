@@ -16,6 +16,9 @@ Calls whose real form is awkward are given a plain shape here:
   ``ERROR_NOT_READY`` (gpuwarden's own code), so those fields are left out once.
 * ``nvmlEventSetWait(timeout_ms)``: waits for a critical-XID event on any device and answers
   ``[device_index, event_type, event_data]`` or ``None`` on timeout.
+* ``nvmlDeviceGetGpuFabricInfo()``: ``[state, status, health_mask]`` from
+  ``nvmlDeviceGetGpuFabricInfoV`` (``health_mask`` None where only the unversioned function
+  exists); a GPU outside an NVLink fabric raises ``ERROR_NOT_SUPPORTED``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ ERROR_FUNCTION_NOT_FOUND = 13
 ERROR_GPU_IS_LOST = 15
 ERROR_LIB_RM_VERSION_MISMATCH = 18
 ERROR_NO_DATA = 21
+ERROR_ARGUMENT_VERSION_MISMATCH = 25
 ERROR_UNKNOWN = 999
 ERROR_NOT_READY = 1000  # gpuwarden's own: GPM has no previous sample yet
 
@@ -65,7 +69,7 @@ ERROR_NAMES = {
     22: "VGPU_ECC_NOT_SUPPORTED",
     23: "INSUFFICIENT_RESOURCES",
     24: "FREQ_NOT_SUPPORTED",
-    25: "ARGUMENT_VERSION_MISMATCH",
+    ERROR_ARGUMENT_VERSION_MISMATCH: "ARGUMENT_VERSION_MISMATCH",
     26: "DEPRECATED",
     27: "NOT_READY (driver)",
     28: "GPU_NOT_FOUND",

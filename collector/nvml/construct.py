@@ -41,6 +41,10 @@ class Part:
     scoped_nvlink_errors: bool  # NVML_FI_DEV_NVLINK_ERROR_DL_* answered
     legacy_nvlink_crc: bool  # per-lane CRC fields answered
     pcie: tuple[int, int]  # generation, width
+    # nvmlDeviceGetGpuFabricInfo: [state, status, health mask] (None: not supported). NVML
+    # documents it for Hopper and newer; the H100's answer is registered with every health
+    # bit the mask has answered "false" (0b10), as a healthy HGX node would be
+    fabric: list[int] | None
 
 
 PARTS = {
@@ -54,6 +58,7 @@ PARTS = {
         scoped_nvlink_errors=True,
         legacy_nvlink_crc=False,
         pcie=(5, 16),
+        fabric=[3, 0, 0b10101010],
     ),
     "a100": Part(
         name="NVIDIA A100-SXM4-80GB",
@@ -65,6 +70,7 @@ PARTS = {
         scoped_nvlink_errors=False,
         legacy_nvlink_crc=True,
         pcie=(4, 16),
+        fabric=None,
     ),
 }
 NOT_SUPPORTED = {"e": ERROR_NOT_SUPPORTED}
@@ -102,6 +108,7 @@ def _device_answers(part: Part, i: int, tick: int, rng: random.Random) -> dict[s
         "pcie_gen": part.pcie[0],
         "pcie_width": part.pcie[1],
         "processes": [[4100 + i, int(part.mem_total * 0.88)]],
+        "fabric": part.fabric,
     }
     for label, name, args in PLAIN_CALLS:
         v = values[label]

@@ -52,6 +52,7 @@ NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
 VALUE_DOUBLE, VALUE_ULL, VALUE_SLL = 0, 3, 4  # nvmlValueType_t
 DEVICE_BASE = 0x1000  # handle of GPU i: this address plus i (never dereferenced)
 GPM_METRICS_GET_VERSION = 1
+FABRIC_INFO_V2 = 36 | 2 << 24  # nvmlGpuFabricInfo_v2: sizeof(nvmlGpuFabricInfo_v2_t) | 2 << 24
 
 
 # Functions that answer one number through their last argument, a pointer, and take an enum
@@ -240,6 +241,32 @@ class FakeLibrary:
             total, used = memory
             _obj(out).total, _obj(out).used, _obj(out).free = total, used, total - used
         return code
+
+    def _fabric(self, handle: Any, out: Any, versioned: bool) -> int:
+        """Both fabric-info functions. The recording holds ``[state, status, mask]``; a mask
+        of None was recorded where only the unversioned function worked, so the versioned
+        one answers a version mismatch. The state byte is written with dirty padding after
+        it (nvml.h declares it an unsigned char; pynvml reads four bytes)."""
+        info = _obj(out)
+        if versioned and int(info.version) != FABRIC_INFO_V2:
+            return ARGUMENT_VERSION_MISMATCH
+        code, answer = self._ask(self._index(handle), "nvmlDeviceGetGpuFabricInfo")
+        if code != SUCCESS:
+            return code
+        state, status, mask = answer
+        if versioned and mask is None:
+            return ARGUMENT_VERSION_MISMATCH
+        info.state = state | 0x5A5A00
+        info.status, info.cliqueId = status, 1
+        if versioned:
+            info.healthMask = mask
+        return SUCCESS
+
+    def c_nvmlDeviceGetGpuFabricInfoV(self, handle: Any, out: Any) -> int:
+        return self._fabric(handle, out, versioned=True)
+
+    def c_nvmlDeviceGetGpuFabricInfo(self, handle: Any, out: Any) -> int:
+        return self._fabric(handle, out, versioned=False)
 
     def c_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
         array = _obj(values)

@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any
 
 from collector.nvml.backend import (
+    ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_NOT_READY,
     ERROR_NOT_SUPPORTED,
@@ -259,6 +260,37 @@ class PynvmlBackend:
         finally:
             nv.nvmlGpmSampleFree(prev)
 
+    def _fabric(self, device: int) -> list[Any]:
+        """``[state, status, health mask]`` from ``nvmlDeviceGetGpuFabricInfoV`` (v2 struct),
+        else ``[state, status, None]`` from the unversioned function of older drivers."""
+        nv, h = self._nv, self._handle(device)
+        info, mask = None, None
+        versioned = getattr(nv, "c_nvmlGpuFabricInfoV_t", None)
+        if versioned is not None and hasattr(nv, "nvmlDeviceGetGpuFabricInfoV"):
+            info = versioned()
+            try:
+                nv.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(info))
+                mask = int(info.healthMask)
+            except nv.NVMLError as exc:
+                if int(exc.value) not in (
+                    ERROR_FUNCTION_NOT_FOUND,
+                    ERROR_ARGUMENT_VERSION_MISMATCH,
+                ):
+                    raise
+                info = None
+        if info is None:
+            plain = getattr(nv, "c_nvmlGpuFabricInfo_t", None)
+            if plain is None:
+                raise NvmlError(ERROR_FUNCTION_NOT_FOUND, "nvmlDeviceGetGpuFabricInfo")
+            info = plain()
+            nv.nvmlDeviceGetGpuFabricInfo(h, ctypes.byref(info))
+        # nvml.h declares the state an unsigned char; pynvml reads 4 bytes there, and the
+        # other three are the struct's padding, which the driver need not clear
+        state = int(info.state) & 0xFF
+        if state == 0:  # NVML_GPU_FABRIC_STATE_NOT_SUPPORTED: not on an NVLink fabric
+            raise NvmlError(ERROR_NOT_SUPPORTED, f"nvmlDeviceGetGpuFabricInfo[{device}]")
+        return [state, int(info.status), mask]
+
     def _event_wait(self, device: int | None, timeout_ms: int) -> list[int] | None:
         nv = self._nv
         with self._lock:
@@ -297,6 +329,7 @@ _ADAPTERS: dict[str, Callable[..., Any]] = {
     "nvmlDeviceGetCurrentClocksEventReasons": PynvmlBackend._clock_events,
     "nvmlGpmMetricsGet": PynvmlBackend._gpm,
     "nvmlEventSetWait": PynvmlBackend._event_wait,
+    "nvmlDeviceGetGpuFabricInfo": PynvmlBackend._fabric,
     "nvmlDeviceGetName": lambda self, d: _text(self._nv.nvmlDeviceGetName(self._handle(d))),
     "nvmlDeviceGetUUID": lambda self, d: _text(self._nv.nvmlDeviceGetUUID(self._handle(d))),
     "nvmlSystemGetDriverVersion": lambda self, d: _text(self._nv.nvmlSystemGetDriverVersion()),

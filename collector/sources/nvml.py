@@ -1,8 +1,10 @@
 """GPU telemetry from NVML, through a :class:`~collector.nvml.backend.NvmlBackend`.
 
-Per GPU and cycle: about fifteen plain calls and one ``nvmlDeviceGetFieldValues`` batch that
+Per GPU and cycle: about sixteen plain calls and one ``nvmlDeviceGetFieldValues`` batch that
 carries every counter (ECC, retired pages, remapped rows, memory temperature, energy, PCIe
-replay, and per NVLink its state, CRC/replay/recovery counters and bytes). Reading
+replay, and per NVLink its state, CRC/replay/recovery counters and bytes); on NVSwitch systems
+(Hopper+) one of the plain calls is the GPU's registration with Fabric Manager, without which
+CUDA cannot use the GPU (jobs fail to start) however healthy it otherwise looks. Reading
 (:func:`read_gpu`) and turning answers into fields (:func:`parse_gpu`) are separate.
 
 * "Not supported" (and the other "not available" answers) leaves the field out, and a call
@@ -113,6 +115,7 @@ PLAIN_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("pcie_gen", "nvmlDeviceGetCurrPcieLinkGeneration", ()),
     ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth", ()),
     ("processes", "nvmlDeviceGetComputeRunningProcesses", ()),
+    ("fabric", "nvmlDeviceGetGpuFabricInfo", ()),
 )
 STATIC_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("sm_clock_max", "nvmlDeviceGetMaxClockInfo", (1,)),
@@ -124,6 +127,15 @@ STATIC_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
 CLOCKS = tuple(
     (label, f"{label}_mhz", f"{label}_max", f"{label}_max_mhz")
     for label in ("sm_clock", "mem_clock", "graphics_clock")
+)
+FABRIC_STATE_COMPLETED = 3  # NVML_GPU_FABRIC_STATE_COMPLETED; 1 not started, 2 in progress
+# two-bit fields of the fabric health mask (nvml.h NVML_GPU_FABRIC_HEALTH_MASK_SHIFT_*): each
+# 0 not supported (left out), 1 true, 2 false
+FABRIC_HEALTH = (
+    ("fabric_degraded_bw_active", 0),
+    ("fabric_route_recovery_active", 2),
+    ("fabric_route_unhealthy_active", 4),
+    ("fabric_access_timeout_recovery_active", 6),
 )
 REASON_FIELDS = tuple(
     (f"clock_event_{name}_active", bit) for name, bit in CLOCK_EVENT_REASONS.items()
@@ -298,6 +310,8 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
         f["pcie_link_width_count"] = raw["pcie_width"]
     if isinstance(raw.get("processes"), list):
         f["process_count"] = len(raw["processes"])
+    if isinstance(raw.get("fabric"), list):
+        _parse_fabric(raw["fabric"], f)
     links: dict[int, dict[str, Any]] = {}
     answers = raw.get("fields")
     if isinstance(answers, list) and len(answers) == len(dev.field_ids):
@@ -308,6 +322,25 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
             if answer[0] == 0 and (v := _num(answer[1])) is not None:
                 f[name] = v
     return f, links
+
+
+def _parse_fabric(answer: list[Any], f: dict[str, Any]) -> None:
+    """``[state, status, health mask or None]``: the GPU's NVLink fabric registration. A
+    state outside 1..3 (0 is "not supported") says nothing and is left out."""
+    state, status, mask = [*answer, None, None, None][:3]
+    if not isinstance(state, int) or not 1 <= state <= FABRIC_STATE_COMPLETED:
+        return
+    f["fabric_state_code"] = state
+    done = state == FABRIC_STATE_COMPLETED
+    f["fabric_registered_active"] = done and status == 0
+    if done and isinstance(status, int):
+        f["fabric_status_code"] = status
+    if isinstance(mask, int):
+        f["fabric_health_mask_code"] = mask
+        for name, shift in FABRIC_HEALTH:
+            bits = (mask >> shift) & 0x3
+            if bits in (1, 2):
+                f[name] = bits == 1
 
 
 def _parse_fields(

@@ -7,6 +7,7 @@ nvml-gpu-lost: 2 H100s; at tick 1 GPU 1 answers GPU_IS_LOST to everything and NV
   critical XID 79 event for it; tick 2 it is still lost (no second gpu_lost event).
 nvml-driver-reload: 2 H100s; at tick 2 the driver was reloaded: energy, volatile ECC and NVLink
   byte counters start again from (near) zero. The agent writes them raw; analytics handles it.
+  GPU 1's registration with Fabric Manager is still in progress at tick 2 (not usable yet).
 xid-kmsg-job: 2 H100s; GPU 1's process is gone from tick 1 on (its kernel-log XIDs, read at
   tick 1 and 2, must still name the job it belonged to).
 """
@@ -58,7 +59,9 @@ def main() -> None:
         for n, (fid, _scope) in enumerate(request):
             if fid in reset and answers[n][0] == 0:
                 answers[n][1] = reset[fid]
-    reload_["note"] += "; driver reloaded before tick 2 (counters restart)"
+    fabric = call_key(1, "nvmlDeviceGetGpuFabricInfo", ())
+    reload_["ticks"][2]["answers"][fabric] = {"v": [2, 0, 0b10101010]}  # IN_PROGRESS
+    reload_["note"] += "; driver reloaded before tick 2 (counters restart, GPU 1 re-registering)"
     save(reload_, "nvml-driver-reload")
 
     killed = construct("h100", ticks=3, gpus=2, seed=3)
