@@ -152,12 +152,17 @@ class JobHistory:
     2. else the job the GPU had at the agent's last look at or before ``t``;
     3. else no job: ``t`` is before the agent first looked at the GPU, or too long ago.
 
-    Shared by the sources through :class:`collector.sources.base.Inventory`; thread-safe.
+    Events are read within a cycle or two of happening, so five minutes is plenty; the
+    history is also bounded in entries (``max_changes`` per GPU, ``max_pids``), so a node whose
+    jobs churn by the second holds a few tens of kB at most, and an event older than what
+    is kept gets no job rather than a wrong one. Shared by the sources through
+    :class:`collector.sources.base.Inventory`; thread-safe.
     """
 
-    def __init__(self, keep_s: float = 900.0, max_pids: int = 4096) -> None:
+    def __init__(self, keep_s: float = 300.0, max_pids: int = 256, max_changes: int = 16) -> None:
         self.keep_ns = int(keep_s * 1e9)
         self.max_pids = max_pids
+        self.max_changes = max_changes
         self._gpus: dict[int, list[tuple[int, JobInfo]]] = {}  # (since, job), oldest first
         self._pids: dict[int, tuple[int, JobInfo]] = {}  # pid -> (last seen, job), oldest first
         self._last_ns: int | None = None
@@ -173,7 +178,9 @@ class JobHistory:
                 if not changes or changes[-1][1] != job:
                     changes.append((now_ns, job))
                 # the state at the horizon is the newest change at or before it
-                while len(changes) > 1 and changes[1][0] <= horizon:
+                while len(changes) > self.max_changes or (
+                    len(changes) > 1 and changes[1][0] <= horizon
+                ):
                     del changes[0]
             for pid, job in pids.items():
                 self._pids.pop(pid, None)  # re-inserted: the dict stays in last-seen order

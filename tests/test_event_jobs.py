@@ -53,6 +53,15 @@ def test_events_older_than_the_history_get_no_job():
     assert h.job_at(139 * S, gpu=0, pid=4100) == NO_JOB  # more than keep_s before the last look
 
 
+def test_a_gpu_whose_jobs_churn_keeps_only_its_latest_changes():
+    """Past ``max_changes``, the oldest are forgotten: an event from then gets no job, never
+    the job of a later change."""
+    h = JobHistory(keep_s=600, max_changes=3)
+    for n in range(6):
+        h.saw((100 + n) * S, {0: JobInfo(str(n))}, {})
+    assert [h.job_at((100 + n) * S, gpu=0).job for n in range(6)] == ["", "", "", "3", "4", "5"]
+
+
 def test_the_history_stays_bounded_over_a_long_life():
     h = JobHistory(keep_s=60, max_pids=100)
     for n in range(20_000):  # a job change on every GPU and new pids at every look
@@ -79,7 +88,7 @@ def test_the_pruned_history_answers_as_one_that_keeps_every_look(steps, probe):
     """Only job changes are kept, and only for ``keep_s``: within that window every answer is
     the one a history of every look would give."""
     keep_s = 100
-    h = JobHistory(keep_s=keep_s)
+    h = JobHistory(keep_s=keep_s, max_changes=1000)
     every: list[tuple[int, list[JobInfo]]] = []
     now = 0
     for gap, jobs in steps:
