@@ -44,6 +44,7 @@ class SourceHealth:
     failing: str = ""  # the message of the failure streak it is in ("" when it works)
     failed_cycles: int = 0  # cycles in that streak
     implausible: int = 0  # readings left out as physically impossible (collector.plausible)
+    points: int = 0  # points of its last successful cycle
 
 
 class _AbandonedError(Exception):
@@ -126,6 +127,7 @@ class Agent:
             if self.health[name].failing:
                 self._recovered(name)
             self.health[name].implausible += self.screen(result)
+            self.health[name].points = len(result)
             points += result
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
         if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it

@@ -18,12 +18,13 @@ import signal
 import socket
 import sys
 import threading
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 from collector import sources
-from collector.agent import Agent, LinePrinter, PointSink, TraceRecorder
+from collector.agent import Agent, LinePrinter, PointSink, SourceHealth, TraceRecorder
 from collector.agentconfig import AgentConfig, ConfigError, load_config
 from collector.errors import CollectorError
 from collector.fastpath import FindingPoster
@@ -168,13 +169,32 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.save(args.record_nvml)
             log.info("NVML answers of %d cycles saved to %s", agent.cycles, args.record_nvml)
-    if args.once:  # a node check: fails when any source did
+    if args.once:  # a node check: says how each source did, fails when any did
+        print(check_summary(agent.health), file=sys.stderr)
         failed = sorted(name for name, health in agent.health.items() if health.errors)
         if failed:
             print(f"gpuwarden-agent: failed in this cycle: {', '.join(failed)} (see the log)",
                   file=sys.stderr)  # fmt: skip
             return 1
     return 0
+
+
+def check_summary(health: Mapping[str, SourceHealth]) -> str:
+    """One line per source after ``--once``: failed (and why), or how many points it gave
+    (none: that hardware is absent here, or not where the configuration points)."""
+    width = max((len(name) for name in health), default=0)
+    lines = ["gpuwarden-agent: node check, one cycle"]
+    for name, h in health.items():
+        if h.failing or h.errors:
+            state = f"FAILED  {h.failing or 'see the log'}"
+        else:
+            state = f"ok      {h.points} points"
+            if h.implausible:
+                state += f", {h.implausible} impossible reading(s) left out (see the log)"
+        lines.append(f"  {name:<{width}}  {state}")
+    if any(not h.points and not h.errors for h in health.values()):
+        lines.append("  (0 points: nothing to read there, no such hardware or, for xid, no events)")
+    return "\n".join(lines)
 
 
 def _nvml_recorder(config: AgentConfig) -> Recorder:

@@ -354,6 +354,9 @@ def test_once_fails_when_a_source_fails_and_says_which(tmp_path, capsys):
     assert agent_cli.main(["--config", str(config), "--once"]) == 1
     out, err = capsys.readouterr()
     assert "failed in this cycle: nvml (see the log)" in err
+    summary = dict(line.split(None, 1) for line in err.splitlines() if line.startswith("  "))
+    assert summary["nvml"].startswith("FAILED") and "missing.json" in summary["nvml"]
+    assert summary["infiniband"].split() == ["ok", "8", "points"]  # one per port
     assert sum(1 for ln in out.splitlines() if ln.startswith("ib_port,")) == 8  # the rest ran
 
 
