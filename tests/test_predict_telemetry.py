@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -53,6 +54,18 @@ def loaded(
     spec = _spec()
     influxd.create_database("predict")
     stream_scenario(spec, 7, influxd.url, "predict", tmp_path_factory.mktemp("spool"))
+    # a fatal NVSwitch error on node-000 at 4.5 h (CONSTRUCTED: the scenario has no NVSwitches),
+    # and a non-fatal one on node-002 that must not count
+    sxid_ns = spec.start_ns + int(4.5 * HOUR) * 10**9
+    lines = (
+        f"nvswitch_event,cluster={spec.cluster},node=node-000,nvswitch=2,event=sxid,"
+        f"severity=critical,source=kmsg sxid_code=24007i,fatal_active=true {sxid_ns}\n"
+        f"nvswitch_event,cluster={spec.cluster},node=node-002,nvswitch=1,event=sxid,"
+        f"severity=warning,source=kmsg sxid_code=20009i,fatal_active=false {sxid_ns}\n"
+    )
+    request = urllib.request.Request(f"{influxd.url}/write?db=predict", lines.encode())
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 204
     cfg = with_overrides(
         load_config(environ={}), influxdb={"url": influxd.url, "database": "predict"}
     )
@@ -73,10 +86,13 @@ def test_failures_are_found_where_the_scenario_put_them(
         ("xid 48", "node-001/4"),
         ("link_down", "node-003"),
         ("xid 79", "node-005/2"),
+        ("nvswitch_sxid", "node-000"),
     }
     # the DBE counter moves within a bucket of the XID 48; a thermal slowdown is no failure
     assert abs(found[("dbe", "node-001/4")] - 3 * HOUR) <= 120
-    assert len(first_failures(ds.events)) == 3  # the DBE and its XID are one failure
+    assert len(first_failures(ds.events)) == 4  # the DBE and its XID are one failure
+    assert abs(found[("nvswitch_sxid", "node-000")] - 4.5 * HOUR) <= 60
+    assert not [k for k in found if k[1].startswith("node-002")]  # a non-fatal SXid is none
     assert abs(found[("xid 48", "node-001/4")] - 3 * HOUR) <= 60
     assert abs(found[("link_down", "node-003")] - 3.5 * HOUR) <= 60
     assert not [k for k in found if k[1].startswith("node-006")]
@@ -116,6 +132,9 @@ def test_precursor_rows_are_positive_and_failed_parts_are_out(
     assert gpu.filter(pl.col("t") > t0 + 3 * HOUR)["down"].all()
     node3 = ds.frame.filter((pl.col("node") == "node-003") & (pl.col("t") < t0 + 3.4 * HOUR))
     assert node3.filter(pl.col("t") > t0 + 2.5 * HOUR)["y_3600s"].all()  # every GPU of it
+    sxid_node = ds.frame.filter(pl.col("node") == "node-000")  # a node failure: all its GPUs
+    assert sxid_node.filter(pl.col("t") > t0 + 4.5 * HOUR + 60)["down"].all()
+    assert sxid_node.filter(pl.col("t") > t0 + 3.6 * HOUR)["y_3600s"].any()
     healthy = ds.frame.filter(pl.col("node") == "node-007")
     assert not healthy["y_7200s"].any() and not healthy["down"].any()
 

@@ -38,6 +38,7 @@ def label_events(cfg: AnalyticsConfig, events: Sequence[FaultEvent]) -> list[Fau
             ("dbe", p["label_dbe"]),
             ("link_down", p["label_link_down"]),
             ("node_down", p["label_node_down"]),
+            ("nvswitch_sxid", p["label_nvswitch_sxid"]),
         )
         if not on
     }

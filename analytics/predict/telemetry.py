@@ -16,8 +16,9 @@ Features of GPU ``g`` on node ``n`` at bucket ``t`` use only buckets at or befor
 * the node's own failure history in the data read (:mod:`analytics.predict.history`).
 
 Failures (the label rules, ``[predictor]`` in the configuration): an XID in the fatal list,
-new double-bit ECC errors, a link going down, a node that stops reporting. GPU failures belong
-to ``node/gpu``; link and node failures to the node and so to each of its GPUs.
+new double-bit ECC errors, a link going down, a fatal NVSwitch SXid, a node that stops
+reporting. GPU failures belong to ``node/gpu``; link, NVSwitch and node failures to the node
+and so to each of its GPUs.
 """
 
 from __future__ import annotations
@@ -100,12 +101,14 @@ def add_derived(frame: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class Buckets:
-    """What one read of a node group returns: per-bucket aggregates and the XID rows."""
+    """What one read of a node group returns: per-bucket aggregates, the XID rows and the
+    fatal SXid rows."""
 
     gpu: pl.DataFrame  # time, node, gpu, GPU_AGG columns
     nvlink: pl.DataFrame  # time, node, gpu, NVLINK_AGG increases summed over links
     ib: pl.DataFrame  # time, node, IB_AGG increases summed over ports
     xid: pl.DataFrame  # time, node, gpu, xid_code
+    sxid: pl.DataFrame  # time, node, sxid_code: the fatal NVSwitch errors
 
 
 def _ns(df: pl.DataFrame) -> pl.DataFrame:
@@ -144,11 +147,16 @@ def read_node_group(
     xid = reader.read(
         "gpu_event", start_ns, end_ns, fields=["xid_code"], tags=["node", "gpu"], where=where
     )
+    sxid = reader.read(
+        "nvswitch_event", start_ns, end_ns, fields=["sxid_code", "fatal_active"], tags=["node"],
+        where=where,
+    )  # fmt: skip
     return Buckets(
         gpu,
         _summed_increases(nvl, ["node", "gpu", "link"], ["node", "gpu"], list(NVLINK_AGG)),
         _summed_increases(ib, ["node", "hca", "port"], ["node"], list(IB_AGG)),
         xid.drop_nulls("xid_code").select("time", "node", "gpu", "xid_code"),
+        sxid.filter(pl.col("fatal_active").fill_null(False)).select("time", "node", "sxid_code"),
     )
 
 
@@ -173,6 +181,9 @@ def events_from(
         )
     for row in b.ib.filter(pl.col("downed") > 0).iter_rows(named=True):
         out.append(FaultEvent(row["node"], row["time"].timestamp(), None, True, "link_down"))
+    for row in b.sxid.iter_rows(named=True):  # the node's NVLink is down: a node failure
+        t = row["time"].timestamp()
+        out.append(FaultEvent(row["node"], t, None, True, "nvswitch_sxid"))
     silent: list[tuple[str, float, float]] = []
     per_node = b.gpu.group_by("node").agg(pl.col("time").unique().sort())
     for node, times in per_node.iter_rows():
