@@ -7,7 +7,7 @@ from __future__ import annotations
 from grafana_foundation_sdk.models import dashboard as model
 
 from dashboards.influxql import Agg, Cond, Scope, agg
-from dashboards.panels import board, graph, grid, marks, single
+from dashboards.panels import XID_COLUMNS, board, graph, grid, marks, single
 
 UID = "gpuwarden-job"
 S = Scope("cluster", "job")
@@ -146,19 +146,7 @@ def build() -> model.Dashboard:
             "while it ran, with the rank hit and NVIDIA's recommended resolution",
             S.latest(
                 "gpu_event",
-                (
-                    "job",
-                    "rank",
-                    "node",
-                    "gpu",
-                    "event",
-                    "severity",
-                    "xid_code",
-                    "fatal_active",
-                    "message",
-                    "resolution",
-                    "source",
-                ),
+                ("job", "rank", "node", "gpu", *XID_COLUMNS, "source"),
                 limit=200,
             ),
             h=6,

@@ -12,7 +12,7 @@ from grafana_foundation_sdk.models import dashboard as model
 
 from collector.catalogue import CATALOGUE
 from dashboards.influxql import Agg, Scope, Select, agg
-from dashboards.panels import AnyPanel, board, graph, grid, marks, states
+from dashboards.panels import XID_COLUMNS, AnyPanel, board, graph, grid, marks, states
 
 UID = "gpuwarden-node"
 S = Scope("cluster", "node", "gpu")
@@ -264,20 +264,7 @@ def build() -> model.Dashboard:
             "the job and rank the GPU (or the process the XID names) had when it happened",
             S.latest(
                 "gpu_event",
-                (
-                    "node",
-                    "gpu",
-                    "job",
-                    "rank",
-                    "event",
-                    "severity",
-                    "xid_code",
-                    "fatal_active",
-                    "message",
-                    "resolution",
-                    "pid",
-                    "source",
-                ),
+                ("node", "gpu", "job", "rank", *XID_COLUMNS, "pid", "source"),
                 limit=500,
             ),
         ),

@@ -52,6 +52,9 @@ GRAFANA_UNITS = {
     "": "none",
 }
 
+# what a table of XIDs shows of each (after where and whose: node/GPU, job/rank)
+XID_COLUMNS = ("event", "severity", "xid_code", "fatal_active", "message", "resolution")
+
 
 def unit_of(measurement: str, field: str) -> str:
     spec = CATALOGUE[measurement].fields[field]
