@@ -51,6 +51,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
         "pod_resources_refresh_s": 30.0,
         "pod_resources_names": ["nvidia.com/gpu", "nvidia.com/gpu.shared"],
+        "fabric_grace_s": 600.0,
     },
     "xid": {
         "path": "",

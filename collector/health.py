@@ -7,11 +7,14 @@ node may go back. The agent is the one that sees the node after its repair, so i
 took out).
 
 Healthy means, for ``healthy_after_s`` without a break: no critical finding from this node (a
-fatal XID on either path, a lost GPU) and, when ``expected_gpus`` is set, at least that many
-GPUs reporting every cycle (a GPU that fell off the bus is not a critical event, it is just
-missing). The stretch starts when the agent starts, so a node that was drained, repaired and
-rebooted is announced ``healthy_after_s`` after its agent comes back. Each healthy stretch is
-announced once; a critical event or a missing GPU starts a new one. A healthy fleet therefore
+fatal XID on either path, a lost GPU, a GPU left out of the NVLink fabric), no GPU in a state
+that waits for a repair (:data:`UNHEALTHY_STATES`: not registered with the fabric, a row remap
+or page retirement pending a reset, a failed row remap) and, when ``expected_gpus`` is set, at
+least that many GPUs reporting every cycle (a GPU that fell off the bus is not a critical
+event, it is just missing). The stretch starts when the agent starts, so a node that was
+drained, repaired and rebooted is announced ``healthy_after_s`` after its agent comes back.
+Each healthy stretch is announced once; a critical event, a GPU waiting for a repair or a
+missing GPU starts a new one. A healthy fleet therefore
 says it once per agent start, which the engine answers with ``not_ours`` and nothing else.
 """
 
@@ -24,6 +27,13 @@ from collector.finding import Finding, Severity
 from collector.lineprotocol import Point
 
 NS = 1_000_000_000
+# GPU fields whose value (field -> the value that is bad) keeps a node from being called healthy
+UNHEALTHY_STATES = {
+    "fabric_registered_active": False,
+    "remapped_rows_pending_active": True,
+    "remapped_rows_failure_active": True,
+    "retired_pages_pending_active": True,
+}
 
 
 class HealthGate:
@@ -55,9 +65,13 @@ class HealthGate:
 
     def cycle(self, now_ns: int, points: Sequence[Point]) -> None:
         """After each collection cycle: announce the node once it has been healthy long enough."""
-        gpus = len({p.tags.get("gpu") for p in points if p.measurement == "gpu"})
+        gpu_points = [p for p in points if p.measurement == "gpu"]
+        gpus = len({p.tags.get("gpu") for p in gpu_points})
+        waiting = any(
+            p.fields.get(name) is bad for p in gpu_points for name, bad in UNHEALTHY_STATES.items()
+        )
         with self._lock:
-            if gpus < self.expected_gpus:
+            if gpus < self.expected_gpus or waiting:
                 self._since_ns, self._announced = None, False
                 return
             if self._since_ns is None:

@@ -133,3 +133,33 @@ def test_the_alert_cordons_the_node_through_the_default_policy():
     policy = first_match(load_policies(DEFAULT_POLICIES), finding)
     assert policy is not None and policy.name == "nvlink-fabric-unregistered"
     assert [str(a) for a in policy.actions] == ["notify", "cordon"]
+
+
+def test_a_gpu_left_out_of_the_fabric_is_a_finding_on_the_fast_path(tmp_path, caplog):
+    """GPU 1 of the CONSTRUCTED driver-reload case is still registering at its last step: with
+    a grace shorter than that, the agent raises one ``fabric_unregistered`` finding for it (the
+    registered GPU 0 raises none); a longer grace raises nothing."""
+    from collector import sources
+    from collector.finding import Finding
+    from collector.sources.base import SourceContext
+
+    def findings(grace_s: float, cycles: int) -> list[Finding]:
+        found: list[Finding] = []
+        context = SourceContext("c", "n1", sysfs=tmp_path, procfs=tmp_path)
+        context.emit_finding = found.append
+        recording = str(GOLDEN / "nvml-driver-reload" / "nvml.json")
+        settings = {"backend": "recorded", "recording": recording, "events": "poll",
+                    "fabric_grace_s": grace_s}  # fmt: skip
+        source = sources.create("nvml", context, settings)
+        for step in range(cycles):  # the recording stays on its last tick after it
+            source.collect(step * 10 * 10**9)
+        source.close()
+        return found
+
+    found = findings(grace_s=15, cycles=6)  # unregistered from t=20 s: said at t=40 s, once
+    assert [(f.kind, f.subject["gpu"], f.time_ns // 10**9) for f in found] == [
+        ("fabric_unregistered", "1", 40)
+    ]
+    assert found[0].severity == "critical" and found[0].evidence["fabric_state_code"] == 2
+    assert "nvidia-fabricmanager" in found[0].summary
+    assert findings(grace_s=600, cycles=6) == []

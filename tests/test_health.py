@@ -69,6 +69,32 @@ def test_never_healthy_while_a_gpu_is_missing() -> None:
     assert [f.time_ns // S for f in said] == [310]
 
 
+@pytest.mark.parametrize(
+    ("field", "bad"),
+    [
+        ("fabric_registered_active", False),
+        ("remapped_rows_pending_active", True),
+        ("remapped_rows_failure_active", True),
+        ("retired_pages_pending_active", True),
+    ],
+)
+def test_never_healthy_while_a_gpu_waits_for_a_repair(field: str, bad: bool) -> None:
+    """A node taken out for a GPU left out of the NVLink fabric, or with a remap pending a
+    reset, is not offered back while that lasts, though no critical event comes."""
+    said: list[Finding] = []
+    gate = HealthGate("c", "n1", said.append, healthy_after_s=60, expected_gpus=8)
+    for t in range(0, 250, 10):
+        points = gpus(8)
+        points[3] = Point("gpu", {"gpu": "3"}, {field: bad}, 0)
+        gate.cycle(t * S, points)
+    assert said == []
+    for t in range(250, 320, 10):
+        points = gpus(8)
+        points[3] = Point("gpu", {"gpu": "3"}, {field: not bad}, 0)  # repaired
+        gate.cycle(t * S, points)
+    assert [f.time_ns // S for f in said] == [310]
+
+
 @pytest.mark.parametrize("bad", [{"healthy_after_s": 0}, {"expected_gpus": -1}])
 def test_bad_settings_are_refused(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):

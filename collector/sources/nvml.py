@@ -162,6 +162,8 @@ class Device:
     layout: FieldLayout | None = None
     skip: set[str] = field(default_factory=set)  # labels answered "not supported"
     lost: bool = False
+    unregistered_ns: int | None = None  # since when its fabric registration is not done
+    unregistered_said: bool = False  # the finding for this stretch was raised
 
 
 class FieldRequest(tuple[tuple[int, int], ...]):
@@ -384,6 +386,7 @@ class NvmlSource:
             settings.get("extra_fatal_xids", ()),
             settings.get("not_fatal_xids", ()),
         )
+        self.fabric_grace_ns = int(float(settings.get("fabric_grace_s", 600.0)) * 1e9)
         self.jobs = JobResolver(context.procfs, str(settings.get("jobmap_dir", "")))
         self.pods: PodResources | None = None
         if settings.get("pod_resources_socket"):
@@ -558,6 +561,7 @@ class NvmlSource:
             dev, raw = read
             fields, links = parse_gpu(dev, raw)
             procs = raw.get("processes") or []
+            self._fabric_watch(dev, fields, now_ns)
             job = gpu_jobs[dev.index] = self._job(dev, procs)
             tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
@@ -617,6 +621,38 @@ class NvmlSource:
             cached = (tags, [tags | {"link": str(link)} for link in range(dev.links)])
         self._tags_now[key] = cached
         return cached
+
+    def _fabric_watch(self, dev: Device, fields: dict[str, Any], now_ns: int) -> None:
+        """A GPU not registered with the NVLink fabric for ``fabric_grace_s`` (a driver reload
+        takes seconds; a stopped Fabric Manager lasts) raises a ``fabric_unregistered``
+        finding once per stretch: CUDA programs cannot start on it, every other counter looks
+        fine. A GPU that does not answer the question is left alone."""
+        registered = fields.get("fabric_registered_active")
+        if registered is not False:
+            if registered and dev.unregistered_ns is not None:
+                if dev.unregistered_said:
+                    log.warning("GPU %d is registered with the NVLink fabric again", dev.index)
+                dev.unregistered_ns, dev.unregistered_said = None, False
+            return
+        if dev.unregistered_ns is None:
+            dev.unregistered_ns = now_ns
+        waited = now_ns - dev.unregistered_ns
+        if dev.unregistered_said or waited < self.fabric_grace_ns:
+            return
+        dev.unregistered_said = True
+        state = fields.get("fabric_state_code")
+        message = (f"GPU {dev.index} not registered with the NVLink fabric for {waited // 10**9} s "
+                   f"(state {state}, status {fields.get('fabric_status_code', '-')}): is "
+                   "nvidia-fabricmanager running?")  # fmt: skip
+        log.error("%s", message)
+        evidence = {
+            "gpu_uuid": dev.uuid,
+            "fabric_state_code": state,
+            "unregistered_s": waited // 10**9,
+        }
+        if "fabric_status_code" in fields:
+            evidence["fabric_status_code"] = fields["fabric_status_code"]
+        emit(self.context, "fabric_unregistered", dev.index, now_ns, message, evidence)
 
     def _lost(self, dev: Device, call: str, now_ns: int) -> Point:
         dev.lost = True
