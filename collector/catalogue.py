@@ -202,6 +202,22 @@ _gpu_fields = [
     _f("pcie_replay_total", I, "", C, "PCIe replay counter"),
     _f("pcie_link_gen_code", I, "", ST, "current PCIe link generation"),
     _f("pcie_link_width_count", I, "lanes", ST, "current PCIe link width"),
+    _f(
+        "pcie_link_gen_max_code",
+        I,
+        "",
+        ST,
+        "the highest PCIe generation the GPU and its slot allow",
+    ),
+    _f("pcie_link_width_max_count", I, "lanes", ST, "the widest link the GPU and its slot allow"),
+    _f(
+        "pcie_link_downtrained_active",
+        B,
+        "",
+        ST,
+        "the link runs narrower than the GPU and its "
+        "slot allow: a riser, slot or GPU to check; host-device transfers are slower",
+    ),
     _f("gpm_sm_util_pct", F, "%", G, "GPM SM utilisation (Hopper+)", PCT),
     _f("gpm_sm_occupancy_pct", F, "%", G, "GPM SM occupancy (Hopper+)", PCT),
     _f(

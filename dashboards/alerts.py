@@ -137,6 +137,17 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
             "{{ $labels.node }} GPU {{ $labels.gpu }}: new double-bit ECC errors",
         ),
         RuleSpec(
+            "gw-pcie-downtrained",
+            "GPU PCIe link trained down",
+            _count_true("gpu", "pcie_link_downtrained_active", "downtrained", gpu),
+            "gt",
+            0,
+            "warning",
+            "{{ $labels.node }} GPU {{ $labels.gpu }}: the PCIe link runs narrower than the GPU "
+            "and its slot allow; check the riser, slot and GPU at the next maintenance",
+            for_="10m",
+        ),
+        RuleSpec(
             "gw-gpu-hot",
             "GPU temperature high",
             Select("gpu", (Agg("max", "gpu_temp_c"),), group_tags=gpu, every=False),

@@ -174,10 +174,28 @@ def _gpu_panels() -> list[tuple[str, list[AnyPanel]]]:
         ),
         graph(
             "PCIe replays and link",
-            "Replays per second (link-level retransmissions) and the negotiated link",
+            "Replays per second (link-level retransmissions), the negotiated link and the "
+            "most the GPU and its slot allow (GPUs lower the generation themselves when idle)",
             S("gpu", Agg("rate", "pcie_replay_total", "pcie_replays_per_s"), group_tags=g),
-            S("gpu", agg("last", "pcie_link_gen_code", "pcie_link_width_count"), group_tags=g),
+            S(
+                "gpu",
+                agg(
+                    "last",
+                    "pcie_link_gen_code",
+                    "pcie_link_gen_max_code",
+                    "pcie_link_width_count",
+                    "pcie_link_width_max_count",
+                ),
+                group_tags=g,
+            ),
             unit="none",
+            alias=PER_GPU,
+        ),
+        states(
+            "PCIe link trained down",
+            "True while a GPU's link runs narrower than the GPU and its slot allow: check the "
+            "riser, slot and GPU (host-device transfers are slower)",
+            S("gpu", Agg("last", "pcie_link_downtrained_active"), group_tags=g),
             alias=PER_GPU,
         ),
     ]

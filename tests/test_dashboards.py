@@ -279,31 +279,41 @@ def test_alert_rules_fire_where_the_scenario_put_the_faults(
     fabric = rules["gw-fabric-unregistered"]["data"][0]["model"]["query"]
     registered = _series_values(client, fabric, dataset.end_ms, 3600)
     assert registered == {}  # the agent's H100s are registered (the scenario's have no fabric)
+    downtrained = rules["gw-pcie-downtrained"]["data"][0]["model"]["query"]
+    assert _series_values(client, downtrained, dataset.end_ms, 3600) == {}
 
 
-def test_the_fabric_rule_fires_for_a_gpu_that_is_not_registered(
-    influxd: LocalInfluxd, influx_db: str, tmp_path: Path
-) -> None:
-    """The CONSTRUCTED driver-reload case, written as the agent writes it: GPU 1 is still
-    registering at its last step, so the rule's query counts it and not GPU 0 (on the
-    dashboards' dataset, where the agent's GPUs are registered, it counts nothing: the test
-    above)."""
+@pytest.mark.parametrize(
+    ("case", "uid", "step", "firing"),
+    [
+        # GPU 1 is still registering with the NVLink fabric at the last step
+        ("nvml-driver-reload", "gw-fabric-unregistered", 2, {"1": 1}),
+        # GPU 5's PCIe link runs at x8 of x16 (both steps)
+        ("nvml-a100-8gpu", "gw-pcie-downtrained", 1, {"5": 2}),
+    ],
+)
+def test_a_gpu_rule_fires_for_exactly_the_gpu_in_trouble(
+    influxd: LocalInfluxd, influx_db: str, tmp_path: Path, case: str, uid: str, step: int,
+    firing: dict[str, int],
+) -> None:  # fmt: skip
+    """A CONSTRUCTED golden case, written as the agent writes it: the rule's query counts the
+    troubled GPU and no other (on the dashboards' dataset neither rule counts anything: the
+    test above)."""
     from tests.test_golden import GOLDEN, STEP_NS, T0, run_case
 
-    steps = run_case(GOLDEN / "nvml-driver-reload", tmp_path)
-    body = "\n".join(line for step in steps for line in step).encode()
+    steps = run_case(GOLDEN / case, tmp_path)
+    body = "\n".join(line for lines in steps for line in lines).encode()
     request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", body, method="POST")
     with urllib.request.urlopen(request, timeout=30) as answer:
         assert answer.status == 204
     rules = rules_file(load_dashboards_config(environ={}))["groups"][0]["rules"]
-    query = next(r for r in rules if r["uid"] == "gw-fabric-unregistered")["data"][0]["model"]
+    query = next(r for r in rules if r["uid"] == uid)["data"][0]["model"]["query"]
     client = InfluxQLClient(influxd.url, influx_db)
     try:
-        end_ms = (T0 + 2 * STEP_NS) // 10**6 + 1
-        values = _series_values(client, query["query"], end_ms, 300)
+        values = _series_values(client, query, (T0 + step * STEP_NS) // 10**6 + 1, 300)
     finally:
         client.close()
-    assert {dict(k)["gpu"]: v for k, v in values.items()} == {"1": 1}
+    assert {dict(k)["gpu"]: v for k, v in values.items()} == firing
 
 
 def test_export_writes_dashboards_and_provisioning(tmp_path: Path) -> None:

@@ -87,8 +87,16 @@ def _device_answers(part: Part, i: int, tick: int, rng: random.Random) -> dict[s
     put("nvmlDeviceGetUUID", (), {"v": f"GPU-{i:08x}-0000-4000-8000-{i:012x}"})
     put("nvmlDeviceGetName", (), {"v": part.name})
     put("nvmlDeviceGetPciInfo", (), {"v": f"00000000:{0x18 + 0x10 * i:02X}:00.0"})
-    for (_, name, args), mhz in zip(STATIC_CALLS, part.max_clocks, strict=True):
-        put(name, args, {"v": mhz})
+    sm_max, mem_max, graphics_max = part.max_clocks
+    static = {
+        "sm_clock_max": sm_max,
+        "mem_clock_max": mem_max,
+        "graphics_clock_max": graphics_max,
+        "pcie_gen_max": part.pcie[0],
+        "pcie_width_max": part.pcie[1],
+    }
+    for label, name, args in STATIC_CALLS:
+        put(name, args, {"v": static[label]})
     put("nvmlDeviceGetFieldValues", ([[FI_NVLINK_LINK_COUNT, 0]],), {"v": [[0, part.links]]})
     util = round(busy * 100)
     values = {

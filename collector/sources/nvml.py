@@ -121,6 +121,10 @@ STATIC_CALLS: tuple[tuple[str, str, tuple[Any, ...]], ...] = (
     ("sm_clock_max", "nvmlDeviceGetMaxClockInfo", (1,)),
     ("mem_clock_max", "nvmlDeviceGetMaxClockInfo", (2,)),
     ("graphics_clock_max", "nvmlDeviceGetMaxClockInfo", (0,)),
+    # the most the GPU and the slot it sits in can do (NVML: "possible with this device and
+    # system"), so a link running narrower trained down: a riser, a slot or the GPU is failing
+    ("pcie_gen_max", "nvmlDeviceGetMaxPcieLinkGeneration", ()),
+    ("pcie_width_max", "nvmlDeviceGetMaxPcieLinkWidth", ()),
 )
 
 
@@ -308,8 +312,16 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
             f[key] = v * 1024  # NVML answers KB/s
     if isinstance(raw.get("pcie_gen"), int):
         f["pcie_link_gen_code"] = raw["pcie_gen"]
-    if isinstance(raw.get("pcie_width"), int):
-        f["pcie_link_width_count"] = raw["pcie_width"]
+    if isinstance(gen_max := dev.static.get("pcie_gen_max"), int) and gen_max > 0:
+        f["pcie_link_gen_max_code"] = gen_max
+    width, width_max = raw.get("pcie_width"), dev.static.get("pcie_width_max")
+    if isinstance(width, int):
+        f["pcie_link_width_count"] = width
+    if isinstance(width_max, int) and width_max > 0:
+        f["pcie_link_width_max_count"] = width_max
+        if isinstance(width, int) and width > 0:
+            # the generation is left out: GPUs lower it themselves when idle, to save power
+            f["pcie_link_downtrained_active"] = width < width_max
     if isinstance(raw.get("processes"), list):
         f["process_count"] = len(raw["processes"])
     if isinstance(raw.get("fabric"), list):

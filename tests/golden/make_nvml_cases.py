@@ -2,7 +2,8 @@
 
     uv run python tests/golden/make_nvml_cases.py
 
-nvml-h100-8gpu / nvml-a100-8gpu: collector.nvml.construct, 8 GPUs, 2 ticks.
+nvml-h100-8gpu / nvml-a100-8gpu: collector.nvml.construct, 8 GPUs, 2 ticks; the A100 node's
+  GPU 5 runs its PCIe link at x8 of x16 (trained down).
 nvml-gpu-lost: 2 H100s; at tick 1 GPU 1 answers GPU_IS_LOST to everything and NVML delivers a
   critical XID 79 event for it; tick 2 it is still lost (no second gpu_lost event).
 nvml-driver-reload: 2 H100s; at tick 2 the driver was reloaded: energy, volatile ECC and NVLink
@@ -30,8 +31,11 @@ def save(doc: dict, case: str) -> None:
 
 
 def main() -> None:
-    for model in ("h100", "a100"):
-        save(construct(model, ticks=2, gpus=8), f"nvml-{model}-8gpu")
+    save(construct("h100", ticks=2, gpus=8), "nvml-h100-8gpu")
+    a100 = construct("a100", ticks=2, gpus=8)
+    a100["ticks"][0]["answers"][call_key(5, "nvmlDeviceGetCurrPcieLinkWidth", ())] = {"v": 8}
+    a100["note"] += "; GPU 5's PCIe link trained down to x8"
+    save(a100, "nvml-a100-8gpu")
 
     lost = construct("h100", ticks=3, gpus=2, seed=1)
     all_keys = {k for t in lost["ticks"] for k in t["answers"]}
