@@ -10,6 +10,9 @@ has enough of them: idle GPUs park their clocks.
 * **gpu**: its SM clock is lower than its node peers' (``clock_ratio`` below 0.95), or it spends
   more time than they do in a hardware/thermal/power clock-event reason (power is reported as
   evidence only);
+* **pcie**: otherwise, the suspect GPU's PCIe link ran narrower than the GPU and its slot
+  allow (``pcie_link_downtrained_active``) for at least half the stretch: its traffic to the
+  NIC and the host is slower, though the GPU itself is fine;
 * **link**: the node's ports show physical-layer errors (symbol errors, link recoveries, the
   link going down) during the stretch;
 * **nic**: the node's ports spend a noticeable share of time blocked (``xmit_wait``) or
@@ -93,6 +96,16 @@ def attribute(
             slowed is not None and peers_slowed is not None and slowed - peers_slowed > 0.2
         ):
             cause = "gpu"
+        elif "pcie_link_downtrained_active" in mine.columns and mine.height:
+            share = num(mine["pcie_link_downtrained_active"].cast(pl.Float64).mean())
+            if share:
+                evidence.update(
+                    pcie_downtrained_share=share,
+                    pcie_link_width_count=_median(mine, "pcie_link_width_count"),
+                    pcie_link_width_max_count=_median(mine, "pcie_link_width_max_count"),
+                )
+                if share >= 0.5:
+                    cause = "pcie"
     if cause == "unknown" and not ports.is_empty():
         errors = sum(
             num(ports[c].drop_nulls().sum())

@@ -2,8 +2,8 @@
 
 Finding kinds (the remediation engine matches policies on them):
 
-* ``straggler``: one rank slower than its peers; ``evidence.cause`` says gpu, nic, link or
-  unknown (a gpu cause is actionable: the node can be drained);
+* ``straggler``: one rank slower than its peers; ``evidence.cause`` says gpu, pcie, nic, link
+  or unknown (a gpu cause is actionable: the node can be drained; pcie names a link to check);
 * ``pipeline_imbalance``: a pipeline stage slower than the others (a job layout matter, no
   machine to blame);
 * ``load_imbalance``: spread over all workers, the slowest one changing step to step;
@@ -53,7 +53,7 @@ def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
             cause, attr = a.attributions.get((job.job, s.worker), ("unknown", {}))
             evidence["attribution"] = attr
         evidence["cause"] = cause
-        severity = Severity.WARNING if cause in ("gpu", "nic", "link") else Severity.INFO
+        severity = Severity.WARNING if cause in ("gpu", "pcie", "nic", "link") else Severity.INFO
         out.append(
             Finding(
                 kind=KIND[s.kind],

@@ -521,7 +521,7 @@ _m(
         _f("step_time_s", F, "s", G, "the rank's step time"),
         _f("peer_median_step_time_s", F, "s", G, "median step time of its peers"),
         _f("persistence_ratio", F, "", G, "fraction of the window the rank was slow"),
-        _f("cause", S, "", IN, "attributed cause: gpu, nic, link, stage, imbalance, unknown"),
+        _f("cause", S, "", IN, "attributed cause: gpu, pcie, nic, link, stage, imbalance, unknown"),
     ],
 )
 _m(

@@ -160,14 +160,16 @@ def test_counter_increases_handle_reset_and_saturation():
     assert inc[4] is None and inc[5] is None  # stuck at the ceiling: unknown, not zero
 
 
-def test_attribution_tells_gpu_link_and_nic_apart():
+def test_attribution_tells_gpu_pcie_link_and_nic_apart():
     """SIMULATED node telemetry, built by hand: one case per cause."""
     from analytics.attribution import attribute
 
-    def gpus(clock3: float) -> pl.DataFrame:
+    def gpus(clock3: float, x8_from: int = 20) -> pl.DataFrame:
+        """GPU 3's SM clock, and from which sample on its PCIe link runs at x8 of x16."""
         rows = []
         for t in range(20):
             for g in range(8):
+                narrow = g == 3 and t >= x8_from
                 rows.append(
                     {
                         "time": t,
@@ -176,6 +178,9 @@ def test_attribution_tells_gpu_link_and_nic_apart():
                         "power_w": 350.0,
                         "gpu_util_pct": 99.0,
                         "clock_event_reasons_code": 0,
+                        "pcie_link_downtrained_active": narrow,
+                        "pcie_link_width_count": 8 if narrow else 16,
+                        "pcie_link_width_max_count": 16,
                     }
                 )
         return pl.DataFrame(rows)
@@ -188,3 +193,8 @@ def test_attribution_tells_gpu_link_and_nic_apart():
     waiting = quiet.with_columns(pl.Series("xmit_wait_ratio", [0.2] * 5))
     assert attribute(gpus(1410.0), waiting, "3")[0] == "nic"
     assert attribute(gpus(1410.0), quiet, "3")[0] == "unknown"
+    cause, ev = attribute(gpus(1410.0, x8_from=5), errors, "3")  # x8 for 15 of 20 samples
+    assert cause == "pcie" and ev["pcie_downtrained_share"] == 0.75
+    assert ev["pcie_link_width_max_count"] == 16
+    assert attribute(gpus(1410.0, x8_from=15), quiet, "3")[0] == "unknown"  # a quarter: no
+    assert attribute(gpus(1100.0, x8_from=0), quiet, "3")[0] == "gpu"  # slow clocks first
