@@ -135,6 +135,13 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "actions": ["notify"],
     },
     {
+        "name": "slow-pcie-link",
+        "kinds": ["straggler"],
+        "evidence": {"cause": "pcie"},
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
+    {
         "name": "fabric",
         "kinds": ["link_congested", "link_down"],
         "requires": [],
