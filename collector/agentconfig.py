@@ -52,6 +52,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "pod_resources_refresh_s": 30.0,
         "pod_resources_names": ["nvidia.com/gpu", "nvidia.com/gpu.shared"],
         "fabric_grace_s": 600.0,
+        "info_every_s": 600.0,
     },
     "xid": {
         "path": "",

@@ -332,6 +332,22 @@ _m(
     ],
 )
 _m(
+    "gpu_info",
+    A,
+    "what each GPU is and how it is set up, at agent start and every [nvml] info_every_s",
+    ("cluster", "node", "gpu", "gpu_uuid", "gpu_model"),
+    [
+        _f("serial", S, "", IN, "the board's serial number (what an RMA asks for)"),
+        _f("vbios_version", S, "", IN, "VBIOS version"),
+        _f("driver_version", S, "", IN, "NVIDIA driver version"),
+        _f("persistence_mode_active", B, "", ST, "persistence mode is on"),
+        _f("ecc_mode_active", B, "", ST, "ECC is on"),
+        _f("ecc_mode_pending_active", B, "", ST, "ECC will be on after the next GPU reset"),
+        _f("mig_mode_active", B, "", ST, "MIG mode is on"),
+        _f("mig_mode_pending_active", B, "", ST, "MIG mode will be on after the next GPU reset"),
+    ],
+)
+_m(
     "gpu_event",
     A,
     "GPU events: XIDs (NVML event set or kernel log), a GPU lost, ECC DBE; tagged with the job "

@@ -1,10 +1,11 @@
-"""Fleet: is the cluster healthy and busy, what did gpuwarden find, is the agent itself well."""
+"""Fleet: is the cluster healthy and busy, what did gpuwarden find, is the agent itself well,
+and is every GPU set up the same."""
 
 from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.influxql import Agg, Cond, Scope
+from dashboards.influxql import Agg, Cond, Scope, agg
 from dashboards.panels import board, graph, grid, marks, single, states, unit_of
 
 UID = "gpuwarden-fleet"
@@ -174,11 +175,38 @@ def build() -> model.Dashboard:
             alias="$tag_node $tag_source",
         ),
     ]
+    setup = [
+        grid(
+            "GPU configuration",
+            "Per GPU, as its agent last read it: driver and VBIOS versions and the modes a fleet "
+            "keeps the same everywhere (sort a column to see the odd one out: a node left on an "
+            "old driver, ECC or persistence mode off, MIG on)",
+            S(
+                "gpu_info",
+                agg(
+                    "last",
+                    "driver_version",
+                    "vbios_version",
+                    "persistence_mode_active",
+                    "ecc_mode_active",
+                    "mig_mode_active",
+                ),
+                group_tags=("node", "gpu"),
+                every=False,
+            ),
+        ),
+    ]
     return board(
         UID,
         "gpuwarden / Fleet",
-        "Cluster health, utilisation, power and findings; the agents' own health",
-        [("Now", now), ("Utilisation and power", usage), ("Health", health), ("Agent", agent)],
+        "Cluster health, utilisation, power and findings; the agents' own health; GPU setup",
+        [
+            ("Now", now),
+            ("Utilisation and power", usage),
+            ("Health", health),
+            ("Agent", agent),
+            ("Configuration", setup),
+        ],
         scope=S,
         annotations=[
             marks(

@@ -307,6 +307,28 @@ def build() -> model.Dashboard:
             ),
         ),
         grid(
+            "GPU inventory",
+            "Per GPU, as the agent last read it: serial number (for an RMA), VBIOS and driver "
+            "versions, and persistence, ECC and MIG modes (pending: after the next GPU reset)",
+            S(
+                "gpu_info",
+                agg(
+                    "last",
+                    "serial",
+                    "vbios_version",
+                    "driver_version",
+                    "persistence_mode_active",
+                    "ecc_mode_active",
+                    "ecc_mode_pending_active",
+                    "mig_mode_active",
+                    "mig_mode_pending_active",
+                ),
+                group_tags=("node", "gpu"),
+                every=False,
+            ),
+            h=6,
+        ),
+        grid(
             "GPU processes",
             "Processes on the GPUs, the job each belongs to, and their memory",
             S.latest(

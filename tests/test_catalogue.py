@@ -42,6 +42,9 @@ TEXT_FIELDS = {
     "model_version",
     "gpu_model",
     "pci_bus_id",
+    "serial",
+    "vbios_version",
+    "driver_version",
     "cause",
     "pid",
 }

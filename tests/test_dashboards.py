@@ -128,6 +128,7 @@ def test_node_dashboard_shows_every_agent_field(boards: dict[str, dict[str, Any]
         "gpu",
         "gpu_nvlink",
         "gpu_process",
+        "gpu_info",
         "gpu_event",
         "nvswitch_event",
         "host_power",

@@ -41,6 +41,7 @@ class Part:
     scoped_nvlink_errors: bool  # NVML_FI_DEV_NVLINK_ERROR_DL_* answered
     legacy_nvlink_crc: bool  # per-lane CRC fields answered
     pcie: tuple[int, int]  # generation, width
+    vbios: str
     # nvmlDeviceGetGpuFabricInfo: [state, status, health mask] (None: not supported). NVML
     # documents it for Hopper and newer; the H100's answer is registered with every health
     # bit the mask has answered "false" (0b10), as a healthy HGX node would be
@@ -58,6 +59,7 @@ PARTS = {
         scoped_nvlink_errors=True,
         legacy_nvlink_crc=False,
         pcie=(5, 16),
+        vbios="96.00.74.00.01",
         fabric=[3, 0, 0b10101010],
     ),
     "a100": Part(
@@ -70,6 +72,7 @@ PARTS = {
         scoped_nvlink_errors=False,
         legacy_nvlink_crc=True,
         pcie=(4, 16),
+        vbios="92.00.36.00.02",
         fabric=None,
     ),
 }
@@ -97,6 +100,12 @@ def _device_answers(part: Part, i: int, tick: int, rng: random.Random) -> dict[s
     }
     for label, name, args in STATIC_CALLS:
         put(name, args, {"v": static[label]})
+    # CONSTRUCTED identities: serials and VBIOS in the shape nvidia-smi shows them
+    put("nvmlDeviceGetSerial", (), {"v": f"16501240{i:05d}"})
+    put("nvmlDeviceGetVbiosVersion", (), {"v": part.vbios})
+    put("nvmlDeviceGetPersistenceMode", (), {"v": 1})
+    put("nvmlDeviceGetEccMode", (), {"v": [1, 1]})
+    put("nvmlDeviceGetMigMode", (), {"v": [0, 0]})
     put("nvmlDeviceGetFieldValues", ([[FI_NVLINK_LINK_COUNT, 0]],), {"v": [[0, part.links]]})
     util = round(busy * 100)
     values = {

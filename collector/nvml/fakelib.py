@@ -71,6 +71,7 @@ SCALARS = (
     "nvmlDeviceGetCurrPcieLinkWidth",
     "nvmlDeviceGetMaxPcieLinkGeneration",
     "nvmlDeviceGetMaxPcieLinkWidth",
+    "nvmlDeviceGetPersistenceMode",
 )
 
 
@@ -220,6 +221,24 @@ class FakeLibrary:
 
     def c_nvmlDeviceGetName(self, handle: Any, buffer: Any, size: Any) -> int:
         return self._text(handle, buffer, "nvmlDeviceGetName")
+
+    def c_nvmlDeviceGetSerial(self, handle: Any, buffer: Any, size: Any) -> int:
+        return self._text(handle, buffer, "nvmlDeviceGetSerial")
+
+    def c_nvmlDeviceGetVbiosVersion(self, handle: Any, buffer: Any, size: Any) -> int:
+        return self._text(handle, buffer, "nvmlDeviceGetVbiosVersion")
+
+    def _pair(self, name: str, handle: Any, current: Any, pending: Any) -> int:
+        code, pair = self._ask(self._index(handle), name)
+        if code == SUCCESS:
+            _obj(current).value, _obj(pending).value = pair
+        return code
+
+    def c_nvmlDeviceGetEccMode(self, handle: Any, current: Any, pending: Any) -> int:
+        return self._pair("nvmlDeviceGetEccMode", handle, current, pending)
+
+    def c_nvmlDeviceGetMigMode(self, handle: Any, current: Any, pending: Any) -> int:
+        return self._pair("nvmlDeviceGetMigMode", handle, current, pending)
 
     def c_nvmlDeviceGetPciInfo_v3(self, handle: Any, out: Any) -> int:
         code, bus_id = self._ask(self._index(handle), "nvmlDeviceGetPciInfo")

@@ -16,6 +16,8 @@ CUDA cannot use the GPU (jobs fail to start) however healthy it otherwise looks.
   loop never blocks on them; ``"poll"`` drains them at each cycle instead (deterministic, tests).
 * Each GPU point is tagged with the job (and rank) of the process using the most memory on it
   (see :mod:`collector.attribution`); every process gets its own ``gpu_process`` point.
+* What each GPU is (serial, VBIOS, driver) and its modes (persistence, ECC, MIG) are a
+  ``gpu_info`` point at start and every ``info_every_s`` (:mod:`collector.sources.gpuinfo`).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from collector.nvml.backend import (
 from collector.podresources import GPU_RESOURCE, PodResources
 from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
 from collector.sources.events import emit, gpu_event, job_words, xid_point
+from collector.sources.gpuinfo import driver_version, info_point, parse_info, read_info
 from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 log = logging.getLogger(__name__)
@@ -166,6 +169,7 @@ class Device:
     layout: FieldLayout | None = None
     skip: set[str] = field(default_factory=set)  # labels answered "not supported"
     lost: bool = False
+    info_ns: int | None = None  # when its gpu_info was last asked
     unregistered_ns: int | None = None  # since when its fabric registration is not done
     unregistered_said: bool = False  # the finding for this stretch was raised
 
@@ -399,6 +403,8 @@ class NvmlSource:
             settings.get("not_fatal_xids", ()),
         )
         self.fabric_grace_ns = int(float(settings.get("fabric_grace_s", 600.0)) * 1e9)
+        self.info_every_ns = int(float(settings.get("info_every_s", 600.0)) * 1e9)
+        self._driver = ""
         self.jobs = JobResolver(context.procfs, str(settings.get("jobmap_dir", "")))
         self.pods: PodResources | None = None
         if settings.get("pod_resources_socket"):
@@ -547,11 +553,18 @@ class NvmlSource:
         assert self._reader is not None
         points: list[Point] = []
         reads: list[tuple[Device, dict[str, Any]] | Point] = []  # a Point: the GPU was lost
+        driver_asked = False
         for dev in self._devices:
             if dev.lost and not self._probe(dev):
                 continue
             try:
-                reads.append((dev, read_gpu(self._reader, dev, self.gpm)))
+                raw = read_gpu(self._reader, dev, self.gpm)
+                if dev.info_ns is None or now_ns - dev.info_ns >= self.info_every_ns:
+                    if not driver_asked:  # once for all the GPUs that are due
+                        self._driver, driver_asked = driver_version(self._reader), True
+                    raw["info"] = read_info(self._reader, dev)
+                    dev.info_ns = now_ns
+                reads.append((dev, raw))
             except GpuLostError as lost:
                 reads.append(self._lost(dev, lost.call, now_ns))
         live = {
@@ -577,6 +590,10 @@ class NvmlSource:
             job = gpu_jobs[dev.index] = self._job(dev, procs)
             tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
+            if "info" in raw:
+                point = info_point(tags, parse_info(raw["info"], self._driver), now_ns)
+                if point is not None:
+                    points.append(point)
             for link, lf in links.items():
                 points.append(Point("gpu_nvlink", link_tags[link], lf, now_ns))
             for pid, mem in procs:
