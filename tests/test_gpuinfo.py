@@ -88,3 +88,38 @@ def test_a_driver_that_answers_none_of_it_costs_only_the_info(tmp_path):
     assert len(infos) == 8 and all(p.fields["serial"].startswith("16501240") for p in infos)
     assert [p for p in full[0] if p.measurement != "gpu_info"] == older[0]
     assert not [p for p in older[0] if p.measurement == "gpu_info"]
+
+
+def test_text_that_is_not_utf8_does_not_fail_the_call():
+    """A serial or VBIOS string from an EEPROM holding garbage: replaced, not an exception
+    that would fail the whole NVML source."""
+    from collector.nvml.real import _plain
+
+    assert _plain(b"16501\xff\xfe24") == "16501\ufffd\ufffd24"
+    assert _plain([b"\xc3", 1]) == ["\ufffd", 1]
+
+
+def test_a_call_that_raises_something_unexpected_costs_only_its_answer(tmp_path, caplog):
+    """Not an NVML error but an exception from the binding (say a struct it cannot decode) on
+    one GPU's call: that field is left out, every other field and GPU is kept, said once."""
+    from collector.nvml.recorded import RecordedBackend
+
+    class Surprising(RecordedBackend):
+        def call(self, device, name, *args):
+            if name == "nvmlDeviceGetPowerUsage" and device == 2:
+                raise ValueError("cannot decode the answer")
+            return super().call(device, name, *args)
+
+    caplog.set_level("WARNING", logger="collector.sources.nvml")
+    context = SourceContext("c", "n1", sysfs=tmp_path, procfs=tmp_path)
+    backend = Surprising(GOLDEN / "nvml-h100-8gpu" / "nvml.json")
+    source = sources.create("nvml", context, {"backend_instance": backend, "events": "poll"})
+    cycles = [source.collect(step * 10 * S) for step in range(2)]
+    source.close()
+    for points in cycles:
+        gpus = {p.tags["gpu"]: p.fields for p in points if p.measurement == "gpu"}
+        assert len(gpus) == 8 and "power_w" not in gpus["2"]
+        assert all("power_w" in f for g, f in gpus.items() if g != "2")
+        assert "gpu_temp_c" in gpus["2"]
+    said = [r for r in caplog.records if "raised ValueError" in r.getMessage()]
+    assert len(said) == 1 and source.errors == 2

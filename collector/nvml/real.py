@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 
 
 def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    """A C string from the driver as text; bytes that are not UTF-8 (a board's EEPROM can hold
+    anything) become U+FFFD rather than failing the call."""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
 
 
 # c_nvmlFieldValue_t (nvml.h): fieldId u32, scopeId u32, timestamp i64, latencyUsec i64,
@@ -315,7 +317,7 @@ class PynvmlBackend:
 
 def _plain(value: Any) -> Any:
     if isinstance(value, bytes):
-        return value.decode()
+        return _text(value)
     if isinstance(value, (list, tuple)):
         return [_plain(v) for v in value]
     return value

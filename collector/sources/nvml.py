@@ -266,6 +266,11 @@ class Reader:
                 self.errors += 1
                 self.warn(f"err:{name}:{exc.code}", f"NVML: {exc}")
             return None
+        except Exception as exc:  # a binding's or a driver's surprise costs this answer only
+            self.errors += 1
+            self.warn(f"exc:{name}:{type(exc).__name__}",
+                      f"NVML: {name}[{dev.index}] raised {type(exc).__name__}: {exc}")  # fmt: skip
+            return None
 
 
 def read_gpu(reader: Reader, dev: Device, gpm: bool) -> dict[str, Any]:
