@@ -12,6 +12,9 @@ import logging
 import math
 from typing import Any
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from collector import sources
 from collector.agent import Agent
 from collector.catalogue import CATALOGUE, Kind, Producer
@@ -20,6 +23,7 @@ from collector.lpparse import parse_lines
 from collector.nvml.recorded import RecordedBackend
 from collector.plausible import Screen
 from collector.sources.base import SourceContext
+from collector.sources.nvml import PLAIN_CALLS, Device, parse_gpu
 from collector.sysfstree import build_node_tree
 from tests.test_agent import ListSink
 from tests.test_golden import CASES, GOLDEN
@@ -108,3 +112,45 @@ def test_nan_and_the_edges():
         {"gpu_util_pct": 0.0},
         {"spool_bytes": 2**60},
     ]
+
+
+_scalar = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), st.text(max_size=4)
+)
+_answer = st.one_of(
+    _scalar, st.lists(_scalar, max_size=4), st.lists(st.lists(_scalar, max_size=3), max_size=3)
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.dictionaries(st.sampled_from([*(c[0] for c in PLAIN_CALLS), "gpm"]), _answer))
+def test_nvml_answers_of_any_shape_parse_to_fields_or_nothing(raw: dict[str, Any]) -> None:
+    """A binding or a recording answering in a shape no driver gives: the parse leaves the
+    field out; it never raises (numbers, lists too short or too long, None, text)."""
+    fields, _ = parse_gpu(Device(0), raw)
+    assert all(isinstance(v, int | float | bool) for v in fields.values())
+
+
+def test_a_gpu_whose_field_batch_is_garbage_costs_only_that_gpu(tmp_path, caplog) -> None:
+    """The field-value batch of GPU 4 answered with entries of the wrong shape (SIMULATED on
+    the CONSTRUCTED recording): GPU 4's point is left out, said once; the other seven stay."""
+
+    class Garbled(RecordedBackend):
+        def call(self, device: int | None, name: str, *args: Any) -> Any:
+            answer = super().call(device, name, *args)
+            if name == "nvmlDeviceGetFieldValues" and device == 4 and len(answer) > 1:
+                return [None] * len(answer)
+            return answer
+
+    caplog.set_level(logging.WARNING, logger="collector.sources.nvml")
+    context = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+    backend = Garbled(GOLDEN / "nvml-h100-8gpu" / "nvml.json")
+    source = sources.create("nvml", context, {"backend_instance": backend, "events": "poll"})
+    cycles = [source.collect(step * 10**10) for step in range(2)]
+    source.close()
+    for points in cycles:
+        assert sorted(p.tags["gpu"] for p in points if p.measurement == "gpu") == [
+            "0", "1", "2", "3", "5", "6", "7"
+        ]  # fmt: skip
+    said = [r for r in caplog.records if "GPU 4 have a shape" in r.getMessage()]
+    assert len(said) == 1

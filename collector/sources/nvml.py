@@ -287,13 +287,21 @@ def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
+def _pair(value: Any) -> tuple[float, float] | None:
+    """Two numbers (utilisation, memory), or None for any other shape."""
+    if not isinstance(value, list) or len(value) != 2:
+        return None
+    a, b = _num(value[0]), _num(value[1])
+    return None if a is None or b is None else (a, b)
+
+
 def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """GPU fields and per-link NVLink fields from one cycle's answers (pure)."""
     f: dict[str, Any] = {}
-    if isinstance(raw.get("util"), list):
-        f["gpu_util_pct"], f["mem_util_pct"] = float(raw["util"][0]), float(raw["util"][1])
-    if isinstance(raw.get("memory"), list):
-        f["mem_total_bytes"], f["mem_used_bytes"] = int(raw["memory"][0]), int(raw["memory"][1])
+    if (util := _pair(raw.get("util"))) is not None:
+        f["gpu_util_pct"], f["mem_util_pct"] = util
+    if (memory := _pair(raw.get("memory"))) is not None:
+        f["mem_total_bytes"], f["mem_used_bytes"] = int(memory[0]), int(memory[1])
     for label, name, static_label, static_name in CLOCKS:
         value = _num(raw.get(label))
         if value is not None:
@@ -342,7 +350,8 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
     gpm = raw.get("gpm")
     if isinstance(gpm, list):
         for (name, _), answer in zip(GPM_METRICS.items(), gpm, strict=False):
-            if answer[0] == 0 and (v := _num(answer[1])) is not None:
+            ok = isinstance(answer, list) and len(answer) == 2 and answer[0] == 0
+            if ok and (v := _num(answer[1])) is not None:
                 f[name] = v
     return f, links
 
@@ -589,7 +598,15 @@ class NvmlSource:
                 points.append(read)
                 continue
             dev, raw = read
-            fields, links = parse_gpu(dev, raw)
+            try:
+                fields, links = parse_gpu(dev, raw)
+            except (TypeError, ValueError, IndexError, OverflowError) as exc:
+                # answers of a shape no driver gives (a hand-edited recording, a binding's
+                # surprise): this GPU's point is left out, the others are kept
+                self._warn(f"parse:{dev.index}:{type(exc).__name__}", f"NVML answers of GPU "
+                           f"{dev.index} have a shape gpuwarden does not know ({exc!r}); its "
+                           "point is left out while they do")  # fmt: skip
+                continue
             procs = raw.get("processes") or []
             self._fabric_watch(dev, fields, now_ns)
             job = gpu_jobs[dev.index] = self._job(dev, procs)
