@@ -350,8 +350,9 @@ _m(
 _m(
     "gpu_event",
     A,
-    "GPU events: XIDs (NVML event set or kernel log), a GPU lost, ECC DBE; tagged with the job "
-    "the GPU (or the process the XID names) had when it happened",
+    "GPU events: XIDs (NVML event set or kernel log), a GPU lost, new uncorrectable ECC errors, "
+    "a failed row remap; tagged with the job the GPU (or the process the XID names) had when it "
+    "happened",
     (
         *("cluster", "node", "gpu", "gpu_uuid", "job", "rank", "local_rank"),
         *("event", "severity", "source"),

@@ -49,6 +49,7 @@ class RuleSpec:
 # covers both (the engine's cooldown keeps a node from being acted on twice for one fault)
 FINDING_KINDS = {
     "gw-fatal-xid": "gpu_xid",
+    "gw-fatal-sxid": "nvswitch_sxid",
     "gw-ib-link-down": "link_down",
     "gw-congested-switch": "link_congested",
     "gw-failure-risk": "failure_risk",
@@ -120,7 +121,7 @@ def rule_specs(cfg: Mapping[str, Mapping[str, Any]]) -> list[RuleSpec]:
         ),
         RuleSpec(
             "gw-row-remap-failure",
-            "Row remap failure or pending remap",
+            "Row remap failure",
             _count_true("gpu", "remapped_rows_failure_active", "remap_problems", gpu),
             "gt",
             0,

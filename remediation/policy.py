@@ -104,7 +104,7 @@ NODE_LADDER = ("notify", "checkpoint", "drain", "requeue")
 DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
     {
         "name": "fatal-gpu-event",
-        "kinds": ["gpu_xid", "gpu_lost", "nvswitch_sxid"],
+        "kinds": ["gpu_xid", "gpu_lost", "nvswitch_sxid", "ecc_dbe", "row_remap_failure"],
         "min_severity": "critical",
         "actions": list(NODE_LADDER),
     },

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 
+from collector.finding import Finding
 from collector.sources.nvml import Device, parse_gpu
 from tests.test_golden import GOLDEN, run_case
 from tests.test_nvml_real_path import collect, fake, installed
@@ -140,7 +141,6 @@ def test_a_gpu_left_out_of_the_fabric_is_a_finding_on_the_fast_path(tmp_path, ca
     a grace shorter than that, the agent raises one ``fabric_unregistered`` finding for it (the
     registered GPU 0 raises none); a longer grace raises nothing."""
     from collector import sources
-    from collector.finding import Finding
     from collector.sources.base import SourceContext
 
     def findings(grace_s: float, cycles: int) -> list[Finding]:

@@ -45,6 +45,7 @@ from collector.podresources import GPU_RESOURCE, PodResources
 from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
 from collector.sources.events import emit, gpu_event, job_words, xid_point
 from collector.sources.gpuinfo import driver_version, info_point, parse_info, read_info
+from collector.sources.gpuwatch import GpuWatch
 from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 log = logging.getLogger(__name__)
@@ -170,8 +171,6 @@ class Device:
     skip: set[str] = field(default_factory=set)  # labels answered "not supported"
     lost: bool = False
     info_ns: int | None = None  # when its gpu_info was last asked
-    unregistered_ns: int | None = None  # since when its fabric registration is not done
-    unregistered_said: bool = False  # the finding for this stretch was raised
 
 
 class FieldRequest(tuple[tuple[int, int], ...]):
@@ -416,7 +415,7 @@ class NvmlSource:
             settings.get("extra_fatal_xids", ()),
             settings.get("not_fatal_xids", ()),
         )
-        self.fabric_grace_ns = int(float(settings.get("fabric_grace_s", 600.0)) * 1e9)
+        self.watch = GpuWatch(context, float(settings.get("fabric_grace_s", 600.0)))
         self.info_every_ns = int(float(settings.get("info_every_s", 600.0)) * 1e9)
         self._driver = ""
         self.jobs = JobResolver(context.procfs, str(settings.get("jobmap_dir", "")))
@@ -608,10 +607,11 @@ class NvmlSource:
                            "point is left out while they do")  # fmt: skip
                 continue
             procs = raw.get("processes") or []
-            self._fabric_watch(dev, fields, now_ns)
+            watched = self.watch.check(dev.index, dev.uuid, fields, now_ns)
             job = gpu_jobs[dev.index] = self._job(dev, procs)
             tags, link_tags = self._tag_set(dev, job)
             points.append(Point("gpu", tags, fields, now_ns))
+            points += watched
             if "info" in raw:
                 point = info_point(tags, parse_info(raw["info"], self._driver), now_ns)
                 if point is not None:
@@ -672,38 +672,6 @@ class NvmlSource:
             cached = (tags, [tags | {"link": str(link)} for link in range(dev.links)])
         self._tags_now[key] = cached
         return cached
-
-    def _fabric_watch(self, dev: Device, fields: dict[str, Any], now_ns: int) -> None:
-        """A GPU not registered with the NVLink fabric for ``fabric_grace_s`` (a driver reload
-        takes seconds; a stopped Fabric Manager lasts) raises a ``fabric_unregistered``
-        finding once per stretch: CUDA programs cannot start on it, every other counter looks
-        fine. A GPU that does not answer the question is left alone."""
-        registered = fields.get("fabric_registered_active")
-        if registered is not False:
-            if registered and dev.unregistered_ns is not None:
-                if dev.unregistered_said:
-                    log.warning("GPU %d is registered with the NVLink fabric again", dev.index)
-                dev.unregistered_ns, dev.unregistered_said = None, False
-            return
-        if dev.unregistered_ns is None:
-            dev.unregistered_ns = now_ns
-        waited = now_ns - dev.unregistered_ns
-        if dev.unregistered_said or waited < self.fabric_grace_ns:
-            return
-        dev.unregistered_said = True
-        state = fields.get("fabric_state_code")
-        message = (f"GPU {dev.index} not registered with the NVLink fabric for {waited // 10**9} s "
-                   f"(state {state}, status {fields.get('fabric_status_code', '-')}): is "
-                   "nvidia-fabricmanager running?")  # fmt: skip
-        log.error("%s", message)
-        evidence = {
-            "gpu_uuid": dev.uuid,
-            "fabric_state_code": state,
-            "unregistered_s": waited // 10**9,
-        }
-        if "fabric_status_code" in fields:
-            evidence["fabric_status_code"] = fields["fabric_status_code"]
-        emit(self.context, "fabric_unregistered", dev.index, now_ns, message, evidence)
 
     def _lost(self, dev: Device, call: str, now_ns: int) -> Point:
         dev.lost = True
