@@ -36,6 +36,32 @@ UNHEALTHY_STATES = {
 }
 
 
+class Stretch:
+    """How long a condition has held without a break, said once per stretch (the node healthy,
+    a GPU left out of the fabric). Not thread-safe: the owner locks where it needs to."""
+
+    def __init__(self, after_ns: int) -> None:
+        self.after_ns = after_ns
+        self.since_ns: int | None = None
+        self.said = False
+
+    def end(self) -> bool:
+        """The condition broke; whether this stretch had been said."""
+        said, self.since_ns, self.said = self.said, None, False
+        return said
+
+    def due(self, now_ns: int) -> int | None:
+        """The condition holds at ``now_ns``: the stretch's length (ns) the first time it
+        reaches ``after_ns``, else None."""
+        if self.since_ns is None:
+            self.since_ns = now_ns
+        length = now_ns - self.since_ns
+        if self.said or length < self.after_ns:
+            return None
+        self.said = True
+        return length
+
+
 class HealthGate:
     def __init__(
         self,
@@ -49,10 +75,8 @@ class HealthGate:
         if healthy_after_s <= 0 or expected_gpus < 0:
             raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
         self.cluster, self.node, self.emit = cluster, node, emit
-        self.healthy_after_ns = int(healthy_after_s * NS)
         self.expected_gpus = expected_gpus
-        self._since_ns: int | None = None  # start of the current healthy stretch
-        self._announced = False
+        self._healthy = Stretch(int(healthy_after_s * NS))
         self._lock = threading.Lock()  # observe() runs on the sources' event threads too
 
     def observe(self, finding: Finding) -> None:
@@ -61,7 +85,7 @@ class HealthGate:
         log read back at start carries old times)."""
         if finding.severity is Severity.CRITICAL and finding.kind != "node_healthy":
             with self._lock:
-                self._since_ns, self._announced = None, False
+                self._healthy.end()
 
     def cycle(self, now_ns: int, points: Sequence[Point]) -> None:
         """After each collection cycle: announce the node once it has been healthy long enough."""
@@ -72,14 +96,11 @@ class HealthGate:
         )
         with self._lock:
             if gpus < self.expected_gpus or waiting:
-                self._since_ns, self._announced = None, False
+                self._healthy.end()
                 return
-            if self._since_ns is None:
-                self._since_ns = now_ns
-            healthy_for = now_ns - self._since_ns
-            if self._announced or healthy_for < self.healthy_after_ns:
-                return
-            self._announced = True
+            healthy_for = self._healthy.due(now_ns)
+        if healthy_for is None:
+            return
         seen = f", {gpus} GPUs reporting" if self.expected_gpus else ""
         self.emit(
             Finding(

@@ -23,6 +23,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from collector.health import Stretch
 from collector.lineprotocol import Point
 from collector.sources.base import SourceContext
 from collector.sources.events import emit, gpu_event, job_words
@@ -34,8 +35,7 @@ log = logging.getLogger("collector.sources.nvml")
 class _Seen:
     dbe: int | None = None  # the volatile DBE counter at the last cycle
     remap_failed: bool | None = None
-    unregistered_ns: int | None = None  # since when its fabric registration is not done
-    unregistered_said: bool = False  # the finding for this stretch was raised
+    unregistered: Stretch | None = None  # its fabric registration is not done
 
 
 class GpuWatch:
@@ -90,18 +90,15 @@ class GpuWatch:
         self, gpu: int, uuid: str, seen: _Seen, fields: dict[str, Any], now_ns: int
     ) -> None:
         registered = fields.get("fabric_registered_active")
+        if seen.unregistered is None:
+            seen.unregistered = Stretch(self.fabric_grace_ns)
         if registered is not False:
-            if registered and seen.unregistered_ns is not None:
-                if seen.unregistered_said:
-                    log.warning("GPU %d is registered with the NVLink fabric again", gpu)
-                seen.unregistered_ns, seen.unregistered_said = None, False
+            if registered and seen.unregistered.end():
+                log.warning("GPU %d is registered with the NVLink fabric again", gpu)
             return
-        if seen.unregistered_ns is None:
-            seen.unregistered_ns = now_ns
-        waited = now_ns - seen.unregistered_ns
-        if seen.unregistered_said or waited < self.fabric_grace_ns:
+        waited = seen.unregistered.due(now_ns)
+        if waited is None:
             return
-        seen.unregistered_said = True
         state = fields.get("fabric_state_code")
         message = (f"GPU {gpu} not registered with the NVLink fabric for {waited // 10**9} s "
                    f"(state {state}, status {fields.get('fabric_status_code', '-')}): is "
