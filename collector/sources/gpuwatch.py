@@ -33,9 +33,9 @@ log = logging.getLogger("collector.sources.nvml")
 
 @dataclass
 class _Seen:
+    unregistered: Stretch  # its fabric registration is not done
     dbe: int | None = None  # the volatile DBE counter at the last cycle
     remap_failed: bool | None = None
-    unregistered: Stretch | None = None  # its fabric registration is not done
 
 
 class GpuWatch:
@@ -47,7 +47,9 @@ class GpuWatch:
     def check(self, gpu: int, uuid: str, fields: dict[str, Any], now_ns: int) -> list[Point]:
         """The events in this cycle's fields of ``gpu`` (called before the source records this
         cycle's jobs, so a fault is tagged with the job the GPU had at the last look)."""
-        seen = self._seen.setdefault(gpu, _Seen())
+        seen = self._seen.get(gpu)
+        if seen is None:  # not setdefault: that would build a _Seen per GPU every cycle
+            seen = self._seen[gpu] = _Seen(unregistered=Stretch(self.fabric_grace_ns))
         out: list[Point] = []
         dbe = fields.get("ecc_dbe_volatile_total")
         if isinstance(dbe, int):
@@ -90,8 +92,6 @@ class GpuWatch:
         self, gpu: int, uuid: str, seen: _Seen, fields: dict[str, Any], now_ns: int
     ) -> None:
         registered = fields.get("fabric_registered_active")
-        if seen.unregistered is None:
-            seen.unregistered = Stretch(self.fabric_grace_ns)
         if registered is not False:
             if registered and seen.unregistered.end():
                 log.warning("GPU %d is registered with the NVLink fabric again", gpu)
