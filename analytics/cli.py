@@ -112,6 +112,10 @@ def _summary(a: Analysis) -> list[str]:
     for sw in a.switches[:5]:
         if sw.hot:
             lines.append(f"  HOT switch {sw.switch}: score {sw.score:.3f}, {sw.hot_s:.0f} s hot")
+    if a.info_gpus:
+        lines.append(f"  GPU configuration: {a.info_gpus} GPUs, {len(a.drift)} node(s) drifted")
+    for d in a.drift[:10]:
+        lines.append(f"    DRIFT {d.node}: {d.describe()}")
     return lines
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.congestion import CongestionConfig
+from analytics.drift import DriftConfig, config_from
 from analytics.stragglers import StragglerConfig
 from collector.agentconfig import ConfigError, merge_config, read_secret
 from collector.xidcat import DEFAULT_FATAL_XIDS
@@ -36,6 +37,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),
+    "drift": asdict(DriftConfig()),
     "findings": {"url": "", "token_file": ""},
     "predictor": {
         # a model trained by `gpuwarden-analyze train`; empty: no online failure-risk scoring
@@ -79,6 +81,10 @@ class AnalyticsConfig:
     def congestion(self) -> CongestionConfig:
         return CongestionConfig(**self.sections["congestion"])
 
+    @property
+    def drift(self) -> DriftConfig:
+        return config_from(self.sections["drift"])
+
     def reader_kwargs(self) -> dict[str, Any]:
         db = self.sections["influxdb"]
         return {
@@ -100,6 +106,10 @@ def load_config(
         raise ConfigError("analysis.window_s, ib_bucket_s and gpu_bucket_s must be positive")
     if a["nodes_per_task"] < 1 or config["dask"]["workers"] < 1:
         raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
+    try:
+        config.drift  # noqa: B018  (validates [drift] now, not at the first analysis)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     return config
 
 

@@ -7,7 +7,9 @@ Finding kinds (the remediation engine matches policies on them):
 * ``pipeline_imbalance``: a pipeline stage slower than the others (a job layout matter, no
   machine to blame);
 * ``load_imbalance``: spread over all workers, the slowest one changing step to step;
-* ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested.
+* ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested;
+* ``config_drift``: a node whose GPUs are set up unlike the rest of their model's fleet
+  (driver, VBIOS, ECC, persistence or MIG mode), or wait for a reset to change a mode.
 """
 
 from __future__ import annotations
@@ -69,10 +71,31 @@ def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
     return out
 
 
+def _drift_findings(a: Analysis) -> list[Finding]:
+    return [
+        Finding(
+            kind="config_drift",
+            subject={k: v for k, v in {"cluster": d.cluster, "node": d.node}.items() if v},
+            severity=Severity.WARNING,
+            time_ns=a.end_ns,
+            evidence={
+                "gpu_model": d.gpu_model,
+                "gpus": d.gpus,
+                "differences": [x.to_json() for x in d.differences],
+            },
+            confidence=min(x.share for x in d.differences),
+            summary=f"node {d.node} ({d.gpu_model or 'unknown model'}): {d.describe()}",
+            source=SOURCE,
+        )
+        for d in a.drift
+    ]
+
+
 def findings(a: Analysis) -> list[Finding]:
     out: list[Finding] = []
     for job in a.jobs:
         out += _job_findings(a, job)
+    out += _drift_findings(a)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     behind: dict[str, dict[str, list[str]]] = {}  # switch -> job -> slow ranks it explains
     for job in a.jobs:

@@ -6,8 +6,9 @@ One analysis of a window ``[start, end)``:
    window, and the nodes with InfiniBand ports. Nodes are grouped so that every switch's hosts
    land in one task (a switch's score is a median over its ports).
 2. **Phase 1** (parallel): one task per job (:func:`analytics.tasks.job_task`: MFU, goodput,
-   energy, stragglers) and one per node group (:func:`analytics.tasks.ports_task`: per-port
-   rates and per-switch congestion series).
+   energy, stragglers), one per node group (:func:`analytics.tasks.ports_task`: per-port
+   rates and per-switch congestion series) and one for the fleet's GPU configuration
+   (:func:`analytics.tasks.drift_task`).
 3. **Phase 2** (parallel, small): for each worker straggler, read its node's telemetry over the
    slow stretch and attribute it (:func:`analytics.tasks.attribution_task`). Hot switches are
    ranked and correlated with the step times of the jobs whose ranks sit under them.
@@ -33,8 +34,17 @@ import polars as pl
 
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
+from analytics.drift import Drift
 from analytics.reader import InfluxReader
-from analytics.tasks import JobResult, PortsResult, attribution_task, job_task, ports_task
+from analytics.tasks import (
+    DriftResult,
+    JobResult,
+    PortsResult,
+    attribution_task,
+    drift_task,
+    job_task,
+    ports_task,
+)
 from analytics.topology import load_topology
 
 log = logging.getLogger(__name__)
@@ -135,6 +145,10 @@ class Analysis:
     unplaced: list[str] = field(default_factory=list)
     """Nodes with InfiniBand data that the topology file does not list (each counts as its own
     switch, so their congestion is not pooled with their real neighbours')."""
+    drift: list[Drift] = field(default_factory=list)
+    """Nodes with GPUs set up unlike their fleet, or waiting for a reset."""
+    info_gpus: int = 0
+    """GPUs with a ``gpu_info`` report (0: no agent sends it, drift was not checked)."""
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def job(self, name: str) -> JobResult:
@@ -232,9 +246,13 @@ def analyse(
         )
         for g in groups
     ]
+    calls.append((drift_task, (cfg, end_ns)))
     results = executor.run(calls, "read+analyse", progress)
     out.jobs = [r for r in results if isinstance(r, JobResult)]
     port_results = [r for r in results if isinstance(r, PortsResult)]
+    for r in results:
+        if isinstance(r, DriftResult):
+            out.drift, out.info_gpus = r.drifts, r.gpus
     out.timings_s["phase1"] = time.perf_counter() - t0 - out.timings_s["plan"]
     series = [p.series for p in port_results if p.series.height]
     all_series = pl.concat(series) if series else pl.DataFrame()

@@ -22,6 +22,7 @@ import polars as pl
 from analytics.attribution import attribute
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
+from analytics.drift import INFO_FIELDS, Drift, find_drift
 from analytics.mfu import (
     JobThroughput,
     Mfu,
@@ -248,3 +249,30 @@ def attribution_task(
         else:
             out[rank] = attribute(gpu, ports, str(mine["gpu"][0]))
     return out
+
+
+@dataclass
+class DriftResult:
+    drifts: list[Drift]
+    gpus: int
+    """GPUs with a ``gpu_info`` report in the lookback."""
+
+
+def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
+    """GPUs set up unlike the rest of their model's fleet (:mod:`analytics.drift`), from each
+    GPU's last ``gpu_info`` within ``[drift] lookback_s`` of the window's end."""
+    drift = cfg.drift
+    reader = _reader(cfg)
+    try:
+        info = reader.read(
+            "gpu_info",
+            end_ns - int(drift.lookback_s * 1e9),
+            end_ns,
+            fields=list(INFO_FIELDS),
+            tags=["cluster", "node", "gpu", "gpu_model"],
+            where=_where(cfg),
+        )
+    finally:
+        reader.close()
+    gpus = info.select("cluster", "node", "gpu").n_unique() if info.height else 0
+    return DriftResult(find_drift(info, drift), gpus)

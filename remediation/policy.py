@@ -141,6 +141,13 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": ["job"],
         "actions": ["notify"],
     },
+    # A GPU set up unlike its fleet (driver, VBIOS, ECC, persistence, MIG) or waiting for a
+    # reset: someone has to look (a rollout in progress is not a fault), so tell, do not act
+    {
+        "name": "gpu-config-drift",
+        "kinds": ["config_drift"],
+        "actions": ["notify"],
+    },
     {
         "name": "fabric",
         "kinds": ["link_congested", "link_down"],

@@ -1,0 +1,212 @@
+"""Configuration drift: GPUs set up unlike the rest of their fleet.
+
+A node that came back from repair with an older driver, a GPU with ECC turned off, persistence
+mode off after a reboot, a MIG mode nobody asked for, an ECC or MIG change waiting for a GPU
+reset that never came: none of these shows in a utilisation panel, and each costs a job
+(drivers that differ between the ranks of one job are a classic cause of NCCL hangs; a GPU
+without ECC corrupts silently). The agent writes ``gpu_info`` at start and every
+``[nvml] info_every_s``; this module reads the last one of each GPU and compares it with the
+GPUs of the same model in the same cluster.
+
+What counts as the fleet's setting is the value most of those GPUs have, and only when it is
+clear: at least ``min_nodes`` nodes of the model report the field, and at least ``min_share``
+of their GPUs agree. A fleet halfway through a driver rollout (60/40) has no reference, so
+nothing is said about it; a fleet at 95/5 does, and the 5 % are named. A mode whose pending
+value differs from its current one (``ecc_mode_pending_active`` vs ``ecc_mode_active``, the
+same for MIG) is reported whatever the fleet does: the GPU needs a reset.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import polars as pl
+
+log = logging.getLogger(__name__)
+
+INFO_FIELDS = (
+    "driver_version",
+    "vbios_version",
+    "persistence_mode_active",
+    "ecc_mode_active",
+    "ecc_mode_pending_active",
+    "mig_mode_active",
+    "mig_mode_pending_active",
+)
+PENDING = {
+    "ecc_mode_active": "ecc_mode_pending_active",
+    "mig_mode_active": "mig_mode_pending_active",
+}
+LABEL = {
+    "driver_version": "driver",
+    "vbios_version": "VBIOS",
+    "persistence_mode_active": "persistence mode",
+    "ecc_mode_active": "ECC",
+    "mig_mode_active": "MIG mode",
+}
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    fields: list[str] = field(
+        default_factory=lambda: [
+            "driver_version",
+            "vbios_version",
+            "persistence_mode_active",
+            "ecc_mode_active",
+            "mig_mode_active",
+        ]
+    )
+    """``gpu_info`` fields compared with the fleet (pending modes are always checked)."""
+    lookback_s: float = 1800.0
+    """How far back to look for each GPU's last ``gpu_info`` (at least twice the agents'
+    ``info_every_s``, so every live GPU has one)."""
+    min_nodes: int = 3
+    """A model's setting is only a reference when at least this many nodes report it."""
+    min_share: float = 0.75
+    """... and at least this share of their GPUs agree on it."""
+
+    def __post_init__(self) -> None:
+        unknown = set(self.fields) - set(LABEL)
+        if unknown:
+            raise ValueError(f"drift.fields: unknown {sorted(unknown)}; known: {sorted(LABEL)}")
+        if not 0.5 < self.min_share <= 1.0 or self.min_nodes < 2 or self.lookback_s <= 0:
+            raise ValueError("drift: min_share in (0.5, 1], min_nodes >= 2, lookback_s > 0")
+
+
+@dataclass(frozen=True)
+class Difference:
+    gpu: str
+    field: str
+    value: Any
+    fleet: Any
+    """The fleet's setting, or the pending value when ``pending`` is set."""
+    share: float
+    """Share of the model's GPUs that have the fleet's setting (1.0 for a pending change)."""
+    pending: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"gpu": self.gpu, "field": self.field, "value": self.value}
+        if self.pending:
+            return {**out, "pending": self.fleet}
+        return {**out, "fleet": self.fleet, "fleet_share": round(self.share, 4)}
+
+
+@dataclass(frozen=True)
+class Drift:
+    """One node whose GPUs differ from their fleet, or wait for a reset."""
+
+    cluster: str
+    node: str
+    gpu_model: str
+    gpus: int
+    """GPUs of the node that reported (to say "all 8 GPUs")."""
+    differences: list[Difference]
+
+    def describe(self) -> str:
+        """``driver 535.129.03 (fleet 550.54.15, 97%) on all 8 GPUs; ECC off (fleet on, 99%)
+        on GPU 2, 3; ECC turns on at the next GPU reset on GPU 5``."""
+        groups: dict[tuple[str, str, bool], list[Difference]] = {}
+        for d in self.differences:
+            groups.setdefault((d.field, repr(d.value), d.pending), []).append(d)
+        parts = []
+        for (name, _, pending), ds in groups.items():
+            gpus = ", ".join(d.gpu for d in ds)
+            label = LABEL.get(name, name)
+            if pending:
+                turn = "on" if ds[0].fleet else "off"
+                parts.append(f"{label} turns {turn} at the next GPU reset on GPU {gpus}")
+                continue
+            d = ds[0]
+            where = f"all {self.gpus} GPUs" if len(ds) == self.gpus > 1 else f"GPU {gpus}"
+            parts.append(
+                f"{label} {_word(d.value)} (fleet {_word(d.fleet)}, {d.share:.0%}) on {where}"
+            )
+        return "; ".join(parts)
+
+
+def _word(value: Any) -> str:
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def latest(info: pl.DataFrame) -> pl.DataFrame:
+    """The last report of each GPU (per field: the last non-null value in the window)."""
+    if info.is_empty():
+        return info
+    present = [f for f in INFO_FIELDS if f in info.columns]
+    return (
+        info.with_columns(pl.col("cluster", "gpu_model").fill_null(""))
+        .sort("time")
+        .group_by("cluster", "node", "gpu", maintain_order=True)
+        .agg(pl.col("gpu_model").last(), *[pl.col(f).drop_nulls().last() for f in present])
+    )
+
+
+def reference(gpus: pl.DataFrame, name: str, cfg: DriftConfig) -> tuple[Any, float] | None:
+    """The model fleet's setting of ``name`` and the share of GPUs that have it, if clear."""
+    known = gpus.filter(pl.col(name).is_not_null())
+    if known.is_empty() or known["node"].n_unique() < cfg.min_nodes:
+        return None
+    votes = Counter(known[name].to_list())
+    value, count = votes.most_common(1)[0]
+    share = count / known.height
+    return (value, share) if share >= cfg.min_share else None
+
+
+def find_drift(info: pl.DataFrame, cfg: DriftConfig) -> list[Drift]:
+    """Every node with at least one GPU that differs from its fleet or waits for a reset
+    (``info``: ``gpu_info`` rows with cluster, node, gpu, gpu_model and the fields)."""
+    last = latest(info)
+    if last.is_empty():
+        return []
+    found: dict[tuple[str, str, str], list[Difference]] = {}
+    for (cluster, model), gpus in last.group_by("cluster", "gpu_model", maintain_order=True):
+        for name in cfg.fields:
+            if name not in gpus.columns:
+                continue
+            ref = reference(gpus, name, cfg)
+            if ref is None:
+                continue
+            value, share = ref
+            odd = gpus.filter(pl.col(name).is_not_null() & (pl.col(name) != value))
+            for row in odd.iter_rows(named=True):
+                key = (str(cluster), row["node"], str(model))
+                found.setdefault(key, []).append(
+                    Difference(str(row["gpu"]), name, row[name], value, share)
+                )
+        for now, pending in PENDING.items():
+            if now not in gpus.columns or pending not in gpus.columns:
+                continue
+            waiting = gpus.filter(
+                pl.col(now).is_not_null()
+                & pl.col(pending).is_not_null()
+                & (pl.col(now) != pl.col(pending))
+            )
+            for row in waiting.iter_rows(named=True):
+                key = (str(cluster), row["node"], str(model))
+                found.setdefault(key, []).append(
+                    Difference(str(row["gpu"]), now, row[now], row[pending], 1.0, pending=True)
+                )
+    per_node = Counter(zip(last["cluster"].to_list(), last["node"].to_list(), strict=True))
+    return [
+        Drift(cluster, node, model, per_node[(cluster, node)], sorted(ds, key=_order))
+        for (cluster, node, model), ds in sorted(found.items())
+    ]
+
+
+def _order(d: Difference) -> tuple[int, str, bool, int, str]:
+    rank = list(LABEL).index(d.field) if d.field in LABEL else len(LABEL)
+    return (rank, d.field, d.pending, len(d.gpu), d.gpu)
+
+
+def config_from(section: Mapping[str, Any]) -> DriftConfig:
+    try:
+        return DriftConfig(**section)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"[drift]: {exc}") from None
