@@ -195,6 +195,17 @@ def build() -> model.Dashboard:
                 every=False,
             ),
         ),
+        grid(
+            "Configuration drift",
+            "Newest first: nodes whose GPUs gpuwarden-analyze found set up unlike the rest of "
+            "their model's fleet, or waiting for a GPU reset to change a mode (config_drift)",
+            S.latest(
+                "finding",
+                ("node", "summary", "confidence_ratio"),
+                limit=100,
+                where=(Cond("kind", "=", "config_drift"),),
+            ),
+        ),
     ]
     return board(
         UID,

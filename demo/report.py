@@ -247,6 +247,15 @@ def write_report(
         for j in a.jobs
         for s in j.stragglers
     ]
+    drift = [
+        (
+            f"{(a.start_ns / 1e9 - t0) / H:.0f}-{(a.end_ns / 1e9 - t0) / H:.0f} h",
+            d.node,
+            d.describe(),
+        )
+        for a in analyses
+        for d in a.drift
+    ]
     actions = [
         (
             f"{(float(r['t']) - t0) / H:5.2f} h",
@@ -312,6 +321,8 @@ the engine's clock was the scenario's.</p>
         if stragglers
         else "<p>none</p>"
     }
+<h2>GPUs set up unlike their fleet (configuration drift)</h2>
+{_table(drift, ["window", "node", "what differs"]) if drift else "<p>none</p>"}
 <h2>Actions the engine took (live, on the local Slurm)</h2>
 {_table(actions, ["when", "action", "node", "outcome", "message"])}
 <p>Dashboards (Grafana JSON and provisioning) are in <code>grafana/</code> beside this page.</p>

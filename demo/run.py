@@ -291,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_in = [
             *risk,
             *truth,
-            *(f for f in found if f.kind in ("straggler", "link_congested")),
+            *(f for f in found if f.kind in ("straggler", "link_congested", "config_drift")),
         ]
         run_engine(
             engine_in,
@@ -343,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
         write_report(out, spec=spec, gen=gen, analyses=analyses, risk=risk_frame, model=model,
                      audit=audit, comparison=comparison, seed=args.seed)  # fmt: skip
         summary(stats.total, gen, risk, audit, comparison,
-                slurm_state, job_state, requeues, k8s_changed, out)  # fmt: skip
+                slurm_state, job_state, requeues, k8s_changed, out,
+                sorted({d.node for a in analyses for d in a.drift}))  # fmt: skip
     return 0
 
 
@@ -358,6 +359,7 @@ def summary(
     job_show: str,
     k8s_changed: list[str],
     out: Path,
+    drifted: list[str],
 ) -> None:
     acts = [r for r in audit if r.get("event") == "action"]
 
@@ -375,6 +377,7 @@ def summary(
         f"  telemetry points replayed      {points:,}",
         f"  fatal faults injected          {len(fatal)} ({warned} with a precursor)",
         f"  failure-risk alerts            {len(risk)}",
+        f"  nodes set up unlike the fleet  {', '.join(drifted) or 'none'}",
         "  engine actions (live, Slurm)   "
         + ", ".join(f"{a} {count(a)}" for a in ("checkpoint", "drain", "requeue", "uncordon")),
         f"  Slurm job llm-13b              {job_state.strip() or 'finished'}; "

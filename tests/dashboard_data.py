@@ -2,7 +2,8 @@
 writes, each part from the path that really produces it.
 
 * SIMULATED scenario ``fleet-tour`` (16 nodes, one hour: a slow GPU, a congested ToR, ECC
-  errors ending in a row-remap failure, an XID 79), written through the sink;
+  errors ending in a row-remap failure, an XID 79, a node set up unlike the fleet), written
+  through the sink;
 * the agent itself (``Agent.collect``) on node ``node-h100`` over the golden inputs: the
   recorded 8xH100 NVML answers (constructed from NVML's documentation, see that case's
   provenance), the constructed RAPL/hwmon/thermal tree, the REAL kernel log with XID 119,

@@ -82,3 +82,6 @@ def test_the_main_job_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixt
     summary = "\n".join(printed)
     assert "Kubernetes (dry-run)           0 nodes changed" in summary
     assert "drain 0" not in summary  # the engine really drained Slurm nodes
+    # the spare back from repair on an older driver (SIMULATED config_drift, fixed at 10 h)
+    assert "nodes set up unlike the fleet  node-013" in summary
+    assert "driver 535.129.03 (fleet 550.90.07" in page and "ECC off (fleet on" in page

@@ -10,6 +10,7 @@ import numpy as np
 import polars as pl
 import pytest
 
+from analytics.drift import DriftConfig, find_drift
 from collector.catalogue import check_point
 from collector.scenario.calibration import acmetrace, stepfun_faults
 from collector.scenario.faults import DEFAULTS
@@ -308,6 +309,27 @@ def test_signature_node_down():
     assert (
         ib.filter((pl.col("node") == "node-005") & (pl.col("t").is_between(1800, 2690))).height == 0
     )
+
+
+def test_signature_config_drift():
+    gen, out = _run(
+        [{"type": "config_drift", "at_s": 1200, "duration_s": 1200, "node": 4, "gpu": 2}]
+    )
+    info = out["gpu_info"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))
+    assert sorted(info["t"].unique()) == [0, 600, 1200, 1800, 2400, 3000]  # every 600 s
+    assert info.height == 6 * 6 * 8  # every GPU of the 6 nodes each time
+    odd = info.filter(pl.col("driver_version") != "550.90.07")
+    assert set(odd["node"]) == {"node-004"} and sorted(odd["t"].unique()) == [1200, 1800]
+    assert set(odd["driver_version"]) == {"535.129.03"} and odd.height == 2 * 8
+    no_ecc = info.filter(~pl.col("ecc_mode_active"))
+    assert set(zip(no_ecc["node"], no_ecc["gpu"], strict=True)) == {("node-004", "2")}
+    assert no_ecc["ecc_mode_pending_active"].all()
+    # the analytics name that node while the fault is on, and nobody after its repair
+    on = find_drift(info.filter(pl.col("t") <= 1800), DriftConfig())
+    assert [(d.node, {x.field for x in d.differences}) for d in on] == [
+        ("node-004", {"driver_version", "ecc_mode_active"})
+    ]
+    assert find_drift(info, DriftConfig()) == []
 
 
 # -- jobs -----------------------------------------------------------------------------------

@@ -113,6 +113,14 @@ DEFAULTS: dict[str, FaultDefaults] = {
         "job_step points stop; the job's GPUs show gpu_util_pct 100 at low power_w (NCCL spinning)",
     ),
     "node_down": FaultDefaults(0, DAY, 1.0, True, "every point from the node stops"),
+    "config_drift": FaultDefaults(
+        0,
+        0,
+        1.0,
+        False,
+        "gpu_info (every 600 s): the node's GPUs report an older driver_version; GPU `gpu` has "
+        "ecc_mode_active false with ecc_mode_pending_active true (set up unlike the fleet)",
+    ),
 }
 
 

@@ -49,12 +49,20 @@ class GpuProfile:
     power_scale: float  # AcmeTrace is an A100 fleet: its power CDF is scaled to this limit
     pcie_gen: int
     gpm: bool  # GPM metrics exist on Hopper and newer
+    vbios: str  # gpu_info's VBIOS string (the CONSTRUCTED golden recordings' value)
 
 
 GPU_PROFILES = {
-    "A100": GpuProfile("NVIDIA A100-SXM4-80GB", 1410.0, 210.0, 1593.0, 400.0, 1.0, 4, False),
-    "H100": GpuProfile("NVIDIA H100 80GB HBM3", 1980.0, 345.0, 2619.0, 700.0, 700 / 400, 5, True),
+    "A100": GpuProfile(
+        "NVIDIA A100-SXM4-80GB", 1410.0, 210.0, 1593.0, 400.0, 1.0, 4, False, "92.00.36.00.02"
+    ),
+    "H100": GpuProfile(
+        "NVIDIA H100 80GB HBM3", 1980.0, 345.0, 2619.0, 700.0, 700 / 400, 5, True, "96.00.74.00.01"
+    ),
 }
+DRIVER = "550.90.07"
+OLD_DRIVER = "535.129.03"  # what a config_drift fault's node runs
+INFO_EVERY_S = 600.0  # the agent's [nvml] info_every_s default
 MEM_TOTAL = 80 * 2**30
 IB_RATE_GBPS = 200.0
 FLAP_PERIOD_S = 600.0
@@ -401,6 +409,11 @@ class ScenarioGenerator:
             self._advance_gpu_counters(inc, alive)
         if "gpu_event" in spec.measurements and events:
             out["gpu_event"] = pl.DataFrame(events)
+        if (
+            "gpu_info" in spec.measurements
+            and (info := self._info_frame(tt, time_ns, alive)).height
+        ):
+            out["gpu_info"] = info
         if "gpu_nvlink" in spec.measurements and L:
             out["gpu_nvlink"] = self._nvlink_frame(
                 time_ns, alive, util, nvl_inc, link_up, job, rank, local
@@ -409,6 +422,33 @@ class ScenarioGenerator:
             node_z = self._node_load(load, share)
             out["ib_port"] = self._ib_frame(time_ns, ib_inc, port_up, port_alive, ib_factor, node_z)
         return out
+
+    def _info_frame(
+        self, tt: NDArray[np.float64], time_ns: NDArray[np.int64], alive: NDArray[np.bool_]
+    ) -> pl.DataFrame:
+        """``gpu_info`` every ``INFO_EVERY_S``, as the agent writes it: every GPU the same
+        driver, VBIOS and modes, except where a ``config_drift`` fault is on (its node runs an
+        older driver; its GPU has ECC off with ECC on pending a reset)."""
+        ticks = np.flatnonzero(tt % INFO_EVERY_S < self.spec.interval_s)
+        if not ticks.size:
+            return pl.DataFrame()
+        g = self.spec.gpus_per_node
+        rows = []
+        for ti in ticks:
+            drift = [f for f in self.faults if f.type == "config_drift" and f.active(float(tt[ti]))]
+            old = {f.node for f in drift}
+            ecc_off = {f.node * g + f.gpu for f in drift}
+            for gi in np.flatnonzero(alive[ti]):
+                rows.append({
+                    "time": int(time_ns[ti]), "cluster": self.spec.cluster,
+                    "node": self.node_names[gi // g], "gpu": str(gi % g),
+                    "gpu_uuid": self._uuid(int(gi)), "gpu_model": self.profile.model,
+                    "driver_version": OLD_DRIVER if gi // g in old else DRIVER,
+                    "vbios_version": self.profile.vbios, "persistence_mode_active": True,
+                    "ecc_mode_active": gi not in ecc_off, "ecc_mode_pending_active": True,
+                    "mig_mode_active": False, "mig_mode_pending_active": False,
+                })  # fmt: skip
+        return pl.DataFrame(rows)
 
     def _node_load(
         self, load: NDArray[np.float64], share: NDArray[np.float64]

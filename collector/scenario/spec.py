@@ -33,10 +33,12 @@ FAULT_TYPES = (
     "slow_stage",
     "hang",
     "node_down",
+    "config_drift",
 )
 
 MEASUREMENTS = (
     "gpu",
+    "gpu_info",
     "gpu_nvlink",
     "gpu_event",
     "ib_port",
