@@ -106,6 +106,8 @@ class Drift:
     gpus: int
     """GPUs of the node that reported (to say "all 8 GPUs")."""
     differences: list[Difference]
+    jobs: list[str] = field(default_factory=list)
+    """Jobs that ran on the node in the lookback (the analytics runner fills them in)."""
 
     def describe(self) -> str:
         """``driver 535.129.03 (fleet 550.54.15, 97%) on all 8 GPUs; ECC off (fleet on, 99%)
@@ -126,6 +128,8 @@ class Drift:
             parts.append(
                 f"{label} {_word(d.value)} (fleet {_word(d.fleet)}, {d.share:.0%}) on {where}"
             )
+        if self.jobs:
+            parts.append(f"running job {', '.join(self.jobs)}")
         return "; ".join(parts)
 
 

@@ -82,6 +82,7 @@ def _drift_findings(a: Analysis) -> list[Finding]:
                 "gpu_model": d.gpu_model,
                 "gpus": d.gpus,
                 "differences": [x.to_json() for x in d.differences],
+                "jobs": d.jobs,
             },
             confidence=min(x.share for x in d.differences),
             summary=f"node {d.node} ({d.gpu_model or 'unknown model'}): {d.describe()}",

@@ -14,7 +14,7 @@ per-step, per-rank times are what straggler detection needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -260,7 +260,8 @@ class DriftResult:
 
 def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
     """GPUs set up unlike the rest of their model's fleet (:mod:`analytics.drift`), from each
-    GPU's last ``gpu_info`` within ``[drift] lookback_s`` of the window's end."""
+    GPU's last ``gpu_info`` within ``[drift] lookback_s`` of the window's end, with the jobs
+    that ran on each such node in that time."""
     drift = cfg.drift
     reader = _reader(cfg)
     try:
@@ -272,7 +273,21 @@ def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
             tags=["cluster", "node", "gpu", "gpu_model"],
             where=_where(cfg),
         )
+        drifts = find_drift(info, drift)
+        if drifts:  # the jobs on those nodes: drift under a running job is the urgent kind
+            lookback_ns = int(drift.lookback_s * 1e9)
+            used = reader.aggregate(
+                "gpu",
+                {"n": "count:power_w"},
+                end_ns - lookback_ns,
+                end_ns,
+                every_s=max(1, lookback_ns // 10**9),
+                group_tags=["node", "job"],
+                where=_where(cfg, node=sorted({d.node for d in drifts})),
+            ).filter(pl.col("job").is_not_null() & (pl.col("job") != ""))
+            jobs = {n: sorted(set(g["job"])) for (n,), g in used.group_by("node")}
+            drifts = [replace(d, jobs=jobs.get(d.node, [])) for d in drifts]
     finally:
         reader.close()
     gpus = info.select("cluster", "node", "gpu").n_unique() if info.height else 0
-    return DriftResult(find_drift(info, drift), gpus)
+    return DriftResult(drifts, gpus)

@@ -18,6 +18,7 @@ from analytics.runner import LocalExecutor, analyse
 from collector import sources
 from collector.agentconfig import ConfigError
 from collector.catalogue import check_point
+from collector.lineprotocol import Point
 from collector.sink import InfluxSink, SinkConfig
 from collector.sources.base import SourceContext
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
@@ -175,6 +176,11 @@ def test_agents_to_finding_to_policy_through_the_real_influxdb(influxd, influx_d
         for p in points:
             check_point(p.measurement, p.tags, p.fields)
         sink.write_points(points)
+    # node-3's GPUs run a job (as the agent tags them when a Slurm job holds them)
+    tags = {"cluster": "c1", "node": "node-3", "job": "4242"}
+    sink.write_points(
+        [Point("gpu", tags | {"gpu": str(g)}, {"power_w": 300.0}, t0) for g in range(8)]
+    )
     assert sink.close(timeout_s=60)
     cfg = with_overrides(
         load_config(environ={}),
@@ -187,8 +193,10 @@ def test_agents_to_finding_to_policy_through_the_real_influxdb(influxd, influx_d
     assert finding.subject == {"cluster": "c1", "node": "node-3"}
     assert finding.summary == (
         "node node-3 (NVIDIA H100 80GB HBM3): driver 535.129.03 (fleet 550.90.07, 80%) on all "
-        "8 GPUs; ECC off (fleet on, 98%) on GPU 3; ECC turns on at the next GPU reset on GPU 3"
+        "8 GPUs; ECC off (fleet on, 98%) on GPU 3; ECC turns on at the next GPU reset on GPU 3; "
+        "running job 4242"
     )
+    assert finding.evidence["jobs"] == ["4242"]
     assert finding.confidence == pytest.approx(0.8)
     policy = first_match(load_policies(DEFAULT_POLICIES), finding)
     assert policy is not None and policy.name == "gpu-config-drift"
