@@ -54,6 +54,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "label_link_down": True,
         "label_node_down": True,
         "label_nvswitch_sxid": True,
+        "label_gpu_lost": True,
+        "label_row_remap_failure": True,
         # a GPU or node is out of service (not scored, not evaluated) this long after a failure:
         # about the median repair time of hardware faults in the real StepFun trace (1.4 days)
         "down_s": 86400.0,

@@ -2,11 +2,11 @@
 
 A node that came back from repair with an older driver, a GPU with ECC turned off, persistence
 mode off after a reboot, a MIG mode nobody asked for, an ECC or MIG change waiting for a GPU
-reset that never came: none of these shows in a utilisation panel, and each costs a job
-(drivers that differ between the ranks of one job are a classic cause of NCCL hangs; a GPU
-without ECC corrupts silently). The agent writes ``gpu_info`` at start and every
-``[nvml] info_every_s``; this module reads the last one of each GPU and compares it with the
-GPUs of the same model in the same cluster.
+reset that never came: none of these shows in a utilisation panel, and each can cost a job
+(ranks on different drivers are among the first things to rule out when a job hangs or
+slows; a GPU without ECC does not even report the memory errors it suffers). The agent
+writes ``gpu_info`` at start and every ``[nvml] info_every_s``; this module reads the last one
+of each GPU and compares it with the GPUs of the same model in the same cluster.
 
 What counts as the fleet's setting is the value most of those GPUs have, and only when it is
 clear: at least ``min_nodes`` nodes of the model report the field, and at least ``min_share``

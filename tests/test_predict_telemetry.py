@@ -17,7 +17,7 @@ import pytest
 
 from analytics.cli import main as analyze
 from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.predict.cli import dataset
+from analytics.predict.cli import dataset, label_events
 from analytics.predict.dataset import Dataset
 from analytics.predict.evaluate import alert_starts, first_failures
 from analytics.predict.model import RiskModel, fit
@@ -98,6 +98,39 @@ def test_failures_are_found_where_the_scenario_put_them(
     assert not [k for k in found if k[1].startswith("node-006")]
     # the xid79 GPU stops reporting: one GPU silent is not a node down
     assert not [k for k in found if k[0] == "node_down"]
+
+
+def test_gpu_events_from_nvml_alone_are_failures(
+    influxd: LocalInfluxd, influx_db: str, tmp_path: Path
+) -> None:
+    """A node whose agent cannot read the kernel log still has its failures labelled: the
+    agent's own gpu_lost and row_remap_failure events (CONSTRUCTED here, in the agent's tags)
+    on an hour of a SIMULATED 2-node cluster; and the label rules turn them off."""
+    spec = dataclasses.replace(_spec(), nodes=2, duration_s=HOUR, faults=()).validate()
+    stream_scenario(spec, 3, influxd.url, influx_db, tmp_path / "spool")
+    event = f"gpu_event,cluster={spec.cluster},node=node-001,severity=critical,source=nvml"
+    at = spec.start_ns + 1200 * 10**9
+    lines = (
+        f'{event},gpu=6,event=gpu_lost message="GPU 6 is lost",fatal_active=true {at}\n'
+        f'{event},gpu=2,event=row_remap_failure message="remap failed",fatal_active=true '
+        f"{at + 600 * 10**9}\n"
+        f'{event},gpu=3,event=ecc_dbe message="DBE",fatal_active=true {at}\n'
+    )
+    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", lines.encode())
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 204
+    cfg = with_overrides(
+        load_config(environ={}), influxdb={"url": influxd.url, "database": influx_db}
+    )
+    ds = dataset(cfg, spec.start_ns, spec.start_ns + HOUR * 10**9, LocalExecutor())
+    t0 = spec.start_ns / 1e9
+    failures = {(e.kind, e.subject, e.start_s - t0) for e in ds.events if e.failure}
+    # the ecc_dbe event is not read: the DBE counter is the label there (label_dbe)
+    assert failures == {("gpu_lost", "node-001/6", 1200), ("row_remap_failure", "node-001/2", 1800)}
+    gpu6 = ds.frame.filter((pl.col("node") == "node-001") & (pl.col("gpu") == "6"))
+    assert gpu6.filter(pl.col("t") < t0 + 1200)["y_3600s"].all()
+    off = with_overrides(cfg, predictor={"label_gpu_lost": False, "label_row_remap_failure": False})
+    assert not [e for e in label_events(off, ds.events) if e.failure]
 
 
 def test_features_never_look_ahead(loaded: tuple[AnalyticsConfig, ScenarioSpec, Dataset]) -> None:

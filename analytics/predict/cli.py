@@ -39,6 +39,8 @@ def label_events(cfg: AnalyticsConfig, events: Sequence[FaultEvent]) -> list[Fau
             ("link_down", p["label_link_down"]),
             ("node_down", p["label_node_down"]),
             ("nvswitch_sxid", p["label_nvswitch_sxid"]),
+            ("gpu_lost", p["label_gpu_lost"]),
+            ("row_remap_failure", p["label_row_remap_failure"]),
         )
         if not on
     }

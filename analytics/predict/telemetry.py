@@ -16,9 +16,10 @@ Features of GPU ``g`` on node ``n`` at bucket ``t`` use only buckets at or befor
 * the node's own failure history in the data read (:mod:`analytics.predict.history`).
 
 Failures (the label rules, ``[predictor]`` in the configuration): an XID in the fatal list,
-new double-bit ECC errors, a link going down, a fatal NVSwitch SXid, a node that stops
-reporting. GPU failures belong to ``node/gpu``; link, NVSwitch and node failures to the node
-and so to each of its GPUs.
+new double-bit ECC errors, a link going down, a fatal NVSwitch SXid, a GPU the agent found
+lost or with a failed row remap (from NVML, for nodes whose kernel log it cannot read), a node
+that stops reporting. GPU failures belong to ``node/gpu``; link, NVSwitch and node failures to
+the node and so to each of its GPUs.
 """
 
 from __future__ import annotations
@@ -52,6 +53,9 @@ IB_AGG = {
     "link_recovery": "max:link_error_recovery_total",
     "downed": "max:link_downed_total",
 }
+#: ``gpu_event`` kinds the agent raises from NVML, each a GPU failure: the GPU fell off the
+#: bus (NVML_ERROR_GPU_IS_LOST), or a row remap failed (the GPU needs a reset and an RMA check)
+GONE_EVENTS = ("gpu_lost", "row_remap_failure")
 #: clock-event reason bits that mean the GPU was slowed by heat or hardware protection
 SLOWDOWN_BITS = 0x8 | 0x20 | 0x40
 
@@ -101,14 +105,16 @@ def add_derived(frame: pl.DataFrame) -> pl.DataFrame:
 
 @dataclass(frozen=True)
 class Buckets:
-    """What one read of a node group returns: per-bucket aggregates, the XID rows and the
-    fatal SXid rows."""
+    """What one read of a node group returns: per-bucket aggregates, the XID rows, the
+    fatal SXid rows, and the GPU events the agent raises from NVML alone (a node whose agent
+    cannot read the kernel log still has its failures labelled)."""
 
     gpu: pl.DataFrame  # time, node, gpu, GPU_AGG columns
     nvlink: pl.DataFrame  # time, node, gpu, NVLINK_AGG increases summed over links
     ib: pl.DataFrame  # time, node, IB_AGG increases summed over ports
     xid: pl.DataFrame  # time, node, gpu, xid_code
     sxid: pl.DataFrame  # time, node, sxid_code: the fatal NVSwitch errors
+    gone: pl.DataFrame  # time, node, gpu, event: the agent's gpu_lost / row_remap_failure
 
 
 def _ns(df: pl.DataFrame) -> pl.DataFrame:
@@ -147,6 +153,12 @@ def read_node_group(
     xid = reader.read(
         "gpu_event", start_ns, end_ns, fields=["xid_code"], tags=["node", "gpu"], where=where
     )
+    # a separate read: InfluxQL returns only rows where a selected field is set, and these
+    # events carry no xid_code
+    gone = reader.read(
+        "gpu_event", start_ns, end_ns, fields=["fatal_active"], tags=["node", "gpu", "event"],
+        where={**where, "event": list(GONE_EVENTS)},
+    )  # fmt: skip
     sxid = reader.read(
         "nvswitch_event", start_ns, end_ns, fields=["sxid_code", "fatal_active"], tags=["node"],
         where=where,
@@ -157,6 +169,7 @@ def read_node_group(
         _summed_increases(ib, ["node", "hca", "port"], ["node"], list(IB_AGG)),
         xid.drop_nulls("xid_code").select("time", "node", "gpu", "xid_code"),
         sxid.filter(pl.col("fatal_active").fill_null(False)).select("time", "node", "sxid_code"),
+        gone.select("time", "node", "gpu", "event"),
     )
 
 
@@ -184,6 +197,9 @@ def events_from(
     for row in b.sxid.iter_rows(named=True):  # the node's NVLink is down: a node failure
         t = row["time"].timestamp()
         out.append(FaultEvent(row["node"], t, None, True, "nvswitch_sxid"))
+    for row in b.gone.iter_rows(named=True):
+        t, where = row["time"].timestamp(), subject(row["node"], row["gpu"])
+        out.append(FaultEvent(where, t, None, True, str(row["event"])))
     silent: list[tuple[str, float, float]] = []
     per_node = b.gpu.group_by("node").agg(pl.col("time").unique().sort())
     for node, times in per_node.iter_rows():
