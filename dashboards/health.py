@@ -54,7 +54,7 @@ def build() -> model.Dashboard:
             S("failure_risk", Agg("max", "probability_ratio", "highest_risk")),
             S(
                 "gpu_event",
-                Agg("count", "xid_code", "fatal_events"),
+                Agg("count", "fatal_active", "fatal_events"),
                 where=(Cond("fatal_active", "=", True),),
             ),
             unit="none",
@@ -72,10 +72,12 @@ def build() -> model.Dashboard:
         ),
         graph(
             "Fatal events by node",
-            "GPU events the XID catalogue counts as fatal",
+            "Fatal GPU events: XIDs the catalogue (or your fatal list) counts as fatal, lost "
+            "GPUs, new uncorrectable ECC errors, failed row remaps",
             S(
                 "gpu_event",
-                Agg("count", "xid_code", "fatal_events"),
+                # counted on fatal_active, set on every event: a lost GPU has no xid_code
+                Agg("count", "fatal_active", "fatal_events"),
                 where=(Cond("fatal_active", "=", True),),
                 group_tags=("node",),
             ),

@@ -416,3 +416,35 @@ def test_push_upserts_everything_and_reports_refusals(
     monkeypatch.delenv("GRAFANA_TOKEN")
     assert dashboards_cli(["push", "--url", "http://127.0.0.1:9"]) == 2
     assert "no Grafana token" in capsys.readouterr().err
+
+
+def test_fatal_event_panels_count_events_without_an_xid(
+    boards: dict[str, dict[str, Any]], influxd: LocalInfluxd, influx_db: str
+) -> None:
+    """A lost GPU (the agent's gpu_lost, from the nvml-gpu-lost golden case) has no xid_code;
+    the health board's fatal-event panels count it all the same."""
+    golden = Path(__file__).parent / "golden" / "nvml-gpu-lost"
+    line = next(
+        ln
+        for f in sorted(golden.glob("expected-*.lp"))
+        for ln in f.read_text().splitlines()
+        if ln.startswith("gpu_event,") and "event=gpu_lost" in ln
+    )
+    at_ms = int(line.rsplit(" ", 1)[1]) // 10**6
+    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", line.encode())
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        assert answer.status == 204
+    board = boards["health"]
+    defs = _definitions(board)
+    ctx = QueryContext(at_ms - 60_000, at_ms + 60_000, values={n: [ALL] for n in defs},
+                       definitions=defs)  # fmt: skip
+    client = InfluxQLClient(influxd.url, influx_db)
+    try:
+        counted = {
+            where: sum(v for s in client.series(interpolate(q, ctx)) for _, v in s.values if v)
+            for where, q, _ in queries(board)
+            if '"gpu_event"' in q and "count(" in q
+        }
+    finally:
+        client.close()
+    assert len(counted) == 2 and all(n == 1 for n in counted.values()), counted
