@@ -132,6 +132,15 @@ class LocalInfluxd:
         with urllib.request.urlopen(f"{self.url}/query", data=data, timeout=30) as resp:
             return bytes(resp.read())
 
+    def write(self, database: str, lines: str) -> None:
+        """Write line protocol as it is (for tests that hand-write a point); raises unless the
+        server stored all of it (204)."""
+        url = f"{self.url}/write?" + urllib.parse.urlencode({"db": database})
+        request = urllib.request.Request(url, lines.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            if resp.status != 204:
+                raise RuntimeError(f"influxd answered {resp.status} to a write")
+
     def create_database(self, name: str) -> None:
         escaped = name.replace("\\", "\\\\").replace('"', '\\"')
         self.query(f'CREATE DATABASE "{escaped}"')

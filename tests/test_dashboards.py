@@ -9,7 +9,6 @@ from __future__ import annotations
 import copy
 import json
 import threading
-import urllib.request
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -303,10 +302,7 @@ def test_a_gpu_rule_fires_for_exactly_the_gpu_in_trouble(
     from tests.test_golden import GOLDEN, STEP_NS, T0, run_case
 
     steps = run_case(GOLDEN / case, tmp_path)
-    body = "\n".join(line for lines in steps for line in lines).encode()
-    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", body, method="POST")
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 204
+    influxd.write(influx_db, "\n".join(line for lines in steps for line in lines))
     rules = rules_file(load_dashboards_config(environ={}))["groups"][0]["rules"]
     query = next(r for r in rules if r["uid"] == uid)["data"][0]["model"]["query"]
     client = InfluxQLClient(influxd.url, influx_db)
@@ -431,9 +427,7 @@ def test_fatal_event_panels_count_events_without_an_xid(
         if ln.startswith("gpu_event,") and "event=gpu_lost" in ln
     )
     at_ms = int(line.rsplit(" ", 1)[1]) // 10**6
-    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", line.encode())
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 204
+    influxd.write(influx_db, line)
     board = boards["health"]
     defs = _definitions(board)
     ctx = QueryContext(at_ms - 60_000, at_ms + 60_000, values={n: [ALL] for n in defs},

@@ -8,7 +8,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -63,9 +62,7 @@ def loaded(
         f"nvswitch_event,cluster={spec.cluster},node=node-002,nvswitch=1,event=sxid,"
         f"severity=warning,source=kmsg sxid_code=20009i,fatal_active=false {sxid_ns}\n"
     )
-    request = urllib.request.Request(f"{influxd.url}/write?db=predict", lines.encode())
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 204
+    influxd.write("predict", lines)
     cfg = with_overrides(
         load_config(environ={}), influxdb={"url": influxd.url, "database": "predict"}
     )
@@ -116,9 +113,7 @@ def test_gpu_events_from_nvml_alone_are_failures(
         f"{at + 600 * 10**9}\n"
         f'{event},gpu=3,event=ecc_dbe message="DBE",fatal_active=true {at}\n'
     )
-    request = urllib.request.Request(f"{influxd.url}/write?db={influx_db}", lines.encode())
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert answer.status == 204
+    influxd.write(influx_db, lines)
     cfg = with_overrides(
         load_config(environ={}), influxdb={"url": influxd.url, "database": influx_db}
     )
