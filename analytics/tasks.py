@@ -263,11 +263,12 @@ def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
     GPU's last ``gpu_info`` within ``[drift] lookback_s`` of the window's end, with the jobs
     that ran on each such node in that time."""
     drift = cfg.drift
+    lookback_ns = int(drift.lookback_s * 1e9)
     reader = _reader(cfg)
     try:
         info = reader.read(
             "gpu_info",
-            end_ns - int(drift.lookback_s * 1e9),
+            end_ns - lookback_ns,
             end_ns,
             fields=list(INFO_FIELDS),
             tags=["cluster", "node", "gpu", "gpu_model"],
@@ -275,7 +276,6 @@ def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
         )
         drifts = find_drift(info, drift)
         if drifts:  # the jobs on those nodes: drift under a running job is the urgent kind
-            lookback_ns = int(drift.lookback_s * 1e9)
             used = reader.aggregate(
                 "gpu",
                 {"n": "count:power_w"},
