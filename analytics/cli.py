@@ -116,6 +116,8 @@ def _summary(a: Analysis) -> list[str]:
         lines.append(f"  GPU configuration: {a.info_gpus} GPUs, {len(a.drift)} node(s) drifted")
     for d in a.drift[:10]:
         lines.append(f"    DRIFT {d.node}: {d.describe()}")
+    for m in a.job_mix[:10]:
+        lines.append(f"    MIXED job {m.job}: {m.describe()}")
     return lines
 
 

@@ -14,6 +14,12 @@ of their GPUs agree. A fleet halfway through a driver rollout (60/40) has no ref
 nothing is said about it; a fleet at 95/5 does, and the 5 % are named. A mode whose pending
 value differs from its current one (``ecc_mode_pending_active`` vs ``ecc_mode_active``, the
 same for MIG) is reported whatever the fleet does: the GPU needs a reset.
+
+A job is looked at as well (:func:`find_job_mix`): one whose GPUs of a model do not all agree
+on a setting (ranks on two drivers, one GPU of 96 without ECC). Where the fleet has a clear
+setting, the odd GPUs are already named per node, and the job's view only says which job they
+hit; halfway through a rollout nothing is named per node, and a job spread over both halves is
+the one thing worth saying, so it is said louder (``explained`` is False).
 """
 
 from __future__ import annotations
@@ -69,13 +75,18 @@ class DriftConfig:
     """A model's setting is only a reference when at least this many nodes report it."""
     min_share: float = 0.75
     """... and at least this share of their GPUs agree on it."""
+    job_window_s: float = 300.0
+    """A job's GPUs are those it ran on in this last stretch of the window (its placement now,
+    not where it ran before a restart moved it)."""
 
     def __post_init__(self) -> None:
         unknown = set(self.fields) - set(LABEL)
         if unknown:
             raise ValueError(f"drift.fields: unknown {sorted(unknown)}; known: {sorted(LABEL)}")
-        if not 0.5 < self.min_share <= 1.0 or self.min_nodes < 2 or self.lookback_s <= 0:
-            raise ValueError("drift: min_share in (0.5, 1], min_nodes >= 2, lookback_s > 0")
+        if not 0.5 < self.min_share <= 1.0 or self.min_nodes < 2:
+            raise ValueError("drift: min_share in (0.5, 1] and min_nodes >= 2")
+        if self.lookback_s <= 0 or self.job_window_s <= 0:
+            raise ValueError("drift: lookback_s and job_window_s must be > 0")
 
 
 @dataclass(frozen=True)
@@ -202,6 +213,99 @@ def find_drift(info: pl.DataFrame, cfg: DriftConfig) -> list[Drift]:
         Drift(cluster, node, model, per_node[(cluster, node)], sorted(ds, key=_order))
         for (cluster, node, model), ds in sorted(found.items())
     ]
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One value of a field among a job's GPUs, and where it is."""
+
+    value: Any
+    gpus: int
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
+class JobMix:
+    """One job whose GPUs of a model are not all set up alike."""
+
+    cluster: str
+    job: str
+    gpu_model: str
+    gpus: int
+    """The job's GPUs of this model that reported ``gpu_info``."""
+    fields: dict[str, list[Setting]]
+    """Each field the GPUs disagree on -> its values, the most common first (in a tie, the
+    fleet's setting)."""
+    explained: bool
+    """Every field it mixes has a clear fleet setting, so the odd GPUs are in ``config_drift``
+    findings of their nodes already; False is a mix nothing else reports (a rollout half
+    done, and the job straddles it)."""
+
+    def describe(self) -> str:
+        """``driver 550.90.07 for 88 GPUs (11 nodes), 535.129.03 for 8 GPUs (node-013)``."""
+        parts = []
+        for name, settings in self.fields.items():
+            each = ", ".join(
+                f"{_word(s.value)} for {_count(s.gpus, 'GPU')} ({_where(s.nodes)})"
+                for s in settings
+            )
+            parts.append(f"{LABEL.get(name, name)} {each}")
+        return "; ".join(parts)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _where(nodes: list[str]) -> str:
+    return ", ".join(nodes) if len(nodes) <= 3 else _count(len(nodes), "node")
+
+
+def find_job_mix(info: pl.DataFrame, placement: pl.DataFrame, cfg: DriftConfig) -> list[JobMix]:
+    """Every job whose GPUs (of one model) disagree on a ``cfg.fields`` setting. ``info`` as
+    for :func:`find_drift`; ``placement``: ``cluster, node, gpu, job`` rows, the GPUs each job
+    ran on (in ``cfg.job_window_s``)."""
+    last = latest(info)
+    if last.is_empty() or placement.is_empty():
+        return []
+    keys = ["cluster", "node", "gpu"]
+    on = (
+        placement.select(*keys, "job")
+        .with_columns(pl.col("cluster").fill_null(""), pl.col("gpu", "node").cast(pl.String))
+        .filter(pl.col("job").is_not_null() & (pl.col("job") != ""))
+        .unique()
+        .join(last.with_columns(pl.col("gpu", "node").cast(pl.String)), on=keys, how="inner")
+    )
+    out = []
+    for (cluster, job, model), gpus in on.group_by(
+        "cluster", "job", "gpu_model", maintain_order=True
+    ):
+        fleet = last.filter((pl.col("cluster") == cluster) & (pl.col("gpu_model") == model))
+        mixed: dict[str, list[Setting]] = {}
+        explained = True
+        for name in cfg.fields:
+            if name not in gpus.columns:
+                continue
+            known = gpus.filter(pl.col(name).is_not_null())
+            if known[name].n_unique() < 2:
+                continue
+            ref = reference(fleet, name, cfg)
+            settings = [
+                Setting(value, g.height, sorted(set(g["node"].to_list()), key=_natural))
+                for (value,), g in known.group_by(name)
+            ]
+            # the most common first; in a tie, the fleet's setting, then by value
+            first = ref[0] if ref else None
+            mixed[name] = sorted(settings, key=lambda s: (-s.gpus, s.value != first, str(s.value)))
+            explained = explained and ref is not None
+        if mixed:
+            n_gpus = gpus.select("node", "gpu").n_unique()
+            out.append(JobMix(str(cluster), str(job), str(model), n_gpus, mixed, explained))
+    return sorted(out, key=lambda m: (m.cluster, _natural(m.job), m.gpu_model))
+
+
+def _natural(name: str) -> tuple[int, str]:
+    return (len(name), name)
 
 
 def _order(d: Difference) -> tuple[int, str, bool, int, str]:

@@ -9,7 +9,10 @@ Finding kinds (the remediation engine matches policies on them):
 * ``load_imbalance``: spread over all workers, the slowest one changing step to step;
 * ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested;
 * ``config_drift``: a node whose GPUs are set up unlike the rest of their model's fleet
-  (driver, VBIOS, ECC, persistence or MIG mode), or wait for a reset to change a mode.
+  (driver, VBIOS, ECC, persistence or MIG mode), or wait for a reset to change a mode;
+* ``job_config_mixed``: a job whose GPUs are not all set up alike; a warning when nothing else
+  says so (no clear fleet setting: a rollout the job straddles), info when the odd nodes have
+  their own ``config_drift`` findings.
 """
 
 from __future__ import annotations
@@ -92,11 +95,44 @@ def _drift_findings(a: Analysis) -> list[Finding]:
     ]
 
 
+def _job_mix_findings(a: Analysis) -> list[Finding]:
+    out = []
+    for m in a.job_mix:
+        why = (
+            "the odd nodes have config_drift findings"
+            if m.explained
+            else "no fleet setting to compare with (a rollout under way?)"
+        )
+        evidence = {
+            "gpu_model": m.gpu_model,
+            "gpus": m.gpus,
+            "fields": {
+                name: [{"value": s.value, "gpus": s.gpus, "nodes": s.nodes} for s in settings]
+                for name, settings in m.fields.items()
+            },
+            "explained": m.explained,
+        }
+        out.append(
+            Finding(
+                kind="job_config_mixed",
+                subject={k: v for k, v in {"cluster": m.cluster, "job": m.job}.items() if v},
+                severity=Severity.INFO if m.explained else Severity.WARNING,
+                time_ns=a.end_ns,
+                evidence=evidence,
+                summary=f"job {m.job} ({m.gpu_model or 'unknown model'}) on GPUs set up "
+                f"unlike each other: {m.describe()}; {why}",
+                source=SOURCE,
+            )
+        )
+    return out
+
+
 def findings(a: Analysis) -> list[Finding]:
     out: list[Finding] = []
     for job in a.jobs:
         out += _job_findings(a, job)
     out += _drift_findings(a)
+    out += _job_mix_findings(a)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     behind: dict[str, dict[str, list[str]]] = {}  # switch -> job -> slow ranks it explains
     for job in a.jobs:

@@ -34,7 +34,7 @@ import polars as pl
 
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
-from analytics.drift import Drift
+from analytics.drift import Drift, JobMix
 from analytics.reader import InfluxReader
 from analytics.tasks import (
     DriftResult,
@@ -147,6 +147,8 @@ class Analysis:
     switch, so their congestion is not pooled with their real neighbours')."""
     drift: list[Drift] = field(default_factory=list)
     """Nodes with GPUs set up unlike their fleet, or waiting for a reset."""
+    job_mix: list[JobMix] = field(default_factory=list)
+    """Jobs whose GPUs are not all set up alike."""
     info_gpus: int = 0
     """GPUs with a ``gpu_info`` report (0: no agent sends it, drift was not checked)."""
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -252,7 +254,7 @@ def analyse(
     port_results = [r for r in results if isinstance(r, PortsResult)]
     for r in results:
         if isinstance(r, DriftResult):
-            out.drift, out.info_gpus = r.drifts, r.gpus
+            out.drift, out.info_gpus, out.job_mix = r.drifts, r.gpus, r.mixes
     out.timings_s["phase1"] = time.perf_counter() - t0 - out.timings_s["plan"]
     series = [p.series for p in port_results if p.series.height]
     all_series = pl.concat(series) if series else pl.DataFrame()

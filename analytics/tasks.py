@@ -22,7 +22,7 @@ import polars as pl
 from analytics.attribution import attribute
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
-from analytics.drift import INFO_FIELDS, Drift, find_drift
+from analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
 from analytics.mfu import (
     JobThroughput,
     Mfu,
@@ -256,12 +256,34 @@ class DriftResult:
     drifts: list[Drift]
     gpus: int
     """GPUs with a ``gpu_info`` report in the lookback."""
+    mixes: list[JobMix] = field(default_factory=list)
+
+
+def _gpu_jobs(
+    reader: InfluxReader,
+    cfg: AnalyticsConfig,
+    start_ns: int,
+    end_ns: int,
+    tags: list[str],
+    **where: list[str],
+) -> pl.DataFrame:
+    """The jobs on each GPU (or node) in ``[start, end)``: one grouped count, no raw rows."""
+    return reader.aggregate(
+        "gpu",
+        {"n": "count:power_w"},
+        start_ns,
+        end_ns,
+        every_s=max(1, (end_ns - start_ns) // 10**9),
+        group_tags=[*tags, "job"],
+        where=_where(cfg, **where),
+    ).filter(pl.col("job").is_not_null() & (pl.col("job") != ""))
 
 
 def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
     """GPUs set up unlike the rest of their model's fleet (:mod:`analytics.drift`), from each
     GPU's last ``gpu_info`` within ``[drift] lookback_s`` of the window's end, with the jobs
-    that ran on each such node in that time."""
+    that ran on each such node in that time; and the jobs whose GPUs, where they run now
+    (``[drift] job_window_s``), are not all set up alike."""
     drift = cfg.drift
     lookback_ns = int(drift.lookback_s * 1e9)
     reader = _reader(cfg)
@@ -274,20 +296,17 @@ def drift_task(cfg: AnalyticsConfig, end_ns: int) -> DriftResult:
             tags=["cluster", "node", "gpu", "gpu_model"],
             where=_where(cfg),
         )
-        drifts = find_drift(info, drift)
+        drifts, mixes = find_drift(info, drift), []
         if drifts:  # the jobs on those nodes: drift under a running job is the urgent kind
-            used = reader.aggregate(
-                "gpu",
-                {"n": "count:power_w"},
-                end_ns - lookback_ns,
-                end_ns,
-                every_s=max(1, lookback_ns // 10**9),
-                group_tags=["node", "job"],
-                where=_where(cfg, node=sorted({d.node for d in drifts})),
-            ).filter(pl.col("job").is_not_null() & (pl.col("job") != ""))
+            nodes = sorted({d.node for d in drifts})
+            used = _gpu_jobs(reader, cfg, end_ns - lookback_ns, end_ns, ["node"], node=nodes)
             jobs = {n: sorted(set(g["job"])) for (n,), g in used.group_by("node")}
             drifts = [replace(d, jobs=jobs.get(d.node, [])) for d in drifts]
+        if info.height:
+            start_ns = end_ns - int(drift.job_window_s * 1e9)
+            placement = _gpu_jobs(reader, cfg, start_ns, end_ns, ["cluster", "node", "gpu"])
+            mixes = find_job_mix(info, placement, drift)
     finally:
         reader.close()
     gpus = info.select("cluster", "node", "gpu").n_unique() if info.height else 0
-    return DriftResult(drifts, gpus)
+    return DriftResult(drifts, gpus, mixes)

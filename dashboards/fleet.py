@@ -206,6 +206,18 @@ def build() -> model.Dashboard:
                 where=(Cond("kind", "=", "config_drift"),),
             ),
         ),
+        grid(
+            "Jobs on GPUs set up unlike each other",
+            "Newest first: jobs whose GPUs do not all agree on driver, VBIOS or a mode "
+            "(job_config_mixed); severity warning when no config_drift finding explains it (no "
+            "clear fleet setting, e.g. a driver rollout the job straddles)",
+            S.latest(
+                "finding",
+                ("job", "severity", "summary"),
+                limit=100,
+                where=(Cond("kind", "=", "job_config_mixed"),),
+            ),
+        ),
     ]
     return board(
         UID,

@@ -255,6 +255,14 @@ def write_report(
         )
         for a in analyses
         for d in a.drift
+    ] + [
+        (
+            f"{(a.start_ns / 1e9 - t0) / H:.0f}-{(a.end_ns / 1e9 - t0) / H:.0f} h",
+            f"job {m.job}",
+            m.describe(),
+        )
+        for a in analyses
+        for m in a.job_mix
     ]
     actions = [
         (
@@ -322,7 +330,7 @@ the engine's clock was the scenario's.</p>
         else "<p>none</p>"
     }
 <h2>GPUs set up unlike their fleet (configuration drift)</h2>
-{_table(drift, ["window", "node", "what differs"]) if drift else "<p>none</p>"}
+{_table(drift, ["window", "node or job", "what differs"]) if drift else "<p>none</p>"}
 <h2>Actions the engine took (live, on the local Slurm)</h2>
 {_table(actions, ["when", "action", "node", "outcome", "message"])}
 <p>Dashboards (Grafana JSON and provisioning) are in <code>grafana/</code> beside this page.</p>

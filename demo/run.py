@@ -65,6 +65,8 @@ from remediation.slurmlocal import LocalSlurm
 DAY_NS = 86_400 * 10**9
 SCENARIO = "demo-day"
 STEPS = 9
+ENGINE_KINDS = ("straggler", "link_congested", "config_drift", "job_config_mixed")
+"""The analytics findings the demo hands to the engine (risk and fatal ones come apart)."""
 _t0 = time.monotonic()
 
 
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
         engine_in = [
             *risk,
             *truth,
-            *(f for f in found if f.kind in ("straggler", "link_congested", "config_drift")),
+            *(f for f in found if f.kind in ENGINE_KINDS),
         ]
         run_engine(
             engine_in,

@@ -148,6 +148,15 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "kinds": ["config_drift"],
         "actions": ["notify"],
     },
+    # A job on GPUs set up unlike each other that no config_drift finding explains (no clear
+    # fleet setting: a rollout the job straddles); info-level mixes are the drifted nodes'
+    {
+        "name": "job-config-mixed",
+        "kinds": ["job_config_mixed"],
+        "min_severity": "warning",
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
     {
         "name": "fabric",
         "kinds": ["link_congested", "link_down"],

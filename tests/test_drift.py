@@ -12,9 +12,9 @@ import polars as pl
 import pytest
 
 from analytics.config import load_config, with_overrides
-from analytics.drift import DriftConfig, find_drift
+from analytics.drift import DriftConfig, find_drift, find_job_mix
 from analytics.emit import findings
-from analytics.runner import LocalExecutor, analyse
+from analytics.runner import Analysis, LocalExecutor, analyse
 from collector import sources
 from collector.agentconfig import ConfigError
 from collector.catalogue import check_point
@@ -131,6 +131,87 @@ def test_the_last_report_counts_and_unanswered_fields_do_not_vote():
     assert find_drift(frame.clear(), DriftConfig()) == []
 
 
+def _placement(jobs: dict[str, list[str]]) -> pl.DataFrame:
+    """``cluster, node, gpu, job`` rows: ``{"job": ["node-2", "node-3/4", ...]}`` (a node alone:
+    all 8 GPUs)."""
+    rows = []
+    for job, where in jobs.items():
+        for w in where:
+            node, _, gpu = w.partition("/")
+            for g in [gpu] if gpu else [str(i) for i in range(8)]:
+                rows.append({"cluster": "c1", "node": node, "gpu": g, "job": job})
+    return pl.DataFrame(rows)
+
+
+def test_a_job_on_gpus_set_up_unlike_each_other_is_named():
+    cfg = DriftConfig()
+    # the fleet has a clear driver and ECC setting: node-4 and node-1/3 are drifted nodes, and
+    # the jobs on them are mixed "explained" (info); a job on good nodes only is not mixed
+    rows = _fleet(
+        6, {"node-4": {"driver_version": "535.129.03"}, "node-1/3": {"ecc_mode_active": False}}
+    )
+    place = _placement({"77": ["node-1", "node-2", "node-3", "node-4"], "78": ["node-5", "node-3"]})
+    (mix,) = find_job_mix(_frame(rows), place, cfg)
+    assert (mix.job, mix.gpus, mix.explained) == ("77", 32, True)
+    assert mix.describe() == (
+        "driver 550.90.07 for 24 GPUs (node-1, node-2, node-3), 535.129.03 for 8 GPUs (node-4); "
+        "ECC on for 31 GPUs (4 nodes), off for 1 GPU (node-1)"
+    )
+    # a rollout halfway through: no node is drifted, but the job straddling it is, louder
+    half = _fleet(6, {f"node-{n}": {"driver_version": "560.35.03"} for n in range(3)})
+    assert find_drift(_frame(half), cfg) == []
+    (mix,) = find_job_mix(_frame(half), place, cfg)
+    assert (mix.job, mix.explained) == ("77", False)
+    assert mix.describe() == (  # a tie, and no fleet setting: by value
+        "driver 550.90.07 for 16 GPUs (node-3, node-4), 560.35.03 for 16 GPUs (node-1, node-2)"
+    )
+    # only the GPUs a job runs on count: node-4's GPU 7 differs, the job uses GPUs 0-3
+    odd_gpu = _fleet(4, {"node-3/7": {"persistence_mode_active": False}})
+    assert (
+        find_job_mix(
+            _frame(odd_gpu),
+            _placement({"9": [f"node-{n}/{g}" for n in (2, 3) for g in range(4)]}),
+            cfg,
+        )
+        == []
+    )
+    assert len(find_job_mix(_frame(odd_gpu), _placement({"9": ["node-2", "node-3"]}), cfg)) == 1
+    # GPUs of two models are compared within their model only (their VBIOS lines differ)
+    a100 = {"vbios_version": "92.00.45.00.06"}
+    two = _fleet(2) + [
+        r | {"node": "a100-0"} for r in _fleet(1, {"node-0": a100}, model="NVIDIA A100-SXM4-80GB")
+    ]
+    assert find_job_mix(_frame(two), _placement({"5": ["node-0", "node-1", "a100-0"]}), cfg) == []
+    # unknown GPUs, no jobs, no gpu_info: nothing to say
+    assert find_job_mix(_frame(half), _placement({"1": ["node-9"]}), cfg) == []
+    assert find_job_mix(_frame(half), pl.DataFrame(), cfg) == []
+    assert find_job_mix(_frame(half).clear(), place, cfg) == []
+
+
+def test_a_mix_nothing_else_reports_is_sent_and_an_explained_one_only_written():
+    half = _fleet(6, {f"node-{n}": {"driver_version": "560.35.03"} for n in range(3)})
+    drifted = _fleet(6, {"node-4": {"driver_version": "535.129.03"}})
+    policies = load_policies(DEFAULT_POLICIES)
+    place = _placement({"77": ["node-2", "node-3", "node-4"]})
+    sent = []
+    for rows in (half, drifted):
+        a = Analysis(0, 600 * S, "local", drift=find_drift(_frame(rows), DriftConfig()))
+        a.job_mix = find_job_mix(_frame(rows), place, DriftConfig())
+        (f,) = [f for f in findings(a) if f.kind == "job_config_mixed"]
+        assert f.subject == {"cluster": "c1", "job": "77"}
+        assert f.evidence["fields"]["driver_version"][0] == {  # the most common first
+            "value": "550.90.07",
+            "gpus": 16,
+            "nodes": ["node-2", "node-3"] if rows is drifted else ["node-3", "node-4"],
+        }
+        policy = first_match(policies, f)
+        sent.append((f.severity.value, policy.name if policy else None, f.summary.split("; ")[-1]))
+    assert sent == [
+        ("warning", "job-config-mixed", "no fleet setting to compare with (a rollout under way?)"),
+        ("info", None, "the odd nodes have config_drift findings"),
+    ]
+
+
 def test_bad_drift_settings_are_a_clear_error(tmp_path):
     path = tmp_path / "analytics.toml"
     path.write_text('[drift]\nfields = ["driver_version", "serial"]\n')
@@ -138,6 +219,9 @@ def test_bad_drift_settings_are_a_clear_error(tmp_path):
         load_config(path, environ={})
     path.write_text("[drift]\nmin_share = 0.5\n")
     with pytest.raises(ConfigError, match="min_share"):
+        load_config(path, environ={})
+    path.write_text("[drift]\njob_window_s = 0\n")
+    with pytest.raises(ConfigError, match="job_window_s"):
         load_config(path, environ={})
 
 
@@ -176,10 +260,18 @@ def test_agents_to_finding_to_policy_through_the_real_influxdb(influxd, influx_d
         for p in points:
             check_point(p.measurement, p.tags, p.fields)
         sink.write_points(points)
-    # node-3's GPUs run a job (as the agent tags them when a Slurm job holds them)
-    tags = {"cluster": "c1", "node": "node-3", "job": "4242"}
+    # a job runs on node-2's and node-3's GPUs (as the agent tags them for a Slurm job)
     sink.write_points(
-        [Point("gpu", tags | {"gpu": str(g)}, {"power_w": 300.0}, t0) for g in range(8)]
+        [
+            Point(
+                "gpu",
+                {"cluster": "c1", "node": n, "gpu": str(g), "job": "4242"},
+                {"power_w": 3e2},
+                t0,
+            )
+            for n in ("node-2", "node-3")
+            for g in range(8)
+        ]
     )
     assert sink.close(timeout_s=60)
     cfg = with_overrides(
@@ -201,3 +293,12 @@ def test_agents_to_finding_to_policy_through_the_real_influxdb(influxd, influx_d
     policy = first_match(load_policies(DEFAULT_POLICIES), finding)
     assert policy is not None and policy.name == "gpu-config-drift"
     assert policy.actions == ("notify",)
+    # the job's view: its ranks straddle two drivers, which node-3's finding already says
+    (mixed,) = [f for f in findings(a) if f.kind == "job_config_mixed"]
+    assert mixed.subject == {"cluster": "c1", "job": "4242"}
+    assert mixed.summary.startswith(
+        "job 4242 (NVIDIA H100 80GB HBM3) on GPUs set up unlike each other: driver 550.90.07 "
+        "for 8 GPUs (node-2), 535.129.03 for 8 GPUs (node-3); ECC on for 15 GPUs (node-2, "
+        "node-3), off for 1 GPU (node-3)"
+    )
+    assert mixed.severity.value == "info" and mixed.evidence["explained"] is True
