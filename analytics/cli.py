@@ -103,6 +103,8 @@ def _summary(a: Analysis) -> list[str]:
             lines.append(f"  job {j.job}: MFU ESTIMATE from GPM tensor activity {j.estimate:.1%}")
         for p in j.problems:
             lines.append(f"  job {j.job}: {p}")
+        if j.hang is not None:
+            lines.append(f"  job {j.job}: HUNG, {j.hang.describe()}")
         for s in j.stragglers:
             cause = a.attributions.get((j.job, s.worker or ""), ("",))[0]
             lines.append(f"    {s.describe()}" + (f"; cause {cause}" if cause else ""))

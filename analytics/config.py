@@ -10,7 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from analytics.congestion import CongestionConfig
-from analytics.drift import DriftConfig, config_from
+from analytics.drift import DriftConfig
+from analytics.drift import config_from as drift_config
+from analytics.hangs import HangConfig
+from analytics.hangs import config_from as hang_config
 from analytics.stragglers import StragglerConfig
 from collector.agentconfig import ConfigError, merge_config, read_secret
 from collector.xidcat import DEFAULT_FATAL_XIDS
@@ -38,6 +41,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),
     "drift": asdict(DriftConfig()),
+    "hangs": asdict(HangConfig()),
     "findings": {"url": "", "token_file": ""},
     "predictor": {
         # a model trained by `gpuwarden-analyze train`; empty: no online failure-risk scoring
@@ -85,7 +89,11 @@ class AnalyticsConfig:
 
     @property
     def drift(self) -> DriftConfig:
-        return config_from(self.sections["drift"])
+        return drift_config(self.sections["drift"])
+
+    @property
+    def hangs(self) -> HangConfig:
+        return hang_config(self.sections["hangs"])
 
     def reader_kwargs(self) -> dict[str, Any]:
         db = self.sections["influxdb"]
@@ -110,6 +118,7 @@ def load_config(
         raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
     try:
         config.drift  # noqa: B018  (validates [drift] now, not at the first analysis)
+        config.hangs  # noqa: B018
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return config

@@ -10,6 +10,9 @@ Finding kinds (the remediation engine matches policies on them):
 * ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested;
 * ``config_drift``: a node whose GPUs are set up unlike the rest of their model's fleet
   (driver, VBIOS, ECC, persistence or MIG mode), or wait for a reset to change a mode;
+* ``job_hang``: a job that stopped stepping but still holds its GPUs; critical when its GPUs
+  spin (a collective waits), with the suspect node in the subject when one node holds every
+  rank that is behind or idle while the rest spin;
 * ``job_config_mixed``: a job whose GPUs are not all set up alike; a warning when nothing else
   says so (no clear fleet setting: a rollout the job straddles), info when the odd nodes have
   their own ``config_drift`` findings.
@@ -127,10 +130,45 @@ def _job_mix_findings(a: Analysis) -> list[Finding]:
     return out
 
 
+def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
+    h = job.hang
+    if h is None:
+        return None
+    subject = {"cluster": job.cluster, "job": job.job, "node": h.culprit_node}
+    evidence: dict[str, Any] = {
+        "silent_s": round(h.silent_s, 1),
+        "patience_s": round(h.patience_s, 1),
+        "last_step_index": h.last_step,
+        "last_step_time_ns": h.last_step_ns,
+        "median_step_s": h.median_step_s,
+        "longest_gap_s": h.longest_gap_s,
+        "gpus": h.gpus,
+        "nodes": h.nodes,
+        "busy_gpus": h.busy_gpus,
+        "spinning": h.spinning,
+        "behind_ranks": h.behind,
+        "idle_ranks": h.idle,
+        "suspect_nodes": h.suspect_nodes,
+    }
+    return Finding(
+        kind="job_hang",
+        subject={k: v for k, v in subject.items() if v},
+        severity=Severity.CRITICAL if h.spinning else Severity.WARNING,
+        time_ns=end_ns,
+        evidence=evidence,
+        confidence=min(1.0, h.silent_s / (2 * h.patience_s)),
+        summary=f"job {job.job} hung: {h.describe()}",
+        source=SOURCE,
+    )
+
+
 def findings(a: Analysis) -> list[Finding]:
     out: list[Finding] = []
     for job in a.jobs:
         out += _job_findings(a, job)
+        hang = _hang_finding(job, a.end_ns)
+        if hang is not None:
+            out.append(hang)
     out += _drift_findings(a)
     out += _job_mix_findings(a)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")

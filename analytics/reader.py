@@ -243,14 +243,19 @@ class InfluxReader:
         start_ns: int,
         end_ns: int,
         *,
-        every_s: int,
+        every_s: int | None,
         group_tags: Sequence[str],
         where: Mapping[str, str | Sequence[str]] | None = None,
     ) -> pl.DataFrame:
         """``SELECT fn(field) AS alias ... GROUP BY time(every_s), tags fill(none)``, done by
         InfluxDB: ``aggregates`` maps an output column to ``"fn:field"`` (e.g.
         ``{"energy_j_total": "last:energy_j_total"}``). Columns come back as Float64 (InfluxQL
-        aggregates of integers may be floats), tags as strings, ``time`` as Datetime."""
+        aggregates of integers may be floats), tags as strings, ``time`` as Datetime.
+
+        ``every_s=None``: one row per group over the whole range. A lone selector (``last``,
+        ``first``, ``max``, ``min``) then carries the time of the point it picked (with two or
+        more, InfluxDB answers time 0), which is how "when did each rank last report" is
+        asked without reading its points."""
         if not aggregates:
             raise ValueError("aggregate at least one field")
         selects = []
@@ -261,8 +266,12 @@ class InfluxReader:
             selects.append(f"{fn}({quote_ident(field)}) AS {quote_ident(alias)}")
         query = f"SELECT {', '.join(selects)} FROM {quote_ident(measurement)}"
         query += build_where(start_ns, end_ns, where)
-        groups = [f"time({int(every_s)}s)", *(quote_ident(t) for t in group_tags)]
-        query += f" GROUP BY {', '.join(groups)} fill(none)"
+        groups = [f"time({int(every_s)}s)"] if every_s is not None else []
+        groups += [quote_ident(t) for t in group_tags]
+        if groups:
+            query += f" GROUP BY {', '.join(groups)}"
+        if every_s is not None:
+            query += " fill(none)"
         body = self.query_csv(query)
         frames = []
         for block in _blocks(body):

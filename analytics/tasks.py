@@ -23,6 +23,7 @@ from analytics.attribution import attribute
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
 from analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
+from analytics.hangs import Hang, find_hang, silence
 from analytics.mfu import (
     JobThroughput,
     Mfu,
@@ -78,6 +79,8 @@ class JobResult:
     nodes: list[str] = field(default_factory=list)
     rank_node: dict[str, str] = field(default_factory=dict)
     stage_nodes: dict[int, list[str]] = field(default_factory=dict)
+    hang: Hang | None = None
+    """Set when the job stopped stepping but still holds its GPUs."""
 
 
 def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]) -> pl.DataFrame:
@@ -94,8 +97,38 @@ def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]
     )
 
 
+def _hang(
+    reader: InfluxReader, cfg: AnalyticsConfig, job: str, steps: pl.DataFrame, end_ns: int
+) -> Hang | None:
+    """Whether the job is hung at the window's end (:mod:`analytics.hangs`): each rank's last
+    step (one grouped ``last()``, not its points), and only when that is long ago, its GPUs'
+    last few minutes."""
+    hc = cfg.hangs
+    last = reader.aggregate(
+        "job_step",
+        {"step_index": "last:step_index"},
+        end_ns - int(hc.lookback_s * 1e9),
+        end_ns,
+        every_s=None,
+        group_tags=["rank", "node"],
+        where=_where(cfg, job=job),
+    ).filter(pl.col("rank").is_not_null() & (pl.col("rank") != ""))
+    quiet = silence(last, steps, end_ns, hc)
+    if quiet is None:
+        return None
+    gpus = reader.read(
+        "gpu",
+        end_ns - int(hc.alive_s * 1e9),
+        end_ns,
+        fields=["gpu_util_pct"],
+        tags=["node", "gpu", "rank"],
+        where=_where(cfg, job=job),
+    ).drop_nulls("gpu_util_pct")
+    return find_hang(job, quiet, last, gpus, hc)
+
+
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
-    """MFU, goodput, energy and stragglers of one job over the window."""
+    """MFU, goodput, energy and stragglers of one job over the window; whether it is hung."""
     reader = _reader(cfg)
     try:
         steps = reader.read(
@@ -120,10 +153,11 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             group_tags=["node", "gpu"],
             where=_where(cfg, job=job),
         )
+        hang = _hang(reader, cfg, job, steps, end_ns)
     finally:
         reader.close()
     cluster = str(steps["cluster"].drop_nulls()[0]) if steps.height else ""
-    result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"])
+    result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"], hang=hang)
     model = models.sort("time").row(-1, named=True) if models.height else {}
     if model and model.get("params_count") is not None:
         try:

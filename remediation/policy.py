@@ -127,6 +127,22 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "min_severity": "critical",
         "actions": ["notify", "cordon"],
     },
+    # A hung job: no step for longer than its own patience, its GPUs still held. When its GPUs
+    # spin in a collective and one node holds every rank that is behind or idle, take that
+    # node out and requeue the job (a hung job cannot checkpoint); otherwise tell people.
+    {
+        "name": "job-hang-culprit",
+        "kinds": ["job_hang"],
+        "min_severity": "critical",
+        "requires": ["node", "job"],
+        "actions": ["notify", "drain", "requeue"],
+    },
+    {
+        "name": "job-hang",
+        "kinds": ["job_hang"],
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
     {
         "name": "slow-gpu",
         "kinds": ["straggler"],

@@ -290,13 +290,22 @@ def test_signature_slow_stage():
 
 
 def test_signature_hang():
-    gen, out = _run([{"type": "hang", "at_s": 1200, "duration_s": 900, "job": "j"}])
+    hang = {"type": "hang", "at_s": 1200, "duration_s": 900, "job": "j", "node": 2, "gpu": 5}
+    gen, out = _run([hang])
     s = out["job_step"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))
     assert s.filter((pl.col("t") > 1200) & (pl.col("t") < 2100)).height == 0
     assert s.filter(pl.col("t") > 2100).height > 0
     g = out["gpu"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))
     hung = g.filter((pl.col("t") >= 1200) & (pl.col("t") < 2100) & (pl.col("job") == "j"))
-    assert (hung["gpu_util_pct"] == 100).all() and hung["power_w"].max() <= 0.3 * 400 + 1e-6
+    culprit = (pl.col("node") == gen.node_names[2]) & (pl.col("gpu") == "5")
+    spin, idle = hung.filter(~culprit), hung.filter(culprit)
+    assert (spin["gpu_util_pct"] == 100).all() and spin["power_w"].max() <= 0.3 * 400 + 1e-6
+    assert idle.height and (idle["gpu_util_pct"] == 0).all()
+    # a culprit outside the job (node 5 is not one of its 4) leaves every GPU spinning
+    gen, out = _run([hang | {"node": 5}])
+    g = out["gpu"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))
+    hung = g.filter((pl.col("t") >= 1200) & (pl.col("t") < 2100) & (pl.col("job") == "j"))
+    assert (hung["gpu_util_pct"] == 100).all()
 
 
 def test_signature_node_down():

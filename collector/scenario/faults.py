@@ -110,7 +110,9 @@ DEFAULTS: dict[str, FaultDefaults] = {
         1800,
         1.0,
         True,
-        "job_step points stop; the job's GPUs show gpu_util_pct 100 at low power_w (NCCL spinning)",
+        "job_step points stop; the job's GPUs show gpu_util_pct 100 at low power_w (NCCL "
+        "spinning), but GPU `gpu` of node `node`, if the job runs there, is idle (the rank that "
+        "never reached the collective)",
     ),
     "node_down": FaultDefaults(0, DAY, 1.0, True, "every point from the node stops"),
     "config_drift": FaultDefaults(

@@ -375,6 +375,9 @@ class ScenarioGenerator:
                         cols = np.nonzero(jidx == j)[0]
                         util[np.ix_(on, cols)] = 100.0
                         power[np.ix_(on, cols)] = 0.3 * prof.power_limit
+                        if gi in cols:  # the rank that never reached the collective: idle
+                            util[on, gi] = 0.0
+                            power[on, gi] = 0.15 * prof.power_limit
         # GPUs of a job that is down between runs (restarting) are idle.
         for jp in self.jobs:
             for ti, t in enumerate(tt):

@@ -1,0 +1,155 @@
+"""Hung jobs (``job_hang`` findings): steps stop, the GPUs stay held.
+
+The unit tests use CONSTRUCTED frames (hand-written steps and GPU samples). The end-to-end test
+replays the SIMULATED library scenario ``hang`` (a 16-node job that hangs for 30 minutes with
+one rank's GPU idle while the other 127 spin) into the real InfluxDB and analyses windows
+ending before, during and after the hang.
+"""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from analytics.config import load_config
+from analytics.emit import findings
+from analytics.hangs import HangConfig, find_hang, pace, silence
+from analytics.runner import LocalExecutor, analyse
+from collector.agentconfig import ConfigError
+from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from tests.test_analytics import _load
+
+S = 10**9
+
+
+def _steps(times_s: list[float], ranks: int = 4, step_s: float = 4.0) -> pl.DataFrame:
+    """Every rank reports step i at ``times_s[i]``."""
+    rows = [
+        {"time": int(t * S), "rank": str(r), "node": f"node-{r // 2}", "step_index": i,
+         "step_time_s": step_s}
+        for i, t in enumerate(times_s)
+        for r in range(ranks)
+    ]  # fmt: skip
+    return pl.DataFrame(rows).with_columns(pl.col("time").cast(pl.Datetime("ns", "UTC")))
+
+
+def _last(steps: pl.DataFrame) -> pl.DataFrame:
+    return steps.sort("time").group_by("rank", "node").agg(pl.col("time", "step_index").last())
+
+
+def _gpus(util: dict[str, float], t_s: float) -> pl.DataFrame:
+    """``{"rank": util}``: rank r on node-(r // 2), GPU r % 2, three samples."""
+    rows = [
+        {"time": int((t_s - k * 10) * S), "node": f"node-{int(r) // 2}", "gpu": str(int(r) % 2),
+         "rank": r, "gpu_util_pct": u}
+        for r, u in util.items()
+        for k in range(3)
+    ]  # fmt: skip
+    return pl.DataFrame(rows)
+
+
+def test_a_spinning_job_with_one_idle_rank_is_hung_and_its_node_named():
+    cfg = HangConfig()
+    steps = _steps([4.0 * i for i in range(100)])  # steps every 4 s until 396 s
+    quiet = silence(_last(steps), steps, int(1200 * S), cfg)
+    assert quiet is not None
+    assert quiet.silent_s == pytest.approx(804) and quiet.patience_s == 600
+    assert (quiet.last_step, quiet.median_step_s, quiet.longest_gap_s) == (99, 4.0, 4.0)
+    hang = find_hang(
+        "7", quiet, _last(steps), _gpus({"0": 100, "1": 100, "2": 3, "3": 100}, 1190), cfg
+    )
+    assert hang is not None
+    assert (hang.spinning, hang.gpus, hang.nodes, hang.busy_gpus) == (True, 4, 2, 3)
+    assert (hang.behind, hang.idle, hang.suspect_nodes) == ([], ["2"], ["node-1"])
+    assert hang.culprit_node == "node-1"
+    assert hang.describe() == (
+        "no step for 13 min (last step 99; it steps every 4.0 s, its longest pause in the window "
+        "was 4 s); 3 of its 4 GPUs busy (waiting in a collective); rank 2 on node-1 idle while "
+        "the others spin"
+    )
+    # not yet: 500 s of silence is within the 600 s floor
+    assert silence(_last(steps), steps, int(896 * S), cfg) is None
+
+
+def test_patience_learns_the_jobs_own_pauses():
+    """A job that pauses 500 s to checkpoint is not hung 700 s into a silence (1.5 x 500 s is
+    its patience), and is at 800 s; nor is a job whose steps take 60 s at 15 minutes."""
+    times = [4.0 * i for i in range(50)] + [196 + 500 + 4.0 * i for i in range(50)]
+    steps = _steps(times)
+    assert pace(steps) == (4.0, 500.0)
+    end = times[-1]
+    assert silence(_last(steps), steps, int((end + 700) * S), HangConfig()) is None
+    quiet = silence(_last(steps), steps, int((end + 800) * S), HangConfig())
+    assert quiet is not None and quiet.patience_s == 750
+    slow = _steps([60.0 * i for i in range(20)], step_s=60.0)
+    assert silence(_last(slow), slow, int((1140 + 900) * S), HangConfig()) is None  # 20 x 60 s
+    # a restart rolls the step index back: the time it took is not a pause of the job's
+    restarted = _steps([0, 4, 8, 12]).vstack(
+        _steps([1000, 1004]).with_columns(pl.col("step_index") + 1)
+    )
+    assert pace(restarted) == (4.0, 4.0)
+
+
+def test_who_is_behind_or_idle_and_when_nothing_is_said():
+    cfg = HangConfig()
+    steps = _steps([4.0 * i for i in range(100)])
+    # rank 3 stopped two steps before the others: it never reached the step they wait in
+    behind = steps.filter(~((pl.col("rank") == "3") & (pl.col("step_index") >= 98)))
+    last = _last(behind)
+    quiet = silence(last, behind, int(1200 * S), cfg)
+    assert quiet is not None
+    hang = find_hang("7", quiet, last, _gpus({r: 100 for r in "0123"}, 1190), cfg)
+    assert hang is not None and (hang.behind, hang.idle, hang.culprit_node) == (["3"], [], "node-1")
+    # every GPU idle: stuck outside the GPU (or a very long checkpoint); a warning, nobody named
+    idle = find_hang("7", quiet, last, _gpus({r: 0 for r in "0123"}, 1190), cfg)
+    assert idle is not None and not idle.spinning and idle.culprit_node == ""
+    assert "0 of its 4 GPUs busy (stuck outside the GPU?)" in idle.describe()
+    # idle ranks on two nodes while the rest spin: no single node to take out
+    both = find_hang(
+        "7",
+        quiet,
+        _last(steps),
+        _gpus({"0": 0, "1": 100, "2": 0, "3": 100, "4": 100, "5": 100}, 1190),
+        cfg,
+    )
+    assert both is not None and both.suspect_nodes == ["node-0", "node-1"]
+    assert both.culprit_node == ""
+    # the job let its GPUs go (finished, crashed, requeued): not a hang
+    assert find_hang("7", quiet, last, _gpus({}, 1190).clear(), cfg) is None
+    # a job that never reported a step cannot be judged
+    assert silence(last.clear(), steps.clear(), int(1200 * S), cfg) is None
+
+
+def test_bad_hang_settings_are_a_clear_error(tmp_path):
+    path = tmp_path / "analytics.toml"
+    for text, match in (
+        ("[hangs]\nbusy_pct = 0\n", "busy_pct"),
+        ("[hangs]\nmin_silence_s = -1\n", "min_silence_s"),
+        ("[hangs]\nlookback_s = 60\n", "lookback_s"),
+        ("[hangs]\npatience = 3\n", "patience"),
+    ):
+        path.write_text(text)
+        with pytest.raises(ConfigError, match=match):
+            load_config(path, environ={})
+
+
+def test_hang_scenario_through_the_real_influxdb_to_the_policy(influxd, influx_db, tmp_path):
+    gen, _, cfg, (start, _) = _load(influxd, influx_db, tmp_path, "hang")
+    policies = load_policies(DEFAULT_POLICIES)
+
+    def hangs_at(t_s: float) -> list:
+        a = analyse(cfg, start + int((t_s - 3600) * S), start + int(t_s * S), LocalExecutor())
+        return [f for f in findings(a) if f.kind == "job_hang"]
+
+    assert hangs_at(1800 + 300) == []  # 5 minutes in: within the 10-minute floor
+    (f,) = hangs_at(1800 + 900)
+    assert f.subject == {"cluster": gen.spec.cluster, "job": "llm-13b", "node": "node-009"}
+    assert f.severity.value == "critical"
+    e = f.evidence
+    assert (e["gpus"], e["busy_gpus"], e["spinning"]) == (128, 127, True)
+    assert e["idle_ranks"] == ["77"] and e["behind_ranks"] == []  # node 9, GPU 5: rank 9x8+5
+    assert 890 <= e["silent_s"] <= 910 and e["patience_s"] == 600
+    policy = first_match(policies, f)
+    assert policy is not None and policy.name == "job-hang-culprit"
+    assert [str(a) for a in policy.actions] == ["notify", "drain", "requeue"]
+    assert hangs_at(5400) == []  # restarted at 3600 s and stepping again
