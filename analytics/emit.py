@@ -135,13 +135,14 @@ def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
     if h is None:
         return None
     subject = {"cluster": job.cluster, "job": job.job, "node": h.culprit_node}
+    q = h.quiet
     evidence: dict[str, Any] = {
-        "silent_s": round(h.silent_s, 1),
-        "patience_s": round(h.patience_s, 1),
-        "last_step_index": h.last_step,
-        "last_step_time_ns": h.last_step_ns,
-        "median_step_s": h.median_step_s,
-        "longest_gap_s": h.longest_gap_s,
+        "silent_s": round(q.silent_s, 1),
+        "patience_s": round(q.patience_s, 1),
+        "last_step_index": q.last_step,
+        "last_step_time_ns": q.last_step_ns,
+        "median_step_s": q.median_step_s,
+        "longest_gap_s": q.longest_gap_s,
         "gpus": h.gpus,
         "nodes": h.nodes,
         "busy_gpus": h.busy_gpus,
@@ -156,7 +157,7 @@ def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
         severity=Severity.CRITICAL if h.spinning else Severity.WARNING,
         time_ns=end_ns,
         evidence=evidence,
-        confidence=min(1.0, h.silent_s / (2 * h.patience_s)),
+        confidence=min(1.0, q.silent_s / (2 * q.patience_s)),
         summary=f"job {job.job} hung: {h.describe()}",
         source=SOURCE,
     )

@@ -65,15 +65,22 @@ class HangConfig:
 
 
 @dataclass(frozen=True)
-class Hang:
-    job: str
+class Silence:
+    """How long a job has gone without a step, against its patience."""
+
     silent_s: float
     patience_s: float
-    """The silence it took to call it hung (see the module docstring)."""
+    """The silence it takes to call the job hung (see the module docstring)."""
     last_step: int
     last_step_ns: int
     median_step_s: float | None
     longest_gap_s: float | None
+
+
+@dataclass(frozen=True)
+class Hang:
+    job: str
+    quiet: Silence
     gpus: int
     """The job's GPUs still reporting with its tag."""
     nodes: int
@@ -103,13 +110,14 @@ class Hang:
         """``no step for 14 min (last step 1234; it steps every 4.0 s, its longest pause in
         the window was 95 s); 127 of its 128 GPUs busy (waiting in a collective); rank 77 on
         node-009 behind the others``."""
+        q = self.quiet
         rhythm = []
-        if self.median_step_s is not None:
-            rhythm.append(f"it steps every {self.median_step_s:.1f} s")
-        if self.longest_gap_s is not None:
-            rhythm.append(f"its longest pause in the window was {self.longest_gap_s:.0f} s")
+        if q.median_step_s is not None:
+            rhythm.append(f"it steps every {q.median_step_s:.1f} s")
+        if q.longest_gap_s is not None:
+            rhythm.append(f"its longest pause in the window was {q.longest_gap_s:.0f} s")
         parts = [
-            f"no step for {self.silent_s / 60:.0f} min (last step {self.last_step}"
+            f"no step for {q.silent_s / 60:.0f} min (last step {q.last_step}"
             + (f"; {', '.join(rhythm)}" if rhythm else "")
             + ")"
         ]
@@ -154,18 +162,6 @@ def pace(steps: pl.DataFrame) -> tuple[float | None, float | None]:
     )
 
 
-@dataclass(frozen=True)
-class Silence:
-    """How long a job has gone without a step, against its patience."""
-
-    silent_s: float
-    patience_s: float
-    last_step: int
-    last_step_ns: int
-    median_step_s: float | None
-    longest_gap_s: float | None
-
-
 def silence(
     last: pl.DataFrame, steps: pl.DataFrame, end_ns: int, cfg: HangConfig
 ) -> Silence | None:
@@ -200,10 +196,10 @@ def find_hang(
     )
     busy = per_gpu.filter(pl.col("gpu_util_pct") >= cfg.busy_pct)
     spinning = busy.height * 2 > per_gpu.height
-    per_rank = (
-        last.sort("time").group_by("rank").agg(pl.col("step_index").last(), pl.col("node").last())
-    )
-    behind = per_rank.filter(pl.col("step_index") < quiet.last_step)
+    per_rank = last.sort("time").group_by("rank").agg(pl.col("step_index", "node", "time").last())
+    # a rank that went quiet long before the rest (one an elastic job dropped) is not behind
+    recent = pl.col("time").dt.epoch("ns") >= quiet.last_step_ns - int(quiet.patience_s * NS)
+    behind = per_rank.filter((pl.col("step_index") < quiet.last_step) & recent)
     idle = per_gpu.filter(pl.col("gpu_util_pct") < cfg.busy_pct) if spinning else per_gpu.clear()
     idle_names = [
         r["rank"] if r["rank"] else f"{r['node']}/{r['gpu']}" for r in idle.iter_rows(named=True)
@@ -211,12 +207,7 @@ def find_hang(
     nodes = behind["node"] if behind.height else idle["node"]
     return Hang(
         job=job,
-        silent_s=quiet.silent_s,
-        patience_s=quiet.patience_s,
-        last_step=quiet.last_step,
-        last_step_ns=quiet.last_step_ns,
-        median_step_s=quiet.median_step_s,
-        longest_gap_s=quiet.longest_gap_s,
+        quiet=quiet,
         gpus=per_gpu.height,
         nodes=per_gpu["node"].n_unique(),
         busy_gpus=busy.height,

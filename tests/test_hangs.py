@@ -100,6 +100,13 @@ def test_who_is_behind_or_idle_and_when_nothing_is_said():
     assert quiet is not None
     hang = find_hang("7", quiet, last, _gpus({r: 100 for r in "0123"}, 1190), cfg)
     assert hang is not None and (hang.behind, hang.idle, hang.culprit_node) == (["3"], [], "node-1")
+    # a rank whose last step is hours old (an elastic job dropped it) is not behind
+    long = _steps([4.0 * i for i in range(400)])  # until 1596 s
+    gone = _steps([0.0], ranks=8).filter(pl.col("rank") == "7").vstack(long)
+    later = silence(_last(gone), long, int(2400 * S), cfg)
+    assert later is not None
+    hang = find_hang("7", later, _last(gone), _gpus({r: 100 for r in "0123"}, 2390), cfg)
+    assert hang is not None and hang.behind == []
     # every GPU idle: stuck outside the GPU (or a very long checkpoint); a warning, nobody named
     idle = find_hang("7", quiet, last, _gpus({r: 0 for r in "0123"}, 1190), cfg)
     assert idle is not None and not idle.spinning and idle.culprit_node == ""
