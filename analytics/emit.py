@@ -10,9 +10,10 @@ Finding kinds (the remediation engine matches policies on them):
 * ``link_congested``: a ToR switch (or a host, without topology) whose ports stay congested;
 * ``config_drift``: a node whose GPUs are set up unlike the rest of their model's fleet
   (driver, VBIOS, ECC, persistence or MIG mode), or wait for a reset to change a mode;
-* ``job_hang``: a job that stopped stepping but still holds its GPUs; critical when its GPUs
-  spin (a collective waits), with the suspect node in the subject when one node holds every
-  rank that is behind or idle while the rest spin;
+* ``job_hang``: a job that stopped stepping but is still there (its GPUs held, its reporters
+  beating); critical when it waits in a collective (GPUs spin, or ranks sit inside a step),
+  with the suspect node in the subject when one node holds every rank that is behind, idle
+  while the rest spin, or between steps while the rest wait inside one;
 * ``job_config_mixed``: a job whose GPUs are not all set up alike; a warning when nothing else
   says so (no clear fleet setting: a rollout the job straddles), info when the odd nodes have
   their own ``config_drift`` findings.
@@ -147,14 +148,18 @@ def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
         "nodes": h.nodes,
         "busy_gpus": h.busy_gpus,
         "spinning": h.spinning,
+        "ranks_beating": h.ranks_beating,
+        "ranks_in_step": h.ranks_in_step,
+        "waiting": h.waiting,
         "behind_ranks": h.behind,
         "idle_ranks": h.idle,
+        "outside_ranks": h.outside,
         "suspect_nodes": h.suspect_nodes,
     }
     return Finding(
         kind="job_hang",
         subject={k: v for k, v in subject.items() if v},
-        severity=Severity.CRITICAL if h.spinning else Severity.WARNING,
+        severity=Severity.CRITICAL if h.waiting else Severity.WARNING,
         time_ns=end_ns,
         evidence=evidence,
         confidence=min(1.0, q.silent_s / (2 * q.patience_s)),

@@ -30,7 +30,7 @@ loading, a Python deadlock) or in an unusually long checkpoint, and it is a ``wa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -82,34 +82,56 @@ class Hang:
     job: str
     quiet: Silence
     gpus: int
-    """The job's GPUs still reporting with its tag."""
-    nodes: int
-    """... and their nodes."""
+    """The job's GPUs still reporting with its tag (0: no job-tagged GPU data)."""
     busy_gpus: int
-    spinning: bool
-    """Most of the job's GPUs are busy: waiting in a collective."""
+    ranks_beating: int
+    """Ranks whose reporter still sends heartbeats (0: none do)."""
+    ranks_in_step: int
+    """... of which inside a step (computing or waiting in a collective)."""
+    nodes: int
+    """Nodes among the GPUs and heartbeats."""
     behind: list[str] = field(default_factory=list)
     """Ranks whose last step is behind the others'."""
     idle: list[str] = field(default_factory=list)
     """Ranks (or ``node/gpu`` where the rank is unknown) idle while most GPUs spin."""
+    outside: list[str] = field(default_factory=list)
+    """Ranks between steps while most ranks wait inside one."""
     suspect_nodes: list[str] = field(default_factory=list)
 
     @property
+    def spinning(self) -> bool:
+        """Most of the job's GPUs are busy: waiting in a collective."""
+        return self.busy_gpus * 2 > self.gpus
+
+    @property
+    def waiting(self) -> bool:
+        """The job waits in a collective: its GPUs spin, or (no GPU data) most of its ranks
+        sit inside a step."""
+        if self.gpus:
+            return self.spinning
+        return self._most_in_step
+
+    @property
+    def _most_in_step(self) -> bool:
+        """At least half the live ranks inside a step (half: the 2-rank job, one waiting)."""
+        return self.ranks_in_step > 0 and self.ranks_in_step * 2 >= self.ranks_beating
+
+    @property
     def suspects(self) -> list[str]:
-        return self.behind or self.idle
+        return self.behind or self.idle or self.outside
 
     @property
     def culprit_node(self) -> str:
-        """The one node to take out, when the evidence points at one: the job spins (a
-        collective waits) and every suspect rank sits on that node, one of several."""
-        if self.spinning and len(self.suspect_nodes) == 1 and self.nodes > 1:
+        """The one node to take out, when the evidence points at one: the job waits in a
+        collective and every suspect rank sits on that node, one of several."""
+        if self.waiting and len(self.suspect_nodes) == 1 and self.nodes > 1:
             return self.suspect_nodes[0]
         return ""
 
     def describe(self) -> str:
         """``no step for 14 min (last step 1234; it steps every 4.0 s, its longest pause in
         the window was 95 s); 127 of its 128 GPUs busy (waiting in a collective); rank 77 on
-        node-009 behind the others``."""
+        node-009 idle while the others spin``."""
         q = self.quiet
         rhythm = []
         if q.median_step_s is not None:
@@ -121,10 +143,20 @@ class Hang:
             + (f"; {', '.join(rhythm)}" if rhythm else "")
             + ")"
         ]
-        state = "waiting in a collective" if self.spinning else "stuck outside the GPU?"
-        parts.append(f"{self.busy_gpus} of its {self.gpus} GPUs busy ({state})")
+        state = "waiting in a collective" if self.waiting else "stuck outside the GPU?"
+        if self.gpus:
+            parts.append(f"{self.busy_gpus} of its {self.gpus} GPUs busy ({state})")
+        if self.ranks_beating:
+            inside = f"{self.ranks_in_step} of its {self.ranks_beating} live ranks inside a step"
+            parts.append(inside if self.gpus else f"{inside} ({state})")
         if self.suspects:
-            which = "behind the others" if self.behind else "idle while the others spin"
+            which = (
+                "behind the others"
+                if self.behind
+                else "idle while the others spin"
+                if self.idle
+                else "between steps while the others wait inside one"
+            )
             where = f" on {', '.join(self.suspect_nodes)}" if self.suspect_nodes else ""
             who = "rank " if all("/" not in s for s in self.suspects) else "GPU "
             parts.append(f"{who}{_short(self.suspects)}{where} {which}")
@@ -184,38 +216,66 @@ def silence(
 
 
 def find_hang(
-    job: str, quiet: Silence, last: pl.DataFrame, gpus: pl.DataFrame, cfg: HangConfig
+    job: str,
+    quiet: Silence,
+    last: pl.DataFrame,
+    gpus: pl.DataFrame,
+    beats: pl.DataFrame,
+    cfg: HangConfig,
 ) -> Hang | None:
-    """Whether a job that has been ``quiet`` is hung: it is, if its GPUs still report with its
-    tag. ``last`` as for :func:`silence`; ``gpus``: the job's ``gpu`` points of the last
-    ``alive_s`` (``node, gpu, rank, gpu_util_pct``)."""
-    if gpus.is_empty():
+    """Whether a job that has been ``quiet`` is hung: it is, if it is still there -- its GPUs
+    report with its tag, or its ranks' reporters still beat. ``last`` as for :func:`silence`;
+    ``gpus``: the job's ``gpu`` points of the last ``alive_s`` (``node, gpu, rank,
+    gpu_util_pct``); ``beats``: its ``job_heartbeat`` points of the same stretch (``time,
+    node, rank, in_step_active``)."""
+    if gpus.is_empty() and beats.is_empty():
         return None
-    per_gpu = gpus.group_by("node", "gpu").agg(
-        pl.col("rank").drop_nulls().last(), pl.col("gpu_util_pct").mean()
+    per_gpu = (
+        gpus.group_by("node", "gpu").agg(
+            pl.col("rank").drop_nulls().last(), pl.col("gpu_util_pct").mean()
+        )
+        if gpus.height
+        else pl.DataFrame(schema={"node": pl.String, "gpu": pl.String, "rank": pl.String})
     )
-    busy = per_gpu.filter(pl.col("gpu_util_pct") >= cfg.busy_pct)
-    spinning = busy.height * 2 > per_gpu.height
+    busy = per_gpu.filter(pl.col("gpu_util_pct") >= cfg.busy_pct) if gpus.height else per_gpu
+    per_beat = (
+        beats.sort("time").group_by("rank").agg(pl.col("node", "in_step_active").last())
+        if beats.height
+        else pl.DataFrame(
+            schema={"rank": pl.String, "node": pl.String, "in_step_active": pl.Boolean}
+        )
+    )
+    inside = per_beat.filter(pl.col("in_step_active"))
     per_rank = last.sort("time").group_by("rank").agg(pl.col("step_index", "node", "time").last())
     # a rank that went quiet long before the rest (one an elastic job dropped) is not behind
     recent = pl.col("time").dt.epoch("ns") >= quiet.last_step_ns - int(quiet.patience_s * NS)
     behind = per_rank.filter((pl.col("step_index") < quiet.last_step) & recent)
-    idle = per_gpu.filter(pl.col("gpu_util_pct") < cfg.busy_pct) if spinning else per_gpu.clear()
-    idle_names = [
-        r["rank"] if r["rank"] else f"{r['node']}/{r['gpu']}" for r in idle.iter_rows(named=True)
-    ]
-    nodes = behind["node"] if behind.height else idle["node"]
-    return Hang(
+    hang = Hang(
         job=job,
         quiet=quiet,
         gpus=per_gpu.height,
-        nodes=per_gpu["node"].n_unique(),
         busy_gpus=busy.height,
-        spinning=spinning,
+        ranks_beating=per_beat.height,
+        ranks_in_step=inside.height,
+        nodes=pl.concat([per_gpu["node"], per_beat["node"]]).drop_nulls().n_unique(),
         behind=sorted(behind["rank"].to_list(), key=_natural),
-        idle=sorted(idle_names, key=_natural),
-        suspect_nodes=sorted({n for n in nodes.to_list() if n}, key=_natural),
     )
+    if hang.behind:
+        return replace(hang, suspect_nodes=_nodes(behind))
+    if hang.gpus and hang.spinning:  # GPUs idle while most spin: not in the collective
+        idle = per_gpu.filter(pl.col("gpu_util_pct") < cfg.busy_pct)
+        if idle.height:
+            names = [r["rank"] or f"{r['node']}/{r['gpu']}" for r in idle.iter_rows(named=True)]
+            return replace(hang, idle=sorted(names, key=_natural), suspect_nodes=_nodes(idle))
+    if hang._most_in_step:  # between steps while the others wait inside one
+        between = per_beat.filter(~pl.col("in_step_active"))
+        ranks = sorted(between["rank"].to_list(), key=_natural)
+        return replace(hang, outside=ranks, suspect_nodes=_nodes(between))
+    return hang
+
+
+def _nodes(frame: pl.DataFrame) -> list[str]:
+    return sorted({n for n in frame["node"].to_list() if n}, key=_natural)
 
 
 def config_from(section: Mapping[str, Any]) -> HangConfig:

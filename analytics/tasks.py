@@ -102,7 +102,7 @@ def _hang(
 ) -> Hang | None:
     """Whether the job is hung at the window's end (:mod:`analytics.hangs`): each rank's last
     step (one grouped ``last()``, not its points), and only when that is long ago, its GPUs'
-    last few minutes."""
+    and its reporters' heartbeats' last few minutes."""
     hc = cfg.hangs
     last = reader.aggregate(
         "job_step",
@@ -124,7 +124,15 @@ def _hang(
         tags=["node", "gpu", "rank"],
         where=_where(cfg, job=job),
     ).drop_nulls("gpu_util_pct")
-    return find_hang(job, quiet, last, gpus, hc)
+    beats = reader.read(
+        "job_heartbeat",
+        end_ns - int(hc.alive_s * 1e9),
+        end_ns,
+        fields=["in_step_active"],
+        tags=["node", "rank"],
+        where=_where(cfg, job=job),
+    ).drop_nulls("in_step_active")
+    return find_hang(job, quiet, last, gpus, beats, hc)
 
 
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:

@@ -433,6 +433,25 @@ _m(
     ],
 )
 _m(
+    "job_heartbeat",
+    R,
+    "every few seconds from each rank's reporter thread, whatever its training loop does: "
+    "a rank that stops stepping but still beats is alive and stuck (a hang), not gone",
+    ("cluster", "node", "job", "rank"),
+    [
+        _f("step_index", I, "", ST, "the last step the rank reported"),
+        _f("since_step_s", F, "s", G, "time since the rank last reported a step (or started)"),
+        _f(
+            "in_step_active",
+            B,
+            "",
+            ST,
+            "the rank is inside a timed step (computing, or waiting in its collectives); "
+            "false: between steps (data loading, checkpointing, evaluation)",
+        ),
+    ],
+)
+_m(
     "job_model",
     R,
     "the model shape of a job, reported once at start; MFU is computed from it",

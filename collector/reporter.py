@@ -19,6 +19,13 @@ It sends line protocol to ``url`` + ``/write``: the node agent's local relay by 
 (``http://127.0.0.1:9465``, which spools through outages) or InfluxDB itself. Sending happens on
 a background thread; a training step never waits on the network. If the queue is full (the
 agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
+
+From the first report on, the same thread also sends a ``job_heartbeat`` every ``heartbeat_s``
+(30 s; 0 turns it off): the last step, the time since it, and whether the rank is inside a
+:meth:`Reporter.timed_step`. The thread keeps beating while the training loop is stuck (a
+collective that never returns releases the GIL while it waits), which is how analytics tells
+a hung job (alive, silent) from one that ended, and a rank stuck between steps (data loading)
+from ranks waiting inside one (in a collective).
 """
 
 from __future__ import annotations
@@ -71,6 +78,7 @@ class Reporter:
         token: str | None = None,
         max_queue: int = 100_000,
         flush_interval_s: float = 1.0,
+        heartbeat_s: float = 30.0,
     ) -> None:
         env = os.environ
         self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
@@ -81,6 +89,11 @@ class Reporter:
         self.node = node or socket.gethostname()
         self.token = token if token is not None else env.get("GPUWARDEN_REPORTER_TOKEN", "")
         self.flush_interval_s = flush_interval_s
+        self.heartbeat_s = heartbeat_s
+        self._last_step: int | None = None
+        self._last_step_at = time.monotonic()
+        self._in_step = False
+        self._beat_at = 0.0
         self.sent = 0
         self.dropped = 0
         self.last_error = ""
@@ -147,23 +160,40 @@ class Reporter:
         }
         if loss is not None:
             fields["loss_ratio"] = float(loss)
-        tags = {"cluster": self.cluster, "node": self.node, "job": self.job, "rank": str(self.rank)}
-        self._put(Point("job_step", tags, fields, time_ns or time.time_ns()))
+        self._last_step, self._last_step_at = step_index, time.monotonic()
+        self._put(Point("job_step", self._rank_tags(), fields, time_ns or time.time_ns()))
 
     @contextmanager
     def timed_step(self, step_index: int, tokens: int, samples: int) -> Iterator[None]:
         t0 = time.perf_counter()
-        yield
+        self._in_step = True
+        self._ensure_thread()  # beat from the first step on, even if it never ends
+        try:
+            yield
+        finally:
+            self._in_step = False
         self.step(step_index, time.perf_counter() - t0, tokens, samples)
+
+    def _rank_tags(self) -> dict[str, str]:
+        return {"cluster": self.cluster, "node": self.node, "job": self.job, "rank": str(self.rank)}
+
+    def _heartbeat(self) -> None:
+        """Queue a ``job_heartbeat`` (the sender thread calls it every ``heartbeat_s``): the
+        rank is alive, whatever its training loop is doing, and says where in it it is."""
+        fields: dict[str, int | float | bool] = {
+            "since_step_s": round(time.monotonic() - self._last_step_at, 3),
+            "in_step_active": self._in_step,
+        }
+        if self._last_step is not None:
+            fields["step_index"] = self._last_step
+        self._put(Point("job_heartbeat", self._rank_tags(), fields, time.time_ns()))
 
     def _put(self, point: Point) -> None:
         line = encode_point(point)
         if line is None:
             return
+        self._ensure_thread()
         with self._cond:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
-                self._thread.start()
             if len(self._queue) >= self._max_queue:
                 self._queue.popleft()
                 self.dropped += 1
@@ -171,6 +201,12 @@ class Reporter:
             self._cond.notify()
 
     # -- sending ----------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        with self._cond:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
+                self._thread.start()
 
     def _post(self, lines: list[str]) -> bool:
         query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
@@ -193,12 +229,24 @@ class Reporter:
             self.last_error = str(exc)
             return False
 
+    def _beat_due(self) -> bool:
+        if self.heartbeat_s <= 0 or self._closed:
+            return False
+        if time.monotonic() - self._beat_at < self.heartbeat_s:
+            return False
+        self._beat_at = time.monotonic()
+        return True
+
     def _run(self) -> None:
         backoff = 0.5
         while True:
-            with self._cond:
+            with self._cond:  # a reentrant lock: _heartbeat queues under it
+                if self._beat_due():
+                    self._heartbeat()
                 while not self._queue and not self._closed:
-                    self._cond.wait(self.flush_interval_s)
+                    self._cond.wait(min(self.flush_interval_s, self.heartbeat_s or 1e9))
+                    if self._beat_due():
+                        self._heartbeat()
                 if not self._queue and self._closed:
                     return
                 lines = [self._queue[i] for i in range(min(len(self._queue), 5000))]

@@ -116,6 +116,17 @@ def build() -> model.Dashboard:
             unit="none",
             alias="$tag_job $col",
         ),
+        graph(
+            "Time since each rank's last step (heartbeats)",
+            "From each rank's reporter thread every 30 s, whatever its training loop does: a "
+            "saw-tooth near zero while the job steps; lines that climb together are a hang "
+            "(analytics says job_hang past the job's own patience), one that climbs alone a "
+            "rank stuck between steps. in_step_active tells which ranks wait inside a step",
+            S("job_heartbeat", Agg("max", "since_step_s"), group_tags=("job", "rank")),
+            unit="s",
+            alias="rank $tag_rank",
+            w=24,
+        ),
         grid(
             "Stragglers",
             "What analytics flagged: the rank, node or stage, how much slower than its "

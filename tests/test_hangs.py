@@ -1,25 +1,36 @@
-"""Hung jobs (``job_hang`` findings): steps stop, the GPUs stay held.
+"""Hung jobs (``job_hang`` findings): steps stop, the job is still there.
 
-The unit tests use CONSTRUCTED frames (hand-written steps and GPU samples). The end-to-end test
-replays the SIMULATED library scenario ``hang`` (a 16-node job that hangs for 30 minutes with
-one rank's GPU idle while the other 127 spin) into the real InfluxDB and analyses windows
-ending before, during and after the hang.
+The unit tests use CONSTRUCTED frames (hand-written steps, GPU samples and heartbeats). One
+end-to-end test replays the SIMULATED library scenario ``hang`` (a 16-node job that hangs for
+30 minutes with one rank's GPU idle while the other 127 spin) into the real InfluxDB and
+analyses windows ending before, during and after the hang. Another runs a REAL torchrun job
+(gloo, CPU, ``tests/hang_job.py``) whose rank 1 stops between steps while rank 0 blocks in its
+all-reduce; only the placement (each rank on its own "node") and the data are SIMULATED.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import polars as pl
 import pytest
 
-from analytics.config import load_config
+from analytics.config import load_config, with_overrides
 from analytics.emit import findings
 from analytics.hangs import HangConfig, find_hang, pace, silence
 from analytics.runner import LocalExecutor, analyse
 from collector.agentconfig import ConfigError
+from collector.localinfluxd import free_port
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from tests.remediation_util import poll
 from tests.test_analytics import _load
 
 S = 10**9
+NO_BEATS = pl.DataFrame()
 
 
 def _steps(times_s: list[float], ranks: int = 4, step_s: float = 4.0) -> pl.DataFrame:
@@ -56,7 +67,7 @@ def test_a_spinning_job_with_one_idle_rank_is_hung_and_its_node_named():
     assert quiet.silent_s == pytest.approx(804) and quiet.patience_s == 600
     assert (quiet.last_step, quiet.median_step_s, quiet.longest_gap_s) == (99, 4.0, 4.0)
     hang = find_hang(
-        "7", quiet, _last(steps), _gpus({"0": 100, "1": 100, "2": 3, "3": 100}, 1190), cfg
+        "7", quiet, _last(steps), _gpus({"0": 100, "1": 100, "2": 3, "3": 100}, 1190), NO_BEATS, cfg
     )
     assert hang is not None
     assert (hang.spinning, hang.gpus, hang.nodes, hang.busy_gpus) == (True, 4, 2, 3)
@@ -98,17 +109,17 @@ def test_who_is_behind_or_idle_and_when_nothing_is_said():
     last = _last(behind)
     quiet = silence(last, behind, int(1200 * S), cfg)
     assert quiet is not None
-    hang = find_hang("7", quiet, last, _gpus({r: 100 for r in "0123"}, 1190), cfg)
+    hang = find_hang("7", quiet, last, _gpus({r: 100 for r in "0123"}, 1190), NO_BEATS, cfg)
     assert hang is not None and (hang.behind, hang.idle, hang.culprit_node) == (["3"], [], "node-1")
     # a rank whose last step is hours old (an elastic job dropped it) is not behind
     long = _steps([4.0 * i for i in range(400)])  # until 1596 s
     gone = _steps([0.0], ranks=8).filter(pl.col("rank") == "7").vstack(long)
     later = silence(_last(gone), long, int(2400 * S), cfg)
     assert later is not None
-    hang = find_hang("7", later, _last(gone), _gpus({r: 100 for r in "0123"}, 2390), cfg)
+    hang = find_hang("7", later, _last(gone), _gpus({r: 100 for r in "0123"}, 2390), NO_BEATS, cfg)
     assert hang is not None and hang.behind == []
     # every GPU idle: stuck outside the GPU (or a very long checkpoint); a warning, nobody named
-    idle = find_hang("7", quiet, last, _gpus({r: 0 for r in "0123"}, 1190), cfg)
+    idle = find_hang("7", quiet, last, _gpus({r: 0 for r in "0123"}, 1190), NO_BEATS, cfg)
     assert idle is not None and not idle.spinning and idle.culprit_node == ""
     assert "0 of its 4 GPUs busy (stuck outside the GPU?)" in idle.describe()
     # idle ranks on two nodes while the rest spin: no single node to take out
@@ -117,14 +128,53 @@ def test_who_is_behind_or_idle_and_when_nothing_is_said():
         quiet,
         _last(steps),
         _gpus({"0": 0, "1": 100, "2": 0, "3": 100, "4": 100, "5": 100}, 1190),
+        NO_BEATS,
         cfg,
     )
     assert both is not None and both.suspect_nodes == ["node-0", "node-1"]
     assert both.culprit_node == ""
     # the job let its GPUs go (finished, crashed, requeued): not a hang
-    assert find_hang("7", quiet, last, _gpus({}, 1190).clear(), cfg) is None
+    assert find_hang("7", quiet, last, _gpus({}, 1190).clear(), NO_BEATS, cfg) is None
     # a job that never reported a step cannot be judged
     assert silence(last.clear(), steps.clear(), int(1200 * S), cfg) is None
+
+
+def _beats(in_step: dict[str, bool], t_s: float) -> pl.DataFrame:
+    rows = [
+        {"time": int((t_s - k) * S), "node": f"node-{int(r) // 2}", "rank": r, "in_step_active": v}
+        for r, v in in_step.items()
+        for k in range(3)
+    ]
+    return pl.DataFrame(rows).with_columns(pl.col("time").cast(pl.Datetime("ns", "UTC")))
+
+
+def test_heartbeats_show_a_job_alive_without_gpu_data_and_who_is_between_steps():
+    """A job whose GPUs carry no job tag (or a CPU job): its reporters' heartbeats say it is
+    still there, and the rank between steps while the others wait inside one is the suspect."""
+    cfg = HangConfig()
+    steps = _steps([4.0 * i for i in range(100)])
+    last = _last(steps)
+    quiet = silence(last, steps, int(1200 * S), cfg)
+    assert quiet is not None
+    beats = _beats({"0": True, "1": True, "2": False, "3": True}, 1195)
+    hang = find_hang("7", quiet, last, pl.DataFrame(), beats, cfg)
+    assert hang is not None and hang.gpus == 0
+    assert (hang.ranks_beating, hang.ranks_in_step, hang.waiting) == (4, 3, True)
+    assert (hang.outside, hang.culprit_node) == (["2"], "node-1")
+    assert hang.describe().endswith(
+        "3 of its 4 live ranks inside a step (waiting in a collective); rank 2 on node-1 "
+        "between steps while the others wait inside one"
+    )
+    # all between steps (a checkpoint to slow storage, an evaluation): nobody is named
+    out = find_hang(
+        "7", quiet, last, pl.DataFrame(), _beats(dict.fromkeys("0123", False), 1195), cfg
+    )
+    assert out is not None and not out.waiting and out.suspects == []
+    # the GPUs' evidence comes first: an idle GPU names its rank
+    both = find_hang(
+        "7", quiet, last, _gpus({"0": 100, "1": 0, "2": 100, "3": 100}, 1190), beats, cfg
+    )
+    assert both is not None and (both.idle, both.outside) == (["1"], [])
 
 
 def test_bad_hang_settings_are_a_clear_error(tmp_path):
@@ -160,3 +210,59 @@ def test_hang_scenario_through_the_real_influxdb_to_the_policy(influxd, influx_d
     assert policy is not None and policy.name == "job-hang-culprit"
     assert [str(a) for a in policy.actions] == ["notify", "drain", "requeue"]
     assert hangs_at(5400) == []  # restarted at 3600 s and stepping again
+
+
+torch = pytest.importorskip("torch", reason="scripts/bootstrap.sh installs the CPU build of torch")
+
+
+def test_a_real_torchrun_job_that_hangs_is_found_and_its_stuck_rank_named(
+    influxd, influx_db, tmp_path: Path
+):
+    port = free_port()
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "GW_JOB": "hang-real",
+        "GW_INFLUX_URL": influxd.url,
+        "GW_INFLUX_DB": influx_db,
+        "GW_HANG_RANK": "1",
+        "GW_HANG_AT": "20",
+    }
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        str(Path(__file__).with_name("hang_job.py")),
+    ]  # fmt: skip
+    log = (tmp_path / "torchrun.log").open("w")
+    proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+    cfg = with_overrides(
+        load_config(environ={}),
+        influxdb={"url": influxd.url, "database": influx_db},
+        analysis={"spool_dir": str(tmp_path / "aspool")},
+        hangs={"min_silence_s": 3.0, "alive_s": 5.0, "lookback_s": 600.0},
+    )
+
+    def hung() -> list:
+        assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
+        end = time.time_ns()
+        a = analyse(cfg, end - 600 * S, end, LocalExecutor())
+        return [f for f in findings(a) if f.kind == "job_hang"]
+
+    try:
+        (f,) = poll(hung, 180, "analytics to call the torchrun job hung", every_s=1.0)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    e = f.evidence
+    assert e["last_step_index"] == 20 and e["behind_ranks"] == []  # both reported step 20
+    # rank 0 waits inside step 21 (in its all-reduce) and its reporter thread still beats
+    assert (e["gpus"], e["ranks_beating"], e["ranks_in_step"], e["waiting"]) == (0, 2, 1, True)
+    assert e["outside_ranks"] == ["1"] and e["suspect_nodes"] == ["host-1"]
+    assert f.subject == {"cluster": "test", "job": "hang-real", "node": "host-1"}
+    policy = first_match(load_policies(DEFAULT_POLICIES), f)
+    assert policy is not None and policy.name == "job-hang-culprit"

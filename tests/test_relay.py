@@ -231,8 +231,9 @@ def test_chunked_bodies_are_refused_not_waited_for(relay):
 
 
 def test_everything_the_reporter_sends_is_accepted(relay):
-    """The training-side reporter, every option used, a NaN loss (a diverging run) included:
-    nothing it sends is refused (the NaN field is left out by its encoder, the step kept)."""
+    """The training-side reporter, every option used, a NaN loss (a diverging run) and its
+    heartbeat included: nothing it sends is refused (the NaN field is left out by its
+    encoder, the step kept)."""
     from collector.reporter import Reporter
 
     r, sink = relay
@@ -244,8 +245,12 @@ def test_everything_the_reporter_sends_is_accepted(relay):
     rep.step(2, 1.5, tokens=8192, samples=1, loss=math.nan)
     assert rep.flush(timeout_s=10)
     rep.close()
-    assert (r.accepted, r.refused, rep.dropped) == (3, 0, 0)
-    assert "loss_ratio" not in sink.lines[2] and "step_index=2i" in sink.lines[2]
+    # model, two steps and the heartbeat its sender thread sends as it starts
+    assert (r.accepted, r.refused, rep.dropped) == (4, 0, 0)
+    steps = [ln for ln in sink.lines if ln.startswith("job_step,")]
+    assert "loss_ratio" not in steps[1] and "step_index=2i" in steps[1]
+    (beat,) = [ln for ln in sink.lines if ln.startswith("job_heartbeat,")]
+    assert "in_step_active=false" in beat and "rank=3" in beat
 
 
 def test_refusals_are_counted_in_self_metrics_and_logged_sparingly(relay, caplog):

@@ -301,6 +301,20 @@ def test_signature_hang():
     spin, idle = hung.filter(~culprit), hung.filter(culprit)
     assert (spin["gpu_util_pct"] == 100).all() and spin["power_w"].max() <= 0.3 * 400 + 1e-6
     assert idle.height and (idle["gpu_util_pct"] == 0).all()
+    # the reporters keep beating: the time since the last step climbs on every rank, and the
+    # culprit (rank 2 x 8 + 5) waits between steps while the others wait inside one
+    b = out["job_heartbeat"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))
+    during = b.filter((pl.col("t") >= 1500) & (pl.col("t") < 2100))
+    assert during.height == 20 * 32 and (during["since_step_s"] >= 1500 - 1200 - 5).all()
+    assert set(during.filter(~pl.col("in_step_active"))["rank"]) == {"21"}
+    before = b.filter(pl.col("t") < 1200)
+    assert before["in_step_active"].all() and before["since_step_s"].max() < 2 * 5.0 * 1.1
+    after = b.filter(pl.col("t") > 2100 + 60)  # restarted: stepping again, from its checkpoint
+    assert after["since_step_s"].max() < 2 * 5.0 * 1.1 and after["step_index"].min() >= 1
+    fields = ("step_index", "since_step_s", "in_step_active")
+    for row in b.head(40).iter_rows(named=True):
+        tags = {k: row[k] for k in TAGS["job_heartbeat"]}
+        check_point("job_heartbeat", tags, {k: row[k] for k in fields if row[k] is not None})
     # a culprit outside the job (node 5 is not one of its 4) leaves every GPU spinning
     gen, out = _run([hang | {"node": 5}])
     g = out["gpu"].with_columns(((pl.col("time") - gen.spec.start_ns) / 1e9).alias("t"))

@@ -9,7 +9,8 @@ Model, in brief (each part documented where it is built):
 
 * per GPU, a latent AR(1) "load" process (shared in part by every GPU of a job), mapped through
   a Gaussian copula onto the real AcmeTrace marginals (:mod:`.calibration`);
-* jobs with a tensor/pipeline/data-parallel layout report ``job_step`` per rank; a rank's step
+* jobs with a tensor/pipeline/data-parallel layout report ``job_step`` per rank (and a
+  ``job_heartbeat`` every 30 s while they hold their nodes, hung or not); a rank's step
   time grows with whatever slows its GPU, node, switch or stage, and a synchronous step takes
   as long as the slowest rank; a fatal fault stops the job, which restarts after ``restart_s``
   from its last checkpoint (on a spare node if the failed one is still down);
@@ -195,7 +196,12 @@ class ScenarioGenerator:
         """Frames per measurement, chunk after chunk of ``ticks_per_chunk`` ticks, in time
         order (a point's time is within its chunk's ticks)."""
         spec = self.spec
-        steps = self.schedule.steps(self.rng) if "job_step" in spec.measurements else None
+        beating = "job_heartbeat" in spec.measurements
+        wanted = "job_step" in spec.measurements or beating
+        steps = self.schedule.steps(self.rng) if wanted else None
+        beats = self.schedule.heartbeats(steps) if beating and steps is not None else None
+        if "job_step" not in spec.measurements:
+            steps = None
         total = spec.duration_s // spec.interval_s
         first = True
         for k0 in range(0, total, ticks_per_chunk):
@@ -213,6 +219,12 @@ class ScenarioGenerator:
                 part = steps.filter((pl.col("time") >= lo) & (pl.col("time") < hi))
                 if part.height:
                     out["job_step"] = part
+            if beats is not None and beats.height:
+                lo = spec.start_ns + int(tt[0] * NS)
+                hi = spec.start_ns + int((tt[-1] + spec.interval_s) * NS)
+                part = beats.filter((pl.col("time") >= lo) & (pl.col("time") < hi))
+                if part.height:
+                    out["job_heartbeat"] = part
             yield {m: df for m, df in out.items() if df.height}
 
     def _job_gpu_tags(self, t: float) -> tuple[list[str], list[str], list[str], NDArray[np.int64]]:

@@ -20,6 +20,8 @@ from collector.scenario.faults import Fault
 from collector.scenario.spec import JobSpec, ScenarioSpec
 
 NS = 1_000_000_000
+HEARTBEAT_S = 30.0
+"""The training-side reporter's default heartbeat interval."""
 
 
 @dataclass
@@ -235,6 +237,67 @@ class JobSchedule:
                 ),
             }
         )
+
+    def heartbeats(self, steps: pl.DataFrame, every_s: float = HEARTBEAT_S) -> pl.DataFrame:
+        """Every rank's ``job_heartbeat`` every ``every_s`` while its job holds its nodes (hung
+        or not), as the reporter's thread sends them: the last step and the time since it,
+        and whether the rank is inside a step. It always is (steps follow each other), but
+        in a hang the culprit rank (the fault's node and GPU) waits between steps."""
+        g = self.spec.gpus_per_node
+        frames = []
+        for jp in self.plans:
+            js, world = jp.spec, jp.spec.nodes * g
+            # each step once (ranks end a synchronous step together; a restart repeats indices)
+            done = (
+                steps.filter(pl.col("job") == js.name)
+                .select("time", "step_index")
+                .unique()
+                .sort("time")
+            )
+            # a sentinel step before time began, so every tick has a "last step"
+            st_t = np.concatenate([[np.iinfo(np.int64).min], done["time"].to_numpy()])
+            st_i = np.concatenate([[-1], done["step_index"].to_numpy()])
+            born = 0.0  # when the job's processes started (a hang keeps the same ones)
+            for run in jp.runs:
+                born = born if run.hung else run.start_s
+                ticks = np.arange(np.ceil(run.start_s / every_s) * every_s, run.end_s, every_s)
+                if not ticks.size:
+                    continue
+                t_ns = self.spec.start_ns + (ticks * NS).astype(np.int64)
+                k = np.searchsorted(st_t, t_ns, side="right") - 1
+                born_ns = self.spec.start_ns + int(born * NS)
+                stepped = st_t[k] >= born_ns  # this process has reported a step
+                last_ns = np.where(stepped, st_t[k], born_ns)
+                in_step = np.ones(world, dtype=bool)
+                culprit = self._hang_culprit(js.name, run)
+                if culprit is not None:
+                    in_step[culprit] = False
+                names = np.repeat(np.array([self.node_names[x] for x in run.nodes]), g)
+                n = len(ticks)
+                frame = pl.DataFrame(
+                    {
+                        "time": np.repeat(t_ns, world),
+                        "cluster": self.spec.cluster,
+                        "node": np.tile(names, n),
+                        "job": js.name,
+                        "rank": np.tile(np.arange(world).astype(str), n),
+                        "step_index": np.repeat(np.where(stepped, st_i[k], -1), world),
+                        "since_step_s": np.repeat(((t_ns - last_ns) / NS).round(3), world),
+                        "in_step_active": np.tile(in_step, n),
+                    }
+                )
+                step = pl.col("step_index")  # null before this process's first step
+                frames.append(frame.with_columns(pl.when(step >= 0).then(step).alias("step_index")))
+        return pl.concat(frames).sort("time") if frames else pl.DataFrame()
+
+    def _hang_culprit(self, job: str, run: Run) -> int | None:
+        """The rank a hung run waits for: the hang fault's node and GPU, if the job is there."""
+        g = self.spec.gpus_per_node
+        for f in self.faults:
+            hit = run.hung and f.type == "hang" and f.job == job and f.onset_s == run.start_s
+            if hit and f.node in run.nodes:
+                return run.nodes.index(f.node) * g + f.gpu
+        return None
 
     def _empty_steps(self) -> pl.DataFrame:
         return pl.DataFrame(

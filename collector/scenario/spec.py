@@ -43,6 +43,7 @@ MEASUREMENTS = (
     "gpu_event",
     "ib_port",
     "job_step",
+    "job_heartbeat",
     "job_model",
     "scenario_fault",
 )
