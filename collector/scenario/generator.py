@@ -196,12 +196,14 @@ class ScenarioGenerator:
         """Frames per measurement, chunk after chunk of ``ticks_per_chunk`` ticks, in time
         order (a point's time is within its chunk's ticks)."""
         spec = self.spec
-        beating = "job_heartbeat" in spec.measurements
-        wanted = "job_step" in spec.measurements or beating
-        steps = self.schedule.steps(self.rng) if wanted else None
-        beats = self.schedule.heartbeats(steps) if beating and steps is not None else None
-        if "job_step" not in spec.measurements:
-            steps = None
+        # the jobs' own reports, whole scenario at once, handed out chunk by chunk
+        wanted = {"job_step", "job_heartbeat"} & set(spec.measurements)
+        steps = self.schedule.steps(self.rng) if wanted else pl.DataFrame()
+        reports = {
+            "job_step": steps,
+            "job_heartbeat": self.schedule.heartbeats(steps) if steps.height else steps,
+        }
+        reports = {m: df for m, df in reports.items() if m in wanted and df.height}
         total = spec.duration_s // spec.interval_s
         first = True
         for k0 in range(0, total, ticks_per_chunk):
@@ -213,18 +215,10 @@ class ScenarioGenerator:
                 if "scenario_fault" in spec.measurements and self.faults:
                     out["scenario_fault"] = self.ground_truth()
                 first = False
-            if steps is not None and steps.height:
-                lo = spec.start_ns + int(tt[0] * NS)
-                hi = spec.start_ns + int((tt[-1] + spec.interval_s) * NS)
-                part = steps.filter((pl.col("time") >= lo) & (pl.col("time") < hi))
-                if part.height:
-                    out["job_step"] = part
-            if beats is not None and beats.height:
-                lo = spec.start_ns + int(tt[0] * NS)
-                hi = spec.start_ns + int((tt[-1] + spec.interval_s) * NS)
-                part = beats.filter((pl.col("time") >= lo) & (pl.col("time") < hi))
-                if part.height:
-                    out["job_heartbeat"] = part
+            lo = spec.start_ns + int(tt[0] * NS)
+            hi = spec.start_ns + int((tt[-1] + spec.interval_s) * NS)
+            for m, df in reports.items():
+                out[m] = df.filter((pl.col("time") >= lo) & (pl.col("time") < hi))
             yield {m: df for m, df in out.items() if df.height}
 
     def _job_gpu_tags(self, t: float) -> tuple[list[str], list[str], list[str], NDArray[np.int64]]:
