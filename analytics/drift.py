@@ -276,11 +276,18 @@ def find_job_mix(info: pl.DataFrame, placement: pl.DataFrame, cfg: DriftConfig) 
         .unique()
         .join(last.with_columns(pl.col("gpu", "node").cast(pl.String)), on=keys, how="inner")
     )
+    refs: dict[tuple[Any, Any, str], tuple[Any, float] | None] = {}  # per fleet, not per job
+
+    def fleet_reference(cluster: Any, model: Any, name: str) -> tuple[Any, float] | None:
+        if (cluster, model, name) not in refs:
+            fleet = last.filter((pl.col("cluster") == cluster) & (pl.col("gpu_model") == model))
+            refs[(cluster, model, name)] = reference(fleet, name, cfg)
+        return refs[(cluster, model, name)]
+
     out = []
     for (cluster, job, model), gpus in on.group_by(
         "cluster", "job", "gpu_model", maintain_order=True
     ):
-        fleet = last.filter((pl.col("cluster") == cluster) & (pl.col("gpu_model") == model))
         mixed: dict[str, list[Setting]] = {}
         explained = True
         for name in cfg.fields:
@@ -289,7 +296,7 @@ def find_job_mix(info: pl.DataFrame, placement: pl.DataFrame, cfg: DriftConfig) 
             known = gpus.filter(pl.col(name).is_not_null())
             if known[name].n_unique() < 2:
                 continue
-            ref = reference(fleet, name, cfg)
+            ref = fleet_reference(cluster, model, name)
             settings = [
                 Setting(value, g.height, sorted(set(g["node"].to_list()), key=_natural))
                 for (value,), g in known.group_by(name)

@@ -203,6 +203,8 @@ class Reporter:
     # -- sending ----------------------------------------------------------------------------
 
     def _ensure_thread(self) -> None:
+        if self._thread is not None:  # every step passes here: no lock once it runs
+            return
         with self._cond:
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
