@@ -27,7 +27,7 @@ from typing import Any
 import polars as pl
 
 from analytics.scalars import num
-from collector.catalogue import CLOCK_EVENT_REASONS
+from core.catalogue import CLOCK_EVENT_REASONS
 
 SLOW_REASONS = (
     "hw_slowdown",

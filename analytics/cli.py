@@ -31,23 +31,11 @@ from analytics.importers import (
 )
 from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
 from analytics.stragglers import Straggler, detect
-from collector.agentconfig import ConfigError
-from collector.replay_cli import parse_when
+from core.config import ConfigError
+from core.timeparse import duration_arg, parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
 NS = 1_000_000_000
-
-
-def parse_duration(text: str) -> float:
-    """``60``, ``60s``, ``5m``, ``1h`` -> seconds."""
-    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    text = text.strip()
-    try:
-        if text and text[-1] in units:
-            return float(text[:-1]) * units[text[-1]]
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a duration: {text!r} (e.g. 60s, 5m)") from None
 
 
 def _stragglers(args: argparse.Namespace) -> int:
@@ -128,8 +116,8 @@ def _write(
 ) -> tuple[int, int]:
     """Write the analysis' points and findings (and ``extra``: the risk scorer's) back."""
     from analytics.emit import findings, points
-    from collector.fastpath import FindingPoster
-    from collector.sink import InfluxSink, SinkConfig
+    from core.poster import FindingPoster
+    from core.store.sink import InfluxSink, SinkConfig
 
     found = findings(a) + list(extra[1])
     pts = points(a, found) + list(extra[0])
@@ -216,7 +204,7 @@ def _risk(
 ) -> tuple[list[Any], list[Any]]:
     """Failure risk of every GPU that reported in the window, at its end."""
     from analytics.predict.scoring import score
-    from analytics.reader import InfluxReader
+    from core.store.reader import InfluxReader
 
     reader = InfluxReader(**cfg.reader_kwargs())
     try:
@@ -275,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--config", type=Path, help="analytics TOML (default: built-in defaults)")
     run.add_argument("--start", help="ISO time (default: end - analysis.window_s)")
     run.add_argument("--end", help="ISO time or 'now' (default: now)")
-    run.add_argument("--every", type=parse_duration, help="run periodically, e.g. 60s")
+    run.add_argument("--every", type=duration_arg, help="run periodically, e.g. 60s")
     run.add_argument("--local", action="store_true", help="single process, no Dask")
     run.add_argument("--no-write", action="store_true", help="print only; write nothing back")
     from analytics.predict.cli import add_commands

@@ -15,8 +15,8 @@ from analytics.drift import config_from as drift_config
 from analytics.hangs import HangConfig
 from analytics.hangs import config_from as hang_config
 from analytics.stragglers import StragglerConfig
-from collector.agentconfig import ConfigError, merge_config, read_secret
-from collector.xidcat import DEFAULT_FATAL_XIDS
+from core.config import ConfigError, merge_config, read_secret
+from core.xidcat import DEFAULT_FATAL_XIDS
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {

@@ -25,8 +25,8 @@ from typing import Any
 
 from analytics.runner import Analysis
 from analytics.tasks import CONGESTION_FIELDS, JobResult
-from collector.finding import Finding, Severity
-from collector.lineprotocol import Point
+from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
 
 SOURCE = "analytics"
 KIND = {"worker": "straggler", "stage": "pipeline_imbalance", "spread": "load_imbalance"}

@@ -20,6 +20,8 @@ from typing import Any
 
 import polars as pl
 
+from analytics.errors import AnalyticsError
+
 COMPUTE_OPS = ("forward-compute", "backward-compute")
 _WHATIF_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "duration")
 _MINIBATCH_COLUMNS = ("worker", "time", "batch_time_norm")
@@ -36,7 +38,7 @@ KNOWN_SOURCES = {
 }
 
 
-class TraceFormatError(ValueError):
+class TraceFormatError(AnalyticsError, ValueError):
     """A straggler trace is unreadable or lacks what the reader needs."""
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import polars as pl
 
 from analytics.counters import increases
+from analytics.errors import AnalyticsError
 from analytics.scalars import num
 
 T = 1e12
@@ -55,7 +56,7 @@ PEAK_DENSE_FLOPS: dict[str, dict[str, float]] = {
 }
 
 
-class UnknownGpuError(ValueError):
+class UnknownGpuError(AnalyticsError, ValueError):
     """No peak FLOP/s is known for this GPU model or dtype."""
 
 

@@ -35,7 +35,6 @@ import polars as pl
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
 from analytics.drift import Drift, JobMix
-from analytics.reader import InfluxReader
 from analytics.tasks import (
     DriftResult,
     JobResult,
@@ -46,6 +45,7 @@ from analytics.tasks import (
     ports_task,
 )
 from analytics.topology import load_topology
+from core.store.reader import InfluxReader
 
 log = logging.getLogger(__name__)
 

@@ -36,8 +36,8 @@ from analytics.mfu import (
     throughput,
     with_attempts,
 )
-from analytics.reader import InfluxReader
 from analytics.stragglers import Straggler, detect
+from core.store.reader import InfluxReader
 
 CONGESTION_FIELDS = (
     "xmit_util_ratio",

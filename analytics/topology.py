@@ -13,8 +13,10 @@ from pathlib import Path
 
 import polars as pl
 
+from analytics.errors import AnalyticsError
 
-class TopologyError(ValueError):
+
+class TopologyError(AnalyticsError, ValueError):
     """The topology file is unreadable or has neither layout."""
 
 

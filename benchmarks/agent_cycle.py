@@ -2,7 +2,7 @@
 
 NVML answers come from the CONSTRUCTED 8x H100 recording (looped), so driver time is excluded
 and what is measured is gpuwarden's own work; the sysfs tree is CONSTRUCTED on local disk
-(collector/sysfstree.py), read through the same code as /sys (so kernel time for a real
+(testbed/sysfstree.py), read through the same code as /sys (so kernel time for a real
 sysfs attribute, e.g. an InfiniBand PMA query, is not in it either).
 
 A *collection cycle* is ``Agent.collect``: every source (NVML, InfiniBand, power, thermal)
@@ -11,7 +11,7 @@ measured and printed beside it (``encode_ms_per_cycle``), as is the sum.
 
 Beside it, the NVML source alone on the recorded backend and on the real path: pynvml's
 wrappers and ``collector.nvml.real`` calling a stand-in for libnvidia-ml
-(``collector.nvml.fakelib``) that answers from the same recording, with the stand-in's own
+(``testbed.nvml.fakelib``) that answers from the same recording, with the stand-in's own
 CPU subtracted. That is what the agent spends in Python on a real node that the recorded
 backend skips, and it gives ``estimated_real_node_collect_ms_per_cycle`` (driver and kernel
 time still excluded).
@@ -39,12 +39,12 @@ from typing import Any
 
 from collector import sources
 from collector.agent import Agent
-from collector.lineprotocol import encode_points
-from collector.nvml.fakelib import FakeLibrary, installed
 from collector.nvml.real import PynvmlBackend
 from collector.nvml.recorded import RecordedBackend
 from collector.sources.base import SourceContext
-from collector.sysfstree import build_node_tree
+from core.store.lineprotocol import encode_points
+from testbed.nvml.fakelib import FakeLibrary, installed
+from testbed.sysfstree import build_node_tree
 
 H100 = Path(__file__).parent.parent / "tests/golden/nvml-h100-8gpu/nvml.json"
 
@@ -89,7 +89,7 @@ class RealPath(PynvmlBackend):
 
 def nvml_pair(root: Path) -> tuple[Any, Any, FakeLibrary]:
     """The NVML source on the recorded backend and on the real path (pynvml and
-    collector.nvml.real over collector.nvml.fakelib), both answering from the recording."""
+    collector.nvml.real over testbed.nvml.fakelib), both answering from the recording."""
     ctx = SourceContext("bench", "node-0", sysfs=root, procfs=root)
     recording = RecordedBackend(H100, loop=True)
     recording.init()

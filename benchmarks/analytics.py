@@ -23,14 +23,14 @@ import time
 from pathlib import Path
 
 from analytics.config import load_config, with_overrides
-from analytics.reader import InfluxReader
 from analytics.runner import Analysis, DaskExecutor, LocalExecutor, analyse
 from analytics.tasks import read_port_rates
 from analytics.topology import write_topology
-from collector.localinfluxd import LocalInfluxd
-from collector.scenario.generator import TAGS, ScenarioGenerator
-from collector.scenario.spec import ScenarioSpec, parse_spec
-from collector.sink import InfluxSink, SinkConfig
+from core.store.reader import InfluxReader
+from core.store.sink import InfluxSink, SinkConfig
+from simulation.generator import TAGS, ScenarioGenerator
+from simulation.spec import ScenarioSpec, parse_spec
+from testbed.influxd import LocalInfluxd
 
 
 def _spec(nodes: int, seconds: int) -> ScenarioSpec:

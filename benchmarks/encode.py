@@ -13,9 +13,9 @@ import time
 from influxdb_client import Point as ClientPoint
 from influxdb_client import WritePrecision
 
-from collector.lineprotocol import Point, encode_points
-from collector.lpframe import encode_frame
-from collector.simulate import FIELDS, TAGS, gpu_frame
+from core.store.lineprotocol import Point, encode_points
+from core.store.lineprotocol.frame import encode_frame
+from simulation.synthetic import FIELDS, TAGS, gpu_frame
 
 
 def main() -> None:

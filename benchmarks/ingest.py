@@ -25,9 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from collector.localinfluxd import LocalInfluxd
-from collector.simulate import FIELDS, TAGS, gpu_frame
-from collector.sink import InfluxSink, SinkConfig
+from core.store.sink import InfluxSink, SinkConfig
+from simulation.synthetic import FIELDS, TAGS, gpu_frame
+from testbed.influxd import LocalInfluxd
 
 
 def run(frames: list, batch_size: int, write_behind_s: float) -> tuple[float, float, float]:

@@ -12,7 +12,7 @@ Prints precision, recall and median lead time at the operating threshold (chosen
 training days only) for failures that have a precursor, and apart from them the sudden ones
 (XID 79, a node that stops) -- which can be detected but not predicted -- against the fixed
 thresholds peers use and "has failed before". Everything here is SIMULATED: the precursor
-signatures are the scenario generator's (collector/scenario/faults.py), not measured ones.
+signatures are the scenario generator's (simulation/faults.py), not measured ones.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ from pathlib import Path
 from analytics.config import load_config, with_overrides
 from analytics.predict.cli import dataset, evaluate, summary_lines, train
 from analytics.runner import DaskExecutor
-from collector.localinfluxd import LocalInfluxd
-from collector.replay_cli import stream_scenario
-from collector.scenario.spec import load_spec
+from simulation.cli import stream_scenario
+from simulation.spec import load_spec
+from testbed.influxd import LocalInfluxd
 
 DAY_NS = 86_400 * 10**9
 

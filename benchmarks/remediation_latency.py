@@ -1,7 +1,7 @@
 """Seconds from a failure-risk finding to a drained node, and to the job running elsewhere.
 
-A REAL local Slurm 22.05 (slurmctld + 4 slurmd on loopback, ``remediation/slurmlocal.py``); a
-stand-in job (SIMULATED work, real checkpoint protocol, ``remediation/sim_job.py``) lands on
+A REAL local Slurm 22.05 (slurmctld + 4 slurmd on loopback, ``testbed/slurm.py``); a
+stand-in job (SIMULATED work, real checkpoint protocol, ``testbed/jobs/sim_job.py``) lands on
 gpu02; a SIMULATED failure-risk finding for its node goes through the engine (live, not dry-run):
 notify → checkpoint (the job acknowledges) → drain → requeue. Per trial it prints
 
@@ -27,13 +27,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from collector.finding import Finding, Severity
+from core.finding import Finding, Severity
 from remediation.adapters.slurm import SlurmAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
 from remediation.model import Adapter, Outcome, Status
 from remediation.policy import DEFAULT_POLICIES, load_policies
-from remediation.slurmlocal import LocalSlurm
+from testbed.slurm import LocalSlurm
 
 
 class Quiet:
@@ -63,7 +63,7 @@ def trial(slurm: LocalSlurm, root: Path, n: int) -> dict[str, float]:
     work.mkdir()
     script = work / "job.sh"
     script.write_text(
-        f"#!/bin/bash\nexec {sys.executable} -m remediation.sim_job --state-dir {work}/state "
+        f"#!/bin/bash\nexec {sys.executable} -m testbed.jobs.sim_job --state-dir {work}/state "
         f"--checkpoint-dir {work}/ckpt --step-s 0.1\n"
     )
     job = slurm.run("sbatch", "--parsable", "--requeue", "--exclusive", "-o", f"{work}/%j.out",

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from collector.scenario.generator import ScenarioGenerator
-from collector.scenario.spec import parse_spec
+from simulation.generator import ScenarioGenerator
+from simulation.spec import parse_spec
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from collector.finding import Finding
-from collector.lineprotocol import Point
 from collector.plausible import Screen
 from collector.sources import Source
-from collector.trace import TraceWriter
+from core.finding import Finding
+from core.store.lineprotocol import Point
+from core.store.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -290,7 +290,7 @@ class LinePrinter:
         self.write = write
 
     def write_points(self, points: Iterable[Point]) -> None:
-        from collector.lineprotocol import encode_points
+        from core.store.lineprotocol import encode_points
 
         for line in encode_points(points):
             self.write(line + "\n")

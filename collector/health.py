@@ -23,8 +23,8 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 
-from collector.finding import Finding, Severity
-from collector.lineprotocol import Point
+from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
 
 NS = 1_000_000_000
 # GPU fields whose value (field -> the value that is bad) keeps a node from being called healthy

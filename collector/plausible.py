@@ -4,7 +4,7 @@ Sensors lie in known ways: a disabled thermal zone reads the kernel's THERMAL_TE
 (-274 °C), a register that reads all ones becomes 4.3 MW when taken as milliwatts, a failing
 sensor sticks at its maximum. Written as data, one such value wrecks a dashboard's axis, a
 job's energy and the predictor's features for that GPU. Each hardware gauge in the catalogue
-carries a physical range (:attr:`collector.catalogue.FieldSpec.valid`, deliberately wide);
+carries a physical range (:attr:`core.catalogue.FieldSpec.valid`, deliberately wide);
 :class:`Screen` removes a field outside it from its point, keeps every other field, counts it
 per source (``agent.implausible_total``) and logs the first one of each measurement and field
 with its value and tags. Counters are not screened: their resets and wraps are handled
@@ -17,8 +17,8 @@ import logging
 import math
 from collections.abc import Mapping
 
-from collector.catalogue import CATALOGUE, Measurement
-from collector.lineprotocol import Point
+from core.catalogue import CATALOGUE, Measurement
+from core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

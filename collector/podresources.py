@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from collector.errors import CollectorError
+
 log = logging.getLogger(__name__)
 # grpc's C core would print its own INFO lines to stderr (e.g. at every kubelet restart); the
 # agent logs what matters itself. Read when grpc is first imported; an explicit setting wins.
@@ -94,7 +96,7 @@ def messages() -> dict[str, Any]:
     }
 
 
-class PodResourcesError(Exception):
+class PodResourcesError(CollectorError):
     """The kubelet could not be asked, or its answer could not be read."""
 
 

@@ -1,11 +1,11 @@
 """A local relay for the training-side reporter: ``POST /write`` with line protocol.
 
-The reporter (:mod:`collector.reporter`) can send to the node's agent instead of straight to
+The reporter (:mod:`collector.jobside.reporter`) can send to the node's agent instead of straight to
 InfluxDB; the agent then spools its points with its own, so a training loop never waits on the
 database and nothing is lost during an outage. Any InfluxDB client can write here too (the
 ``/write`` of InfluxDB 1.x, with its ``precision`` parameter; gzip bodies are accepted).
 
-Every line is read (:mod:`collector.lpparse`) and checked against the catalogue before
+Every line is read (:mod:`core.store.lineprotocol.strict`) and checked against the catalogue before
 anything is kept, then written out again by the agent's own encoder, so a bad line from a
 training job can never make the database refuse a batch that carries the node's telemetry.
 A request is taken whole or not at all: one bad line answers 400 naming its line, column and
@@ -27,10 +27,10 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
-from collector.catalogue import CATALOGUE, Producer, check_point
-from collector.errors import LineProtocolError
-from collector.lineprotocol import EncodeStats, Point, encode_points
-from collector.lpparse import PRECISIONS, parse_lines
+from core.catalogue import CATALOGUE, Producer, check_point
+from core.errors import LineProtocolError
+from core.store.lineprotocol import EncodeStats, Point, encode_points
+from core.store.lineprotocol.strict import PRECISIONS, parse_lines
 
 log = logging.getLogger(__name__)
 

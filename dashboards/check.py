@@ -12,7 +12,7 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from collector.catalogue import CATALOGUE
+from core.catalogue import CATALOGUE
 from dashboards.grafana import referenced_variables
 from dashboards.influxql import DATASOURCE_TYPE
 

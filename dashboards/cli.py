@@ -18,8 +18,8 @@ from typing import Any
 import urllib3
 import yaml
 
-from collector.agentconfig import ConfigError
-from collector.replay_cli import parse_when
+from core.config import ConfigError
+from core.timeparse import parse_when
 from dashboards.alerts import contact_points_file, rules_file
 from dashboards.config import grafana_token, load_config
 from dashboards.errors import DashboardError, PushError

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collector.agentconfig import ConfigError, merge_config, read_secret
+from core.config import ConfigError, merge_config, read_secret
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {

@@ -1,9 +1,12 @@
-"""The one error tree of the dashboards package."""
+"""The dashboards package's errors: all derive from ``DashboardError`` (itself a
+:class:`core.errors.GpuwardenError`)."""
 
 from __future__ import annotations
 
+from core.errors import GpuwardenError
 
-class DashboardError(Exception):
+
+class DashboardError(GpuwardenError):
     """Base of every error the dashboards package raises."""
 
 

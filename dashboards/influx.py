@@ -13,7 +13,7 @@ from typing import Any
 
 import urllib3
 
-from collector.transport import auth_headers
+from core.store.transport import auth_headers
 from dashboards.errors import QueryFailedError
 
 

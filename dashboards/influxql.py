@@ -25,7 +25,7 @@ from grafana_foundation_sdk.cog import runtime as cogruntime
 from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models import dashboard as model
 
-from collector.catalogue import CATALOGUE, FieldSpec, FieldType, Kind, Measurement
+from core.catalogue import CATALOGUE, FieldSpec, FieldType, Kind, Measurement
 from dashboards.errors import CatalogueNameError
 
 DATASOURCE_TYPE = "influxdb"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from collector.catalogue import CATALOGUE
+from core.catalogue import CATALOGUE
 from dashboards.influxql import Agg, Scope, Select, agg
 from dashboards.panels import XID_COLUMNS, AnyPanel, board, graph, grid, marks, states
 

@@ -17,7 +17,7 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
-from collector.catalogue import CATALOGUE
+from core.catalogue import CATALOGUE
 from dashboards.influxql import (
     DATASOURCE,
     DATASOURCE_TYPE,

@@ -1,6 +1,6 @@
 """Work lost to failures, with and without proactive remediation, on one SIMULATED trace.
 
-The reactive run is the scenario itself (``collector/scenario/jobs.py``): a job runs until a
+The reactive run is the scenario itself (``simulation/jobs.py``): a job runs until a
 fatal fault on one of its nodes stops it, then restarts ``restart_s`` later (or when a spare
 node is up) from its last checkpoint. It loses, per stop, the work since that checkpoint
 (recomputed) and the time until it runs again (downtime).

@@ -22,9 +22,9 @@ from matplotlib.lines import Line2D
 
 from analytics.predict.model import RiskModel
 from analytics.runner import Analysis
-from collector.scenario.generator import ScenarioGenerator
-from collector.scenario.spec import ScenarioSpec
 from demo.accounting import Comparison
+from simulation.generator import ScenarioGenerator
+from simulation.spec import ScenarioSpec
 
 H = 3600.0
 ACTION_MARK = {"checkpoint": ("o", "tab:green"), "drain": ("v", "tab:blue"),

@@ -40,12 +40,8 @@ from analytics.predict.evaluate import alert_starts
 from analytics.predict.model import RiskModel
 from analytics.runner import Analysis, LocalExecutor, analyse
 from analytics.topology import write_topology
-from collector.finding import Finding, Severity
-from collector.localinfluxd import LocalInfluxd
-from collector.replay_cli import stream_scenario
-from collector.scenario.generator import ScenarioGenerator
-from collector.scenario.spec import ScenarioSpec, load_spec
-from collector.sink import InfluxSink, SinkConfig
+from core.finding import Finding, Severity
+from core.store.sink import InfluxSink, SinkConfig
 from dashboards.cli import export as export_dashboards
 from dashboards.config import load_config as dashboards_config
 from demo.accounting import Comparison, Move, Stop, compare
@@ -57,10 +53,14 @@ from remediation.adapters.webhook import WebhookAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.cli import action_point
 from remediation.engine import Engine, EngineSettings
-from remediation.k8sfake import FakeKubernetes
 from remediation.model import Action, Adapter, Outcome
 from remediation.policy import DEFAULT_POLICIES, load_policies
-from remediation.slurmlocal import LocalSlurm
+from simulation.cli import stream_scenario
+from simulation.generator import ScenarioGenerator
+from simulation.spec import ScenarioSpec, load_spec
+from testbed.influxd import LocalInfluxd
+from testbed.k8s import FakeKubernetes
+from testbed.slurm import LocalSlurm
 
 DAY_NS = 86_400 * 10**9
 SCENARIO = "demo-day"
@@ -147,7 +147,7 @@ def submit_job(slurm: LocalSlurm, work: Path, nodes: int) -> str:
     script = work / "llm-13b.sh"
     script.write_text(
         "#!/bin/bash\n"
-        f"exec {sys.executable} -m remediation.sim_job --state-dir {work}/job "
+        f"exec {sys.executable} -m testbed.jobs.sim_job --state-dir {work}/job "
         f"--checkpoint-dir {work}/ckpt --step-s 0.2\n"
     )
     out = slurm.run("sbatch", "--parsable", "--requeue", "--exclusive", "-J", "llm-13b",

@@ -20,9 +20,9 @@ from analytics.config import AnalyticsConfig, load_config, with_overrides
 from analytics.predict.cli import dataset, train
 from analytics.predict.model import RiskModel
 from analytics.runner import LocalExecutor
-from collector.localinfluxd import LocalInfluxd
-from collector.replay_cli import stream_scenario
-from collector.scenario.spec import load_spec
+from simulation.cli import stream_scenario
+from simulation.spec import load_spec
+from testbed.influxd import LocalInfluxd
 
 DAY_NS = 86_400 * 10**9
 SCENARIO = "predictor-day"

@@ -22,10 +22,10 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from collector.agentconfig import ConfigError, read_secret
-from collector.finding import Finding, FindingError
-from collector.lineprotocol import Point
-from collector.sink import InfluxSink, SinkConfig
+from core.config import ConfigError, read_secret
+from core.finding import Finding, FindingError
+from core.store.lineprotocol import Point
+from core.store.sink import InfluxSink, SinkConfig
 from remediation.adapters import create
 from remediation.audit import AuditLog, read_records
 from remediation.config import RemediationConfig, load_config

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.agentconfig import ConfigError, merge_config, read_toml
+from core.config import ConfigError, merge_config, read_toml
 from remediation.adapters import ADAPTERS
 from remediation.engine import EngineSettings
 from remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies

@@ -36,8 +36,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.finding import Finding, Severity
+from core.finding import Finding, Severity
 from remediation.audit import AuditLog, Memory, replay
+from remediation.errors import RemediationError
 from remediation.model import (
     MUTATING,
     REMOVING,
@@ -98,7 +99,7 @@ class _Stats:
     actions: dict[str, int] = field(default_factory=dict)
 
 
-class EngineClosedError(RuntimeError):
+class EngineClosedError(RemediationError, RuntimeError):
     """The engine was closed before this call: nothing was recorded or done, so the same
     finding (or approval, or undo) can be sent again to a running engine."""
 

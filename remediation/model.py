@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
+from remediation.errors import RemediationError
+
 
 class ActionKind(StrEnum):
     NOTIFY = "notify"
@@ -88,7 +90,7 @@ class Outcome:
         return self.status in (Status.OK, Status.DRY_RUN)
 
 
-class AdapterError(RuntimeError):
+class AdapterError(RemediationError, RuntimeError):
     """An adapter could not do what it was asked; the message says what and why."""
 
 

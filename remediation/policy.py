@@ -19,13 +19,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.finding import SUBJECT_KEYS, Finding, Severity
+from core.finding import SUBJECT_KEYS, Finding, Severity
+from remediation.errors import RemediationError
 from remediation.model import ActionKind
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
-class PolicyError(ValueError):
+class PolicyError(RemediationError, ValueError):
     """A policy that cannot work; the message names it and the setting."""
 
 

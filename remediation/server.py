@@ -30,12 +30,12 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from datetime import datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from collector.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from core.timeparse import parse_iso
 from remediation.adapters.webhook import SIGNATURE_HEADER, verify_signature
 from remediation.engine import Engine, EngineClosedError
 
@@ -267,7 +267,7 @@ def grafana_finding(alert: Mapping[str, Any]) -> Finding:
     subject = {k: labels[k] for k in SUBJECT_KEYS if labels.get(k)}
     starts = str(alert.get("startsAt", ""))
     try:
-        t_ns = int(datetime.fromisoformat(starts.replace("Z", "+00:00")).timestamp() * 1e9)
+        t_ns = int(parse_iso(starts).timestamp() * 1e9)
     except ValueError:
         raise ValueError(f"startsAt {starts!r} is not a time") from None
     values = {str(k): v for k, v in dict(alert.get("values") or {}).items()}

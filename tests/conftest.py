@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from collector.localinfluxd import LocalInfluxd, free_port
+from testbed.influxd import LocalInfluxd, free_port
 
 _db_counter = itertools.count()
 

@@ -33,23 +33,23 @@ from analytics.runner import LocalExecutor, analyse
 from analytics.topology import write_topology
 from collector import sources
 from collector.agent import Agent
-from collector.catalogue import check_point
-from collector.finding import Finding
-from collector.localinfluxd import LocalInfluxd
-from collector.reporter import Reporter
-from collector.scenario.generator import TAGS, ScenarioGenerator
-from collector.scenario.spec import MEASUREMENTS, load_spec
-from collector.sink import InfluxSink, SinkConfig
+from collector.jobside.reporter import Reporter
 from collector.sources.base import SourceContext
 from collector.sources.infiniband import COUNTERS
+from core.catalogue import check_point
+from core.finding import Finding
+from core.store.sink import InfluxSink, SinkConfig
 from remediation.adapters.kubernetes import KubernetesAdapter
 from remediation.adapters.webhook import WebhookAdapter
 from remediation.audit import AuditLog
 from remediation.cli import action_point
 from remediation.engine import Engine, EngineSettings
-from remediation.k8sfake import FakeKubernetes
 from remediation.model import Action, Adapter, Outcome
 from remediation.policy import DEFAULT_POLICIES, load_policies
+from simulation.generator import TAGS, ScenarioGenerator
+from simulation.spec import MEASUREMENTS, load_spec
+from testbed.influxd import LocalInfluxd
+from testbed.k8s import FakeKubernetes
 from tests.test_golden import GOLDEN, materialise
 
 AGENT_NODE = "node-h100"

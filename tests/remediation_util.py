@@ -1,14 +1,16 @@
-"""Helpers shared by the remediation tests and benchmark: findings, a recording adapter, polling."""
+"""Helpers shared by the remediation tests and benchmark: findings and polling. The in-memory
+scheduler they act on is :class:`testbed.scheduler.RecordingAdapter`."""
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from collector.finding import Finding, Severity
-from remediation.model import Action, ActionKind, Inventory, Outcome, Status
+from core.finding import Finding, Severity
+from testbed.scheduler import RecordingAdapter
+
+__all__ = ["RecordingAdapter", "poll", "risk"]
 
 T = TypeVar("T")
 
@@ -36,33 +38,3 @@ def poll(check: Callable[[], T | None], timeout_s: float, what: str, every_s: fl
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
-class RecordingAdapter:
-    """A scheduler that keeps its state in memory and records every call that changes it."""
-
-    def __init__(self, name: str, nodes: dict[str, str] | None = None) -> None:
-        self.name = name
-        self.actions = frozenset(ActionKind)
-        self.partitions = dict(nodes or {})
-        self.out: set[str] = set()
-        self.calls: list[Action] = []
-        self.max_out_seen = 0
-        self._lock = threading.Lock()
-
-    def inventory(self) -> Inventory:
-        with self._lock:
-            return Inventory(dict(self.partitions), frozenset(self.out))
-
-    def describe(self, action: Action) -> str:
-        return f"{action.kind} {action.node}"
-
-    def perform(self, action: Action) -> Outcome:
-        with self._lock:
-            self.calls.append(action)
-            if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
-                self.out.add(action.node)
-            elif action.kind is ActionKind.UNCORDON:
-                self.out.discard(action.node)
-            self.max_out_seen = max(self.max_out_seen, len(self.out))
-        return Outcome(Status.OK, self.describe(action))

@@ -14,7 +14,7 @@ _hostile_text = st.text(
 
 
 def representable(name: str) -> bool:
-    """What line protocol can carry in a name (see collector.lineprotocol)."""
+    """What line protocol can carry in a name (see core.store.lineprotocol.encode)."""
     return (
         bool(name)
         and "\n" not in name

@@ -1,7 +1,7 @@
 """The agent loop, its outputs (InfluxDB, --once, --record), the fast path and the reporter.
 
 NVML answers come from CONSTRUCTED recordings (tests/golden/nvml-*/nvml.json; no GPU was
-available) and the sysfs trees are CONSTRUCTED (collector/sysfstree.py), except where a test
+available) and the sysfs trees are CONSTRUCTED (testbed/sysfstree.py), except where a test
 says it uses the real kernel log; InfluxDB is the real server.
 """
 
@@ -20,20 +20,21 @@ from typing import ClassVar
 
 import pytest
 
-from collector import agent_cli, sources
+from collector import cli as agent_cli
+from collector import sources
 from collector.agent import Agent, TraceRecorder
-from collector.agentconfig import ConfigError, load_config
-from collector.catalogue import check_point
-from collector.lineprotocol import Point
-from collector.lpparse import parse_lines
+from collector.config import ConfigError, load_config
+from collector.jobside.reporter import Reporter
 from collector.nvml.backend import NvmlError
 from collector.nvml.recorded import RecordedBackend, Recorder
 from collector.relay import ReporterRelay
-from collector.reporter import Reporter
-from collector.sink import InfluxSink, SinkConfig
 from collector.sources.base import SourceContext, SourceError
-from collector.sysfstree import build_node_tree
-from collector.trace import TraceReader, replay
+from core.catalogue import check_point
+from core.store.lineprotocol import Point
+from core.store.lineprotocol.strict import parse_lines
+from core.store.sink import InfluxSink, SinkConfig
+from core.store.trace import TraceReader, replay
+from testbed.sysfstree import build_node_tree
 
 GOLDEN = Path(__file__).parent / "golden"
 H100 = GOLDEN / "nvml-h100-8gpu" / "nvml.json"

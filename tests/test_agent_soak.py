@@ -16,10 +16,10 @@ from typing import Any
 
 from collector import sources
 from collector.agent import Agent
-from collector.lineprotocol import Point
 from collector.nvml.recorded import RecordedBackend
 from collector.sources.base import SourceContext
-from collector.sysfstree import build_node_tree
+from core.store.lineprotocol import Point
+from testbed.sysfstree import build_node_tree
 
 H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"
 

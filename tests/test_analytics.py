@@ -1,6 +1,6 @@
 """Analytics end to end on SIMULATED scenarios replayed into the real InfluxDB (Debian influxd).
 
-Each test generates a library scenario (collector/scenario/library; marginals from the real
+Each test generates a library scenario (simulation/library; marginals from the real
 AcmeTrace CDFs, ToRs from the real Lingjun topology), writes it through the sink, and runs the
 runner on it: the Dask path (LocalCluster, 2 workers) and the single-process path give the same
 results. What is injected is known, so the assertions are exact about *what* is found.
@@ -21,10 +21,10 @@ from analytics.emit import findings, points
 from analytics.mfu import model_flops_per_token
 from analytics.runner import DaskExecutor, LocalExecutor, analyse
 from analytics.topology import TopologyError, load_topology, write_topology
-from collector.catalogue import check_point
-from collector.scenario.generator import TAGS, ScenarioGenerator
-from collector.scenario.spec import load_spec
-from collector.sink import InfluxSink, SinkConfig
+from core.catalogue import check_point
+from core.store.sink import InfluxSink, SinkConfig
+from simulation.generator import TAGS, ScenarioGenerator
+from simulation.spec import load_spec
 
 MEASUREMENTS = ("gpu", "ib_port", "job_step", "job_model")
 
@@ -165,7 +165,7 @@ def test_results_are_written_back_in_catalogue_terms(influxd, influx_db, tmp_pat
 
 
 def test_unreachable_influxdb_is_a_clear_error(tmp_path):
-    from analytics.reader import QueryError
+    from core.store.reader import QueryError
 
     cfg = with_overrides(load_config(environ={}), influxdb={"url": "http://127.0.0.1:9"})
     with pytest.raises(QueryError, match="unreachable"):
@@ -199,7 +199,7 @@ def test_cli_run_writes_back_and_posts_findings_with_the_token(
     influxd, influx_db, tmp_path, capsys
 ):
     from analytics.cli import main
-    from collector.finding import Finding
+    from core.finding import Finding
     from tests.scripted_server import ScriptedServer
 
     _, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)

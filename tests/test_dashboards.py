@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
-from collector.catalogue import CATALOGUE
-from collector.localinfluxd import LocalInfluxd
+from core.catalogue import CATALOGUE
 from dashboards.alerts import rule_specs, rules_file
 from dashboards.check import catalogue_problems, problems, queries
 from dashboards.cli import main as dashboards_cli
@@ -30,6 +29,7 @@ from dashboards.grafana import ALL, QueryContext, interpolate, referenced_variab
 from dashboards.influx import InfluxQLClient
 from dashboards.influxql import Agg, Select
 from dashboards.render import render_all
+from testbed.influxd import LocalInfluxd
 from tests.dashboard_data import AGENT_NODE, Dataset
 from tests.dashboard_data import load as load_data
 

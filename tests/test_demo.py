@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from demo.accounting import Move, Stop, compare, last_checkpoint
-from remediation.slurmlocal import slurm_available
+from testbed.slurm import slurm_available
 
 H = 3600.0
 

@@ -16,11 +16,11 @@ from analytics.drift import DriftConfig, find_drift, find_job_mix
 from analytics.emit import findings
 from analytics.runner import Analysis, LocalExecutor, analyse
 from collector import sources
-from collector.agentconfig import ConfigError
-from collector.catalogue import check_point
-from collector.lineprotocol import Point
-from collector.sink import InfluxSink, SinkConfig
 from collector.sources.base import SourceContext
+from core.catalogue import check_point
+from core.config import ConfigError
+from core.store.lineprotocol import Point
+from core.store.sink import InfluxSink, SinkConfig
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 from tests.test_golden import GOLDEN
 

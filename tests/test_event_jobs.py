@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 
 from collector import sources
 from collector.attribution import NO_JOB, JobHistory, JobInfo
-from collector.finding import Finding
 from collector.sources.base import SourceContext
+from core.finding import Finding
 
 S = 10**9
 A = JobInfo("81234", "3", "3")

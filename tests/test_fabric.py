@@ -3,7 +3,7 @@
 The answers are CONSTRUCTED (no NVSwitch system was at hand): the 8x H100 golden recording
 (registered, every health bit answered "false"), the driver-reload case (GPU 1 still
 registering), and the hand-written answers below; the real path runs pynvml's structs over
-the stand-in library (collector.nvml.fakelib), which leaves the padding after the one-byte
+the stand-in library (testbed.nvml.fakelib), which leaves the padding after the one-byte
 state dirty, as the C struct allows.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.finding import Finding
 from collector.sources.nvml import Device, parse_gpu
+from core.finding import Finding
 from tests.test_golden import GOLDEN, run_case
 from tests.test_nvml_real_path import collect, fake, installed
 

@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 
 from collector import sources
-from collector.catalogue import check_point
-from collector.lineprotocol import encode_points
 from collector.plausible import Screen
 from collector.sources.base import SourceContext
+from core.catalogue import check_point
+from core.store.lineprotocol import encode_points
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.toml").exists())
@@ -108,11 +108,11 @@ def test_there_are_enough_cases() -> None:
 
 
 def test_the_recorder_captures_everything_the_source_asks(tmp_path: Path, monkeypatch) -> None:
-    """``python -m collector.nvml.record`` (run where a GPU is) re-recording the CONSTRUCTED
+    """``python -m testbed.nvml.record`` (run where a GPU is) re-recording the CONSTRUCTED
     8x H100 case through the same Recorder: the new case replays to the same line protocol,
     so a real recording made with it is a complete golden case."""
-    from collector.nvml import record
     from collector.nvml.recorded import RecordedBackend
+    from testbed.nvml import record
 
     source = GOLDEN / "nvml-h100-8gpu"
     monkeypatch.setattr(record, "make_backend", lambda: RecordedBackend(source / "nvml.json"))

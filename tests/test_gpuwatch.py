@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from collector import sources
-from collector.finding import Finding, Severity
 from collector.nvml.recorded import RecordedBackend
 from collector.sources.base import SourceContext
+from core.finding import Finding, Severity
 from tests.test_golden import GOLDEN
 
 S = 10**9

@@ -4,8 +4,8 @@ The unit tests use CONSTRUCTED frames (hand-written steps, GPU samples and heart
 end-to-end test replays the SIMULATED library scenario ``hang`` (a 16-node job that hangs for
 30 minutes with one rank's GPU idle while the other 127 spin) into the real InfluxDB and
 analyses windows ending before, during and after the hang. Another runs a REAL torchrun job
-(gloo, CPU, ``tests/hang_job.py``) whose rank 1 stops between steps while rank 0 blocks in its
-all-reduce; only the placement (each rank on its own "node") and the data are SIMULATED.
+(gloo, CPU, ``testbed/jobs/hang_job.py``) whose rank 1 stops between steps while rank 0 blocks in
+its all-reduce; only the placement (each rank on its own "node") and the data are SIMULATED.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from analytics.config import load_config, with_overrides
 from analytics.emit import findings
 from analytics.hangs import HangConfig, find_hang, pace, silence
 from analytics.runner import LocalExecutor, analyse
-from collector.agentconfig import ConfigError
-from collector.localinfluxd import free_port
+from core.config import ConfigError
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from testbed.influxd import free_port
 from tests.remediation_util import poll
 from tests.test_analytics import _load
 
@@ -233,7 +233,7 @@ def test_a_real_torchrun_job_that_hangs_is_found_and_its_stuck_rank_named(
     argv = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-        str(Path(__file__).with_name("hang_job.py")),
+        "-m", "testbed.jobs.hang_job",
     ]  # fmt: skip
     log = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)

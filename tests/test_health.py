@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from collector import agent_cli
-from collector.agentconfig import ConfigError, load_config
-from collector.finding import Finding, Severity
+from collector import cli as agent_cli
+from collector.config import ConfigError, load_config
 from collector.health import HealthGate
-from collector.lineprotocol import Point
+from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
 from tests.test_agent import GOLDEN, H100, ListSink, write_config
 
 S = 1_000_000_000

@@ -10,10 +10,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.catalogue import CATALOGUE
-from collector.errors import LineProtocolError
-from collector.lineprotocol import EncodeStats, Point, Precision, encode_point, encode_points
-from collector.lpframe import encode_frame, plan_fields
+from core.catalogue import CATALOGUE
+from core.errors import LineProtocolError
+from core.store.lineprotocol import EncodeStats, Point, Precision, encode_point, encode_points
+from core.store.lineprotocol.frame import encode_frame, plan_fields
 from tests import strategies as hs
 
 

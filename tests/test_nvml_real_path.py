@@ -1,5 +1,5 @@
 """The real NVML path (pynvml's wrappers and structs, then collector.nvml.real's adapters),
-run on a stand-in for libnvidia-ml (collector.nvml.fakelib) that answers from the golden
+run on a stand-in for libnvidia-ml (testbed.nvml.fakelib) that answers from the golden
 NVML recordings, which are CONSTRUCTED: no GPU was at hand. Each case must come out exactly
 as it does through the recorded backend, so what the agent does with the real driver's
 answers is tested wherever there is no GPU; older drivers and a driver that does not start
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from collector import sources
-from collector.nvml.fakelib import FakeLibrary, installed
 from collector.nvml.real import PynvmlBackend
 from collector.nvml.recorded import RecordedBackend
 from collector.sources.base import SourceContext, SourceError
+from testbed.nvml.fakelib import FakeLibrary, installed
 from tests.test_golden import CASES, GOLDEN, run_case
 
 NVML_CASES = [c for c in CASES if (GOLDEN / c / "nvml.json").exists()]
@@ -233,12 +233,12 @@ def test_gpm_samples_are_freed_when_the_source_closes(tmp_path):
 def test_recording_through_the_real_path_replays_the_same_and_is_never_called_real(
     tmp_path, monkeypatch
 ):
-    """What a GPU session will run (python -m collector.nvml.record), here with the real
+    """What a GPU session will run (python -m testbed.nvml.record), here with the real
     backend on the stand-in library: the new case replays to the lines of the one it was
     recorded from, and its provenance says CONSTRUCTED, not REAL."""
     import tomllib
 
-    from collector.nvml import record
+    from testbed.nvml import record
 
     source = GOLDEN / "nvml-h100-8gpu"
     library = fake("nvml-h100-8gpu")
@@ -260,7 +260,7 @@ def test_the_recorder_needs_no_polars(tmp_path):
 
     code = (
         "import sys; sys.modules['polars'] = None\n"
-        "from collector.nvml import record\n"
+        "from testbed.nvml import record\n"
         f"raise SystemExit(record.main([{str(tmp_path / 'case')!r}, '--steps', '1']))\n"
     )
     root = Path(__file__).parent.parent

@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 
 from collector import sources
 from collector.agent import Agent
-from collector.catalogue import CATALOGUE, Kind, Producer
-from collector.lineprotocol import Point
-from collector.lpparse import parse_lines
 from collector.nvml.recorded import RecordedBackend
 from collector.plausible import Screen
 from collector.sources.base import SourceContext
 from collector.sources.nvml import PLAIN_CALLS, Device, parse_gpu
-from collector.sysfstree import build_node_tree
+from core.catalogue import CATALOGUE, Kind, Producer
+from core.store.lineprotocol import Point
+from core.store.lineprotocol.strict import parse_lines
+from testbed.sysfstree import build_node_tree
 from tests.test_agent import ListSink
 from tests.test_golden import CASES, GOLDEN
 

@@ -1,6 +1,6 @@
 """Kubernetes job attribution through the kubelet's pod-resources API.
 
-The kubelet is :class:`collector.kubeletfake.FakeKubelet`: a real gRPC server on a unix
+The kubelet is :class:`testbed.kubelet.FakeKubelet`: a real gRPC server on a unix
 socket, answering what each test allocates (SIMULATED pods; no cluster here). The kubelet's
 answer in the wire-format test is encoded in this file by hand from the field numbers of the
 upstream ``api.proto`` (independently of the message declarations under test), with the fields
@@ -20,9 +20,8 @@ from typing import Any
 import grpc
 import pytest
 
-from collector import agent_cli, sources
-from collector.kubeletfake import FakeKubelet
-from collector.lineprotocol import Point
+from collector import cli as agent_cli
+from collector import sources
 from collector.nvml.recorded import RecordedBackend
 from collector.podresources import (
     STALE_AFTER_S,
@@ -33,6 +32,8 @@ from collector.podresources import (
     messages,
 )
 from collector.sources.base import SourceContext
+from core.store.lineprotocol import Point
+from testbed.kubelet import FakeKubelet
 from tests.test_agent import write_config
 
 H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"
@@ -303,7 +304,7 @@ def test_the_reporter_in_a_pod_names_the_job_as_the_agent_does(node, tmp_path, m
     """MFU joins the reporter's steps with the agent's GPU points by job: inside a pod with no
     job in its environment both must say ``<namespace>/<pod>``."""
     from collector.attribution import parse_environ
-    from collector.reporter import Reporter, pod_job
+    from collector.jobside.reporter import Reporter, pod_job
 
     nvml, backend, kubelet, procfs = node
     pod_process(procfs, 4100)

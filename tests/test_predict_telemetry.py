@@ -23,9 +23,9 @@ from analytics.predict.model import RiskModel, fit
 from analytics.predict.scoring import score
 from analytics.predict.telemetry import FEATURES
 from analytics.runner import LocalExecutor
-from collector.localinfluxd import LocalInfluxd
-from collector.replay_cli import stream_scenario
-from collector.scenario.spec import FaultSpec, ScenarioSpec, load_spec
+from simulation.cli import stream_scenario
+from simulation.spec import FaultSpec, ScenarioSpec, load_spec
+from testbed.influxd import LocalInfluxd
 
 HOUR = 3600
 

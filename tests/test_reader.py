@@ -5,9 +5,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from analytics.reader import InfluxReader, QueryError, build_select, quote_ident, quote_literal
-from collector.lineprotocol import Point
-from collector.sink import InfluxSink, SinkConfig
+from core.store.lineprotocol import Point
+from core.store.reader import InfluxReader, QueryError, build_select, quote_ident, quote_literal
+from core.store.sink import InfluxSink, SinkConfig
 
 pytestmark = pytest.mark.influxdb
 

@@ -18,11 +18,11 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from collector.catalogue import check_point
-from collector.errors import LineProtocolError
-from collector.lineprotocol import Point, encode_point
-from collector.lpparse import parse_lines
 from collector.relay import LOG_EVERY_S, MAX_BODY, ReporterRelay
+from core.catalogue import check_point
+from core.errors import LineProtocolError
+from core.store.lineprotocol import Point, encode_point
+from core.store.lineprotocol.strict import parse_lines
 from tests import strategies as hs
 
 NOW = 1_700_000_000_123_456_789
@@ -234,7 +234,7 @@ def test_everything_the_reporter_sends_is_accepted(relay):
     """The training-side reporter, every option used, a NaN loss (a diverging run) and its
     heartbeat included: nothing it sends is refused (the NaN field is left out by its
     encoder, the step kept)."""
-    from collector.reporter import Reporter
+    from collector.jobside.reporter import Reporter
 
     r, sink = relay
     rep = Reporter("j1", 3, url=f"http://{r.address[0]}:{r.address[1]}", flush_interval_s=0.01)

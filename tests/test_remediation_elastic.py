@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
-from collector.localinfluxd import free_port
 from remediation.adapters.elastic import ElasticAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
 from remediation.model import Action, ActionKind, AdapterError
 from remediation.policy import DEFAULT_POLICIES, load_policies
+from testbed.influxd import free_port
 from tests.remediation_util import RecordingAdapter, poll, risk
 
 torch = pytest.importorskip("torch", reason="scripts/bootstrap.sh installs the CPU build of torch")
@@ -58,7 +58,7 @@ def job(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
             "--nnodes=1:2", "--nproc-per-node=2", "--max-restarts=5", "--monitor-interval=0.5",
             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=gw-test",
             "--rdzv-conf=is_host=false,last_call_timeout=2,join_timeout=60",
-            "-m", "remediation.elastic_job", "--state-dir", str(state), "--step-s", "0.2",
+            "-m", "testbed.jobs.elastic_job", "--state-dir", str(state), "--step-s", "0.2",
         ]  # fmt: skip
         log = (tmp_path / f"{node}.log").open("w")
         proc = subprocess.Popen(

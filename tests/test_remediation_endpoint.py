@@ -22,10 +22,10 @@ from remediation.audit import AuditLog, read_records
 from remediation.cli import main as remediate
 from remediation.config import defaults, load_config
 from remediation.engine import Engine, EngineClosedError, EngineSettings
-from remediation.k8sfake import FakeKubernetes
 from remediation.model import Action, ActionKind
 from remediation.policy import DEFAULT_POLICIES, load_policies
 from remediation.server import Endpoint, make_server
+from testbed.k8s import FakeKubernetes
 from tests.remediation_util import RecordingAdapter, risk
 
 ROOT = Path(__file__).parent.parent
@@ -428,8 +428,8 @@ def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from collector.fastpath import FindingPoster
-    from collector.localinfluxd import LocalInfluxd, free_port
+    from core.poster import FindingPoster
+    from testbed.influxd import LocalInfluxd, free_port
     from tests.remediation_util import poll
 
     port = free_port()

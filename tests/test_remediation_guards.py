@@ -10,7 +10,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collector.finding import Finding, Severity
+from core.finding import Finding, Severity
 from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
 from remediation.model import MUTATING, ActionKind

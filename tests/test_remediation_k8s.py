@@ -11,9 +11,9 @@ import pytest
 from remediation.adapters.kubernetes import KubernetesAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
-from remediation.k8sfake import FakeKubernetes, matches_labels
 from remediation.model import Action, ActionKind, AdapterError
 from remediation.policy import DEFAULT_POLICIES, load_policies
+from testbed.k8s import FakeKubernetes, matches_labels
 from tests.remediation_util import RecordingAdapter, risk
 
 

@@ -18,7 +18,7 @@ from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
 from remediation.model import Action, ActionKind, AdapterError
 from remediation.policy import DEFAULT_POLICIES, load_policies
-from remediation.slurmlocal import LocalSlurm, slurm_available
+from testbed.slurm import LocalSlurm, slurm_available
 from tests.remediation_util import RecordingAdapter, poll, risk
 
 pytestmark = pytest.mark.skipif(not slurm_available(), reason="scripts/bootstrap.sh installs Slurm")
@@ -35,7 +35,7 @@ def submit_job(slurm: LocalSlurm, tmp: Path, *, requeue: bool = True) -> str:
     script = tmp / "job.sh"
     script.write_text(
         "#!/bin/bash\n"
-        f"exec {sys.executable} -m remediation.sim_job --state-dir {tmp}/state "
+        f"exec {sys.executable} -m testbed.jobs.sim_job --state-dir {tmp}/state "
         f"--checkpoint-dir {tmp}/ckpt --step-s 0.1\n"
     )
     flag = "--requeue" if requeue else "--no-requeue"

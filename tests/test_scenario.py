@@ -11,11 +11,11 @@ import polars as pl
 import pytest
 
 from analytics.drift import DriftConfig, find_drift
-from collector.catalogue import check_point
-from collector.scenario.calibration import acmetrace, stepfun_faults
-from collector.scenario.faults import DEFAULTS
-from collector.scenario.generator import TAGS, ScenarioGenerator
-from collector.scenario.spec import FAULT_TYPES, ScenarioError, library_names, load_spec, parse_spec
+from core.catalogue import check_point
+from simulation.calibration import acmetrace, stepfun_faults
+from simulation.faults import DEFAULTS
+from simulation.generator import TAGS, ScenarioGenerator
+from simulation.spec import FAULT_TYPES, ScenarioError, library_names, load_spec, parse_spec
 
 JOB = {"name": "j", "nodes": 4, "tp": 8, "pp": 4, "step_time_s": 5.0}
 

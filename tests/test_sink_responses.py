@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from collector.errors import SinkError
-from collector.localinfluxd import free_port
-from collector.sink import InfluxSink, SinkConfig
-from collector.transport import Outcome, classify, parse_retry_after
+from core.errors import SinkError
+from core.store.sink import InfluxSink, SinkConfig
+from core.store.transport import Outcome, classify, parse_retry_after
+from testbed.influxd import free_port
 from tests.scripted_server import Reply, ScriptedServer
 
 

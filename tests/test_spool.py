@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector.errors import SpoolError
-from collector.spool import Spool
+from core.errors import SpoolError
+from core.store.spool import Spool
 
 
 def _drain(spool, batch=1000):

@@ -7,9 +7,9 @@ the golden case ``sxid-kmsg`` shows the line protocol they become.
 from __future__ import annotations
 
 from collector import sources
-from collector.finding import Finding
 from collector.sources.base import SourceContext
 from collector.sources.xid import SxidLine, parse_line
+from core.finding import Finding
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 
 FATAL = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 30 sourcetrack timeout"

@@ -158,7 +158,7 @@ def test_the_files_of_an_hca_that_went_away_are_closed_at_rediscovery(tmp_path):
 
     from collector import sources
     from collector.sources.base import SourceContext
-    from collector.sysfstree import build_node_tree
+    from testbed.sysfstree import build_node_tree
 
     build_node_tree(tmp_path / "sys", hcas=4)
     ctx = SourceContext("c", "n", sysfs=tmp_path / "sys", procfs=tmp_path)

@@ -11,9 +11,9 @@ import json
 import polars as pl
 import pytest
 
-from collector.replay_cli import generate_trace, main
-from collector.sink import InfluxSink, SinkConfig
-from collector.trace import NS, TraceError, TraceReader, TraceWriter, replay
+from core.store.sink import InfluxSink, SinkConfig
+from core.store.trace import NS, TraceError, TraceReader, TraceWriter, replay
+from simulation.cli import generate_trace, main
 
 
 def _count(influxd, db, measurement, field):

@@ -8,9 +8,9 @@ import json
 import urllib.parse
 import urllib.request
 
-from collector.lineprotocol import Point
-from collector.sink import InfluxSink, SinkConfig
-from collector.transport import Outcome, V2Transport
+from core.store.lineprotocol import Point
+from core.store.sink import InfluxSink, SinkConfig
+from core.store.transport import Outcome, V2Transport
 
 
 def _export(url: str, metric: str) -> list[dict]:

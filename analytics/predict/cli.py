@@ -26,7 +26,7 @@ from analytics.predict.metrics import pr_auc, random_pr_auc
 from analytics.predict.model import RiskModel, fit, out_of_fold
 from analytics.predict.telemetry import FEATURES, MONOTONE
 from analytics.runner import DaskExecutor, LocalExecutor, stderr_progress
-from collector.replay_cli import parse_when
+from core.timeparse import parse_when
 
 
 def label_events(cfg: AnalyticsConfig, events: Sequence[FaultEvent]) -> list[FaultEvent]:

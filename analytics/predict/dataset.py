@@ -12,8 +12,8 @@ import polars as pl
 from analytics.config import AnalyticsConfig
 from analytics.predict.history import FaultEvent
 from analytics.predict.telemetry import events_from, features_from, label, read_node_group
-from analytics.reader import InfluxReader
 from analytics.runner import DaskExecutor, LocalExecutor, Progress
+from core.store.reader import InfluxReader
 
 
 @dataclass(frozen=True)

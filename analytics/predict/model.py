@@ -27,10 +27,12 @@ from sklearn.calibration import CalibratedClassifierCV
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.frozen import FrozenEstimator
 
+from analytics.errors import AnalyticsError
+
 FORMAT = 1
 
 
-class ModelError(Exception):
+class ModelError(AnalyticsError):
     """A model that cannot be trained (no positives), loaded or applied (missing features)."""
 
 

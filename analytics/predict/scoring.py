@@ -19,8 +19,8 @@ from analytics.config import AnalyticsConfig
 from analytics.predict.dataset import group_task
 from analytics.predict.model import RiskModel
 from analytics.runner import DaskExecutor, LocalExecutor
-from collector.finding import Finding, Severity
-from collector.lineprotocol import Point
+from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
 
 #: history needed before the scored bucket: the longest feature window (30 min) plus margin
 LOOKBACK_S = 45 * 60

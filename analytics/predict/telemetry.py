@@ -32,7 +32,7 @@ import polars as pl
 
 from analytics.counters import increases
 from analytics.predict.history import DAY_S, FaultEvent, history_frame
-from analytics.reader import InfluxReader
+from core.store.reader import InfluxReader
 
 GPU_AGG = {
     "sbe": "max:ecc_sbe_volatile_total",

@@ -19,8 +19,8 @@ from typing import Protocol
 
 from collector.attribution import JobHistory
 from collector.errors import CollectorError
-from collector.finding import Finding
-from collector.lineprotocol import Point
+from core.finding import Finding
+from core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Both the NVML event set and the kernel log report XIDs; each writes its own poin
 tag ``nvml`` or ``kmsg``) so an operator sees which path saw it. Each is tagged with the job
 (and rank) it hit, from :class:`~collector.attribution.JobHistory`: the job the GPU had when
 the event happened, not the one found when it was read. A fatal event also becomes a
-:class:`~collector.finding.Finding` handed to ``context.emit_finding`` at once, with the job
+:class:`~core.finding.Finding` handed to ``context.emit_finding`` at once, with the job
 in its evidence; the finding's id depends only on kind, subject and time bucket (not the job,
 which the two paths may see differently), so the engine de-duplicates the two paths.
 """
@@ -14,10 +14,10 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from collector.attribution import NO_JOB, JobInfo
-from collector.finding import Finding, Severity
-from collector.lineprotocol import Point
 from collector.sources.base import SourceContext
-from collector.xidcat import XidPolicy
+from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
+from core.xidcat import XidPolicy
 
 if TYPE_CHECKING:
     from collector.sources.xid import SxidLine

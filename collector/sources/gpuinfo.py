@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from collector.lineprotocol import Point
 from collector.nvml.backend import NvmlError
+from core.store.lineprotocol import Point
 
 if TYPE_CHECKING:
     from collector.sources.nvml import Device, Reader

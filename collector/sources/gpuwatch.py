@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.health import Stretch
-from collector.lineprotocol import Point
 from collector.sources.base import SourceContext
 from collector.sources.events import emit, gpu_event, job_words
+from core.store.lineprotocol import Point
 
 log = logging.getLogger("collector.sources.nvml")
 

@@ -20,8 +20,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from collector.lineprotocol import Point
 from collector.sources.base import FileReader, SourceContext, parse_int
+from core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from collector.attribution import NO_JOB, POD_UID_PREFIX, JobInfo, JobResolver
-from collector.catalogue import CLOCK_EVENT_REASONS
-from collector.lineprotocol import Point
 from collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
@@ -46,7 +44,9 @@ from collector.sources.base import SourceContext, SourceError, WarnOnce, normali
 from collector.sources.events import emit, gpu_event, job_words, xid_point
 from collector.sources.gpuinfo import driver_version, info_point, parse_info, read_info
 from collector.sources.gpuwatch import GpuWatch
-from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+from core.catalogue import CLOCK_EVENT_REASONS
+from core.store.lineprotocol import Point
+from core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 log = logging.getLogger(__name__)
 

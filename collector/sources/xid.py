@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from collector.attribution import job_of_pid
-from collector.lineprotocol import Point
 from collector.sources.base import SourceContext, normalise_pci
 from collector.sources.events import sxid_point, xid_point
-from collector.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+from core.store.lineprotocol import Point
+from core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"

@@ -7,6 +7,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from remediation.errors import RemediationError
 from remediation.model import Adapter
 
 ADAPTERS: dict[str, str] = {
@@ -17,7 +18,7 @@ ADAPTERS: dict[str, str] = {
 }
 
 
-class UnknownAdapterError(KeyError):
+class UnknownAdapterError(RemediationError, KeyError):
     pass
 
 

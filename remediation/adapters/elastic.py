@@ -2,7 +2,7 @@
 
 * **checkpoint**: sets ``<prefix>/request`` in the job's ``TCPStore`` (the rendezvous store, or
   any store the workers read) and waits for ``<prefix>/ack/<request_id>``, which the training
-  side (:mod:`collector.checkpoint_hook`) sets once every rank has saved. Measured here: the
+  side (:mod:`collector.jobside.checkpoint_hook`) sets once every rank has saved. Measured here: the
   acknowledgement arrives within a step or two.
 * **drain / cordon**: stops that node's elastic agent (``torchrun``), so the remaining agents
   re-form the group without it (the job must run with ``--nnodes=MIN:MAX`` and MIN below the
@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collector.checkpoint_hook import PREFIX
+from collector.jobside.checkpoint_hook import PREFIX
 from remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
 

@@ -12,7 +12,7 @@ there. Facts this module is built on (measured on 22.05.8):
   jobs that allow it (``--requeue`` or ``JobRequeue=1``); a job that does not is reported,
   not killed.
 
-Checkpoint requests follow :mod:`collector.checkpoint_hook`: a request file per job under
+Checkpoint requests follow :mod:`collector.jobside.checkpoint_hook`: a request file per job under
 ``checkpoint_dir`` (shared storage the job can read), and, if ``checkpoint_signal`` is set, that
 signal to the batch shell and every step; the adapter then waits for the job's acknowledgement
 file, up to ``checkpoint_timeout_s``. No signal is sent by default: bash dies of ``SIGUSR1``
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector.checkpoint_hook import ack_path, request_path, write_json_atomic
+from collector.jobside.checkpoint_hook import ack_path, request_path, write_json_atomic
 from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
 
 # node states and flags that mean "takes no new work"

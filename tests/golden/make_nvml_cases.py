@@ -2,7 +2,7 @@
 
     uv run python tests/golden/make_nvml_cases.py
 
-nvml-h100-8gpu / nvml-a100-8gpu: collector.nvml.construct, 8 GPUs, 2 ticks; the A100 node's
+nvml-h100-8gpu / nvml-a100-8gpu: testbed.nvml.construct, 8 GPUs, 2 ticks; the A100 node's
   GPU 5 runs its PCIe link at x8 of x16 (trained down).
 nvml-gpu-lost: 2 H100s; at tick 1 GPU 1 answers GPU_IS_LOST to everything and NVML delivers a
   critical XID 79 event for it; tick 2 it is still lost (no second gpu_lost event).
@@ -19,9 +19,9 @@ import json
 from pathlib import Path
 
 from collector.nvml.backend import ERROR_GPU_IS_LOST
-from collector.nvml.construct import construct
 from collector.nvml.recorded import call_key
 from collector.sources.nvml import GPU_FIELD_IDS, NVLINK_SCOPED, field_request
+from testbed.nvml.construct import construct
 
 HERE = Path(__file__).parent
 

@@ -1,0 +1,233 @@
+"""``gpuwarden-agent``: the node agent.
+
+    gpuwarden-agent --config /etc/gpuwarden/agent.toml          # run (systemd, DaemonSet)
+    gpuwarden-agent --once                                      # print one cycle, send nothing
+                                                                # (exit 1 if a source failed)
+    gpuwarden-agent --record /var/tmp/trace --cycles 360        # record what it would send
+    gpuwarden-agent --config agent.toml --print-config          # effective settings as TOML
+
+Settings come from the TOML file, then ``GPUWARDEN_<SECTION>_<KEY>`` environment variables
+(see ``config/agent.sample.toml``). SIGTERM or SIGINT stops the loop and flushes the sink.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Mapping
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from collector import sources
+from collector.agent import Agent, LinePrinter, PointSink, SourceHealth, TraceRecorder
+from collector.config import AgentConfig, ConfigError, load_config
+from collector.health import HealthGate
+from collector.nvml.recorded import Recorder
+from collector.relay import ReporterRelay
+from collector.sources.base import SourceContext
+from core.errors import GpuwardenError
+from core.finding import Finding
+from core.poster import FindingPoster
+from core.store.sink import InfluxSink
+
+log = logging.getLogger("gpuwarden.agent")
+
+
+def build_context(config: AgentConfig) -> SourceContext:
+    a = config["agent"]
+    return SourceContext(
+        cluster=a["cluster"],
+        node=a["node"] or socket.gethostname(),
+        sysfs=Path(a["sysfs"]),
+        procfs=Path(a["procfs"]),
+        kmsg=Path(a["kmsg"]),
+    )
+
+
+def build_agent(
+    config: AgentConfig, sink: PointSink, sink_stats: Any = None, nvml: Any = None
+) -> tuple[Agent, FindingPoster | None]:
+    """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend."""
+    context = build_context(config)
+    a = config["agent"]
+    made = []
+    for name in a["sources"]:
+        settings = config.source_settings(name)
+        if name == "nvml" and nvml is not None:
+            settings["backend_instance"] = nvml
+        made.append(sources.create(name, context, settings))
+    agent = Agent(
+        made,
+        sink,
+        cluster=context.cluster,
+        node=context.node,
+        interval_s=a["interval_s"],
+        source_timeout_s=a["source_timeout_s"],
+        sink_stats=sink_stats,
+    )
+    poster = (
+        FindingPoster(a["remediation_url"], a["remediation_token_file"])
+        if a["remediation_url"]
+        else None
+    )
+    h = config["health"]
+    if h["healthy_after_s"] < 0 or h["expected_gpus"] < 0:
+        raise ConfigError("[health] healthy_after_s and expected_gpus must be 0 or more")
+    gate: HealthGate | None = None
+
+    def emit(finding: Finding) -> None:
+        if gate is not None:
+            gate.observe(finding)
+        agent.add_finding(finding)
+        if poster is not None:
+            poster.post(finding)
+
+    if h["healthy_after_s"] > 0:
+        gate = HealthGate(
+            context.cluster,
+            context.node,
+            emit,
+            healthy_after_s=float(h["healthy_after_s"]),
+            expected_gpus=int(h["expected_gpus"]),
+        )
+        agent.on_cycle = gate.cycle
+    context.emit_finding = emit
+    return agent, poster
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="gpuwarden-agent", description=__doc__.split("\n")[0])
+    parser.add_argument("--config", help="TOML file (default: built-in defaults)")
+    parser.add_argument(
+        "--once",
+        action="store_true",
+        help="print one cycle as line protocol; exit 1 if any source failed (a node check)",
+    )
+    parser.add_argument("--record", metavar="DIR", help="record to a trace instead of sending")
+    parser.add_argument("--cycles", type=int, help="stop after N cycles")
+    parser.add_argument(
+        "--record-nvml",
+        metavar="FILE",
+        help="also save every NVML answer of the run as a gpuwarden-nvml/1 recording "
+        "(on a GPU machine: a real fixture for tests)",
+    )
+    parser.add_argument("--print-config", action="store_true")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = load_config(args.config)
+        if args.print_config:
+            _print_config(config)
+            return 0
+        return _run(config, args)
+    except GpuwardenError as exc:
+        print(f"gpuwarden-agent: {exc}", file=sys.stderr)
+        return 2
+
+
+def _run(config: AgentConfig, args: argparse.Namespace) -> int:
+    relay = None
+    influx: InfluxSink | None = None
+    sink: PointSink
+    if args.once:
+        sink = LinePrinter(sys.stdout.write)
+    elif args.record:
+        sink = TraceRecorder(args.record, f"recorded by gpuwarden-agent on {socket.gethostname()}",
+                             simulated=config["nvml"]["backend"] == "recorded")  # fmt: skip
+    else:
+        influx = InfluxSink(config.sink)
+        sink = influx
+    recorder = None
+    if args.record_nvml:
+        recorder = _nvml_recorder(config)
+    agent, poster = build_agent(
+        config, sink, (lambda: influx.stats().fields()) if influx else None, recorder
+    )
+    if influx is not None and config["agent"]["reporter_listen"]:
+        relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
+        relay.start()
+        agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    log.info("agent: %d sources every %.1fs", len(agent.sources), agent.interval_s)
+    try:
+        agent.run(stop, max_cycles=1 if args.once else args.cycles)
+    finally:
+        if relay is not None:
+            relay.close()
+        if poster is not None:
+            poster.close()
+        if recorder is not None:
+            recorder.save(args.record_nvml)
+            log.info("NVML answers of %d cycles saved to %s", agent.cycles, args.record_nvml)
+    if args.once:  # a node check: says how each source did, fails when any did
+        print(check_summary(agent.health), file=sys.stderr)
+        failed = sorted(name for name, health in agent.health.items() if health.errors)
+        if failed:
+            print(f"gpuwarden-agent: failed in this cycle: {', '.join(failed)} (see the log)",
+                  file=sys.stderr)  # fmt: skip
+            return 1
+    return 0
+
+
+def check_summary(health: Mapping[str, SourceHealth]) -> str:
+    """One line per source after ``--once``: failed (and why), or how many points it gave
+    (none: that hardware is absent here, or not where the configuration points)."""
+    width = max((len(name) for name in health), default=0)
+    lines = ["gpuwarden-agent: node check, one cycle"]
+    for name, h in health.items():
+        if h.failing or h.errors:
+            state = f"FAILED  {h.failing or 'see the log'}"
+        else:
+            state = f"ok      {h.points} points"
+            if h.implausible:
+                state += f", {h.implausible} impossible reading(s) left out (see the log)"
+        lines.append(f"  {name:<{width}}  {state}")
+    if any(not h.points and not h.errors for h in health.values()):
+        lines.append("  (0 points: nothing to read there, no such hardware or, for xid, no events)")
+    return "\n".join(lines)
+
+
+def _nvml_recorder(config: AgentConfig) -> Recorder:
+    import platform
+
+    if config["nvml"]["backend"] == "recorded":
+        from collector.nvml.recorded import RecordedBackend
+
+        inner: Any = RecordedBackend(config["nvml"]["recording"], loop=config["nvml"]["loop"])
+    else:
+        from collector.nvml.real import PynvmlBackend
+
+        inner = PynvmlBackend()
+    return Recorder(inner, note=f"recorded by gpuwarden-agent on {platform.node()}")
+
+
+def _print_config(config: AgentConfig) -> None:
+    for section, values in config.sections.items():
+        print(f"[{section}]")
+        for key, value in values.items():
+            print(f"{key} = {_toml(value)}")
+        print()
+
+
+def _toml(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,95 @@
+"""The agent's configuration: TOML file, then environment overrides, over the defaults.
+
+``config/agent.sample.toml`` lists every setting with its default (a test checks it equals
+:data:`DEFAULTS`). An environment variable ``GPUWARDEN_<SECTION>_<KEY>`` overrides one setting,
+e.g. ``GPUWARDEN_AGENT_INTERVAL_S=5`` or ``GPUWARDEN_SINK_URL=http://influx:8086``; lists are
+comma-separated and booleans are ``true``/``false``/``1``/``0``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from core.config import ConfigError, merge_config
+from core.store.sink import SinkConfig
+from core.xidcat import DEFAULT_FATAL_XIDS
+
+__all__ = ["DEFAULTS", "AgentConfig", "ConfigError", "load_config"]
+
+
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "agent": {
+        "cluster": "default",
+        "node": "",
+        "interval_s": 10.0,
+        "source_timeout_s": 5.0,
+        "sources": ["nvml", "xid", "infiniband", "power", "thermal"],
+        "sysfs": "/sys",
+        "procfs": "/proc",
+        "kmsg": "/dev/kmsg",
+        "remediation_url": "",
+        "remediation_token_file": "",
+        "reporter_listen": "127.0.0.1:9465",
+    },
+    "nvml": {
+        "backend": "pynvml",
+        "recording": "",
+        "loop": False,
+        "nvlink": True,
+        "gpm": True,
+        "processes": True,
+        "events": "thread",
+        "jobmap_dir": "/run/gpuwarden/jobs",
+        "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",
+        "pod_resources_refresh_s": 30.0,
+        "pod_resources_names": ["nvidia.com/gpu", "nvidia.com/gpu.shared"],
+        "fabric_grace_s": 600.0,
+        "info_every_s": 600.0,
+    },
+    "xid": {
+        "path": "",
+        "lookback_s": 300.0,
+        "fatal_xids": list(DEFAULT_FATAL_XIDS),
+        "extra_fatal_xids": [],
+        "not_fatal_xids": [],
+    },
+    "infiniband": {"hcas": [], "rediscover_cycles": 60},
+    "power": {"rapl": True, "hwmon": True},
+    "thermal": {"thermal_zones": True, "hwmon": True},
+    "health": {"healthy_after_s": 1800.0, "expected_gpus": 0},
+    "sink": SinkConfig().to_mapping(),
+}
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    sections: Mapping[str, Mapping[str, Any]]
+
+    def __getitem__(self, section: str) -> Mapping[str, Any]:
+        return self.sections[section]
+
+    @property
+    def sink(self) -> SinkConfig:
+        return SinkConfig.from_mapping(dict(self.sections["sink"]))
+
+    def source_settings(self, name: str) -> dict[str, Any]:
+        """A source's settings; the XID lists are shared by the nvml and xid sources."""
+        settings = dict(self.sections.get(name, {}))
+        if name == "nvml":
+            xid = self.sections["xid"]
+            for key in ("fatal_xids", "extra_fatal_xids", "not_fatal_xids"):
+                settings[key] = xid[key]
+        return settings
+
+
+def load_config(
+    path: str | Path | None = None, environ: Mapping[str, str] | None = None
+) -> AgentConfig:
+    config = AgentConfig(merge_config(DEFAULTS, path, environ, "agent"))
+    config.sink  # noqa: B018  (validates the sink section now, not at first write)
+    if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
+        raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
+    return config

@@ -1,0 +1,139 @@
+"""Training side of gpuwarden's checkpoint-request protocol: "checkpoint now, a node may fail".
+
+Dependency-free, a sibling of :mod:`collector.jobside.reporter`. The remediation engine asks
+in one of three ways, and this hook hears all of them:
+
+* **a signal** (Slurm: ``scancel --full -s USR1 <job>``): sets a flag, nothing else happens in
+  the signal handler;
+* **a request file** ``<directory>/<job>.request`` (shared storage; Slurm and anything else);
+* **a rendezvous-store key** ``<prefix>/request`` (PyTorch elastic: the engine sets it in the
+  job's ``TCPStore``; pass the store, or anything with ``check``/``get``/``set``).
+
+A request is JSON: ``{"request_id": ..., "reason": ..., "time": ...}``. After saving, the
+training loop acknowledges with the step it saved, to the file ``<directory>/<job>.ack`` or the
+store key ``<prefix>/ack/<request_id>``; the engine waits for that before draining the node.
+
+Checkpointing is collective: every rank must save at the same step. Ranks can see a request
+at different steps, so agree first, e.g. with ``torch.distributed.all_reduce(flag, MAX)``::
+
+    hook = CheckpointRequests(directory="/shared/gpuwarden", store=store)
+    for step in range(start, steps):
+        train_step()
+        flag = torch.tensor([1 if hook.pending() else 0])
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        if flag.item():
+            save_checkpoint(step)
+            hook.acknowledge(step)          # rank 0 only is enough; idempotent
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from types import FrameType
+from typing import Any, Protocol
+
+PREFIX = "gpuwarden/checkpoint"
+
+
+class Store(Protocol):
+    """The subset of ``torch.distributed.Store`` the protocol uses."""
+
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def set(self, key: str, value: str) -> None: ...
+
+
+def request_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.request"
+
+
+def ack_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.ack"
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+class CheckpointRequests:
+    def __init__(
+        self,
+        *,
+        job: str | None = None,
+        directory: str | Path | None = None,
+        store: Store | None = None,
+        prefix: str = PREFIX,
+        signals: tuple[int, ...] = (signal.SIGUSR1,),
+    ) -> None:
+        self.job = job or os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
+        self.directory = Path(directory) if directory else None
+        self.store = store
+        self.prefix = prefix
+        self.done: set[str] = set()
+        self._signalled = False
+        for signum in signals:
+            signal.signal(signum, self._on_signal)
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        self._signalled = True
+
+    def _file_request(self) -> str | None:
+        if self.directory is None or not self.job:
+            return None
+        try:
+            data = json.loads(request_path(self.directory, self.job).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        rid = str(data.get("request_id", "")) if isinstance(data, dict) else ""
+        if rid and _answered(ack_path(self.directory, self.job), rid):
+            return None  # acknowledged before (by this process, or before a restart)
+        return rid or None
+
+    def _store_request(self) -> str | None:
+        key = f"{self.prefix}/request"
+        if self.store is None or not self.store.check([key]):
+            return None
+        try:
+            data = json.loads(self.store.get(key))
+        except ValueError:
+            return None
+        rid = str(data.get("request_id", "")) if isinstance(data, dict) else ""
+        if rid and self.store.check([f"{self.prefix}/ack/{rid}"]):
+            return None
+        return rid or None
+
+    def pending(self) -> str | None:
+        """The id of a request not yet acknowledged (``"signal"`` for a bare signal), or None."""
+        for rid in (self._store_request(), self._file_request()):
+            if rid and rid not in self.done:
+                return rid
+        return "signal" if self._signalled else None
+
+    def acknowledge(self, step: int, request_id: str | None = None) -> None:
+        """Tell the engine the checkpoint of ``step`` is saved (answers every open request)."""
+        open_ids = {r for r in (self._store_request(), self._file_request()) if r}
+        if request_id:
+            open_ids.add(request_id)
+        ack = {"step": int(step), "time": time.time(), "job": self.job}
+        for rid in open_ids - self.done:
+            if self.store is not None:
+                self.store.set(f"{self.prefix}/ack/{rid}", json.dumps(ack | {"request_id": rid}))
+            if self.directory is not None and self.job:
+                write_json_atomic(ack_path(self.directory, self.job), ack | {"request_id": rid})
+            self.done.add(rid)
+        self._signalled = False
+
+
+def _answered(path: Path, request_id: str) -> bool:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("request_id") == request_id

@@ -1,0 +1,285 @@
+"""The training-side reporter: a training loop reports each step; MFU is computed from it.
+
+Dependency-free (the standard library and gpuwarden's own stdlib-only line-protocol encoder),
+so any training script can import it::
+
+    from collector.jobside.reporter import Reporter
+
+    rep = Reporter()                      # job, rank and node from the environment (the job
+                                          # as the node agent names it: Slurm, torchrun,
+                                          # GPUWARDEN_JOB, or the Kubernetes pod)
+    rep.model(params=7_000_000_000, layers=32, hidden_size=4096, heads=32, seq_len=4096,
+              world_size=64, dtype="bf16")
+    for step in range(start, steps):
+        with rep.timed_step(step, tokens=tokens_per_rank, samples=batch):
+            train_step()
+    rep.close()
+
+It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default
+(``http://127.0.0.1:9465``, which spools through outages) or InfluxDB itself. Sending happens on
+a background thread; a training step never waits on the network. If the queue is full (the
+agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
+
+From the first report on, the same thread also sends a ``job_heartbeat`` every ``heartbeat_s``
+(30 s; 0 turns it off): the last step, the time since it, and whether the rank is inside a
+:meth:`Reporter.timed_step`. The thread keeps beating while the training loop is stuck (a
+collective that never returns releases the GIL while it waits), which is how analytics tells
+a hung job (alive, silent) from one that ended, and a rank stuck between steps (data loading)
+from ranks waiting inside one (in a collective).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections import deque
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+
+from collector.attribution import job_from_environ
+from core.store.lineprotocol import Point, encode_point
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def pod_job(env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
+    """``<namespace>/<pod>`` inside a Kubernetes pod, as the node agent names the pod holding
+    a GPU (pod-resources API): the pod name is the default hostname, the namespace is in the
+    service-account mount (or ``POD_NAMESPACE``, set it from the downward API if the pod has
+    no service account or a ``hostname`` of its own); ``""`` outside Kubernetes."""
+    if "KUBERNETES_SERVICE_HOST" not in env:
+        return ""
+    namespace = env.get("POD_NAMESPACE", "")
+    if not namespace:
+        try:
+            with open(namespace_file, encoding="utf-8") as f:
+                namespace = f.read().strip()
+        except OSError:
+            return ""
+    pod = env.get("POD_NAME") or env.get("HOSTNAME", "")
+    return f"{namespace}/{pod}" if namespace and pod else ""
+
+
+class Reporter:
+    def __init__(
+        self,
+        job: str | None = None,
+        rank: int | None = None,
+        *,
+        url: str | None = None,
+        database: str = "gpuwarden",
+        cluster: str | None = None,
+        node: str | None = None,
+        token: str | None = None,
+        max_queue: int = 100_000,
+        flush_interval_s: float = 1.0,
+        heartbeat_s: float = 30.0,
+    ) -> None:
+        env = os.environ
+        self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
+        self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
+        self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
+        self.database = database
+        self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
+        self.node = node or socket.gethostname()
+        self.token = token if token is not None else env.get("GPUWARDEN_REPORTER_TOKEN", "")
+        self.flush_interval_s = flush_interval_s
+        self.heartbeat_s = heartbeat_s
+        self._last_step: int | None = None
+        self._last_step_at = time.monotonic()
+        self._in_step = False
+        self._beat_at = 0.0
+        self.sent = 0
+        self.dropped = 0
+        self.last_error = ""
+        self._queue: deque[str] = deque()
+        self._max_queue = max_queue
+        self._cond = threading.Condition()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    # -- reporting --------------------------------------------------------------------------
+
+    def model(
+        self,
+        *,
+        params: int,
+        layers: int,
+        hidden_size: int,
+        heads: int,
+        seq_len: int,
+        world_size: int,
+        dtype: str = "bf16",
+        recompute: bool = False,
+        gpu_model: str = "",
+        tensor_parallel: int = 0,
+        pipeline_parallel: int = 0,
+    ) -> None:
+        """The model shape, once per job (rank 0 is enough; every rank may call it).
+
+        ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel ranks
+        fastest, then data-parallel, then pipeline stage) let analytics compare each rank with
+        the ranks of its own pipeline stage; 0 leaves them out."""
+        fields: dict[str, int | bool | str] = {
+            "params_count": params,
+            "layers_count": layers,
+            "hidden_size_count": hidden_size,
+            "heads_count": heads,
+            "seq_len_tokens": seq_len,
+            "world_size_count": world_size,
+            "recompute_active": recompute,
+        }
+        if gpu_model:
+            fields["gpu_model"] = gpu_model
+        if tensor_parallel:
+            fields["tensor_parallel_count"] = tensor_parallel
+        if pipeline_parallel:
+            fields["pipeline_parallel_count"] = pipeline_parallel
+        tags = {"cluster": self.cluster, "job": self.job, "dtype": dtype}
+        self._put(Point("job_model", tags, fields, time.time_ns()))
+
+    def step(
+        self,
+        step_index: int,
+        step_time_s: float,
+        tokens: int,
+        samples: int,
+        loss: float | None = None,
+        time_ns: int | None = None,
+    ) -> None:
+        fields: dict[str, int | float] = {
+            "step_index": step_index,
+            "step_time_s": float(step_time_s),
+            "tokens_count": tokens,
+            "samples_count": samples,
+        }
+        if loss is not None:
+            fields["loss_ratio"] = float(loss)
+        self._last_step, self._last_step_at = step_index, time.monotonic()
+        self._put(Point("job_step", self._rank_tags(), fields, time_ns or time.time_ns()))
+
+    @contextmanager
+    def timed_step(self, step_index: int, tokens: int, samples: int) -> Iterator[None]:
+        t0 = time.perf_counter()
+        self._in_step = True
+        self._ensure_thread()  # beat from the first step on, even if it never ends
+        try:
+            yield
+        finally:
+            self._in_step = False
+        self.step(step_index, time.perf_counter() - t0, tokens, samples)
+
+    def _rank_tags(self) -> dict[str, str]:
+        return {"cluster": self.cluster, "node": self.node, "job": self.job, "rank": str(self.rank)}
+
+    def _heartbeat(self) -> None:
+        """Queue a ``job_heartbeat`` (the sender thread calls it every ``heartbeat_s``): the
+        rank is alive, whatever its training loop is doing, and says where in it it is."""
+        fields: dict[str, int | float | bool] = {
+            "since_step_s": round(time.monotonic() - self._last_step_at, 3),
+            "in_step_active": self._in_step,
+        }
+        if self._last_step is not None:
+            fields["step_index"] = self._last_step
+        self._put(Point("job_heartbeat", self._rank_tags(), fields, time.time_ns()))
+
+    def _put(self, point: Point) -> None:
+        line = encode_point(point)
+        if line is None:
+            return
+        self._ensure_thread()
+        with self._cond:
+            if len(self._queue) >= self._max_queue:
+                self._queue.popleft()
+                self.dropped += 1
+            self._queue.append(line)
+            self._cond.notify()
+
+    # -- sending ----------------------------------------------------------------------------
+
+    def _ensure_thread(self) -> None:
+        if self._thread is not None:  # every step passes here: no lock once it runs
+            return
+        with self._cond:
+            if self._thread is None and not self._closed:
+                self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
+                self._thread.start()
+
+    def _post(self, lines: list[str]) -> bool:
+        query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
+        headers = {"Content-Type": "text/plain; charset=utf-8"}
+        if self.token:
+            headers["Authorization"] = f"Token {self.token}"
+        body = ("\n".join(lines) + "\n").encode()
+        req = urllib.request.Request(f"{self.url}/write?{query}", body, headers, method="POST")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as resp:
+                resp.read()
+            return True
+        except urllib.error.HTTPError as exc:
+            self.last_error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
+            if 400 <= exc.code < 500 and exc.code != 429:
+                self.dropped += len(lines)  # refused: resending would be refused again
+                return True
+            return False
+        except OSError as exc:
+            self.last_error = str(exc)
+            return False
+
+    def _beat_due(self) -> bool:
+        if self.heartbeat_s <= 0 or self._closed:
+            return False
+        if time.monotonic() - self._beat_at < self.heartbeat_s:
+            return False
+        self._beat_at = time.monotonic()
+        return True
+
+    def _run(self) -> None:
+        backoff = 0.5
+        while True:
+            with self._cond:  # a reentrant lock: _heartbeat queues under it
+                if self._beat_due():
+                    self._heartbeat()
+                while not self._queue and not self._closed:
+                    self._cond.wait(min(self.flush_interval_s, self.heartbeat_s or 1e9))
+                    if self._beat_due():
+                        self._heartbeat()
+                if not self._queue and self._closed:
+                    return
+                lines = [self._queue[i] for i in range(min(len(self._queue), 5000))]
+            if self._post(lines):
+                with self._cond:
+                    for _ in lines:
+                        self._queue.popleft()
+                    self.sent += len(lines)
+                    self._cond.notify_all()
+                backoff = 0.5
+            else:
+                with self._cond:
+                    if self._closed:
+                        return
+                    self._cond.wait(backoff)
+                backoff = min(backoff * 2, 30.0)
+
+    def flush(self, timeout_s: float = 10.0) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._queue and time.monotonic() < deadline:
+                self._cond.notify_all()
+                self._cond.wait(0.05)
+            return not self._queue
+
+    def close(self, timeout_s: float = 10.0) -> bool:
+        """Send what is queued (up to ``timeout_s``) and stop; False if something was left."""
+        done = self.flush(timeout_s)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=1.0)
+        return done

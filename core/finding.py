@@ -1,0 +1,130 @@
+"""The ``Finding`` type: what analytics and the agent's event rules tell the remediation engine.
+
+A finding says what was seen (``kind``), about what (``subject``), how bad (``severity``), how
+sure (``confidence`` for detections, ``probability`` for predictions), the numbers behind it
+(``evidence``) and when. Its ``id`` is stable: the same observation about the same subject in
+the same time bucket always gets the same id, so the engine can de-duplicate findings that
+arrive twice (a retry, two analysis hosts, the fast path and the slow path).
+
+Findings cross from analytics to remediation as data (JSON), never as imports.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from core.errors import GpuwardenError
+
+SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
+
+
+class Severity(StrEnum):
+    INFO = "info"
+    WARNING = "warning"
+    CRITICAL = "critical"
+
+
+class FindingError(GpuwardenError, ValueError):
+    """A finding that breaks the contract; the message says which part."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    kind: str
+    subject: Mapping[str, str]
+    severity: Severity
+    time_ns: int
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+    confidence: float | None = None
+    probability: float | None = None
+    summary: str = ""
+    source: str = ""
+    bucket_s: int = 300
+    """Width of the time bucket that makes ``id`` stable across repeats of one observation."""
+
+    def __post_init__(self) -> None:
+        if not self.kind or not self.kind.replace("_", "").isalnum():
+            raise FindingError(f"finding kind must be snake_case, got {self.kind!r}")
+        unknown = set(self.subject) - set(SUBJECT_KEYS)
+        if unknown:
+            raise FindingError(f"unknown subject keys {sorted(unknown)}; allowed {SUBJECT_KEYS}")
+        if not self.subject:
+            raise FindingError("a finding needs a subject (at least one of cluster/node/...)")
+        for name, value in (("confidence", self.confidence), ("probability", self.probability)):
+            if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
+                raise FindingError(f"{name} must be within [0, 1], got {value!r}")
+        if self.bucket_s <= 0:
+            raise FindingError("bucket_s must be positive")
+
+    @property
+    def id(self) -> str:
+        bucket = self.time_ns // (self.bucket_s * 1_000_000_000)
+        key = json.dumps([self.kind, sorted(self.subject.items()), bucket], separators=(",", ":"))
+        return hashlib.sha256(key.encode()).hexdigest()[:24]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "subject": dict(self.subject),
+            "severity": str(self.severity),
+            "time_ns": self.time_ns,
+            "evidence": dict(self.evidence),
+            "confidence": self.confidence,
+            "probability": self.probability,
+            "summary": self.summary,
+            "source": self.source,
+            "bucket_s": self.bucket_s,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Finding:
+        """Parse and validate; a claimed ``id`` that does not match the content is refused."""
+        try:
+            finding = cls(
+                kind=str(data["kind"]),
+                subject={str(k): str(v) for k, v in dict(data["subject"]).items()},
+                severity=Severity(data["severity"]),
+                time_ns=int(data["time_ns"]),
+                evidence=dict(data.get("evidence") or {}),
+                confidence=_opt_float(data.get("confidence")),
+                probability=_opt_float(data.get("probability")),
+                summary=str(data.get("summary", "")),
+                source=str(data.get("source", "")),
+                bucket_s=int(data.get("bucket_s", 300)),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            if isinstance(exc, FindingError):
+                raise
+            raise FindingError(f"malformed finding: {exc!r}") from exc
+        claimed = data.get("id")
+        if claimed is not None and claimed != finding.id:
+            raise FindingError(f"finding id {claimed!r} does not match its content")
+        return finding
+
+    def to_point(self) -> tuple[dict[str, str], dict[str, object]]:
+        """Tags and fields of the catalogue's ``finding`` measurement."""
+        tags = {k: v for k, v in self.subject.items() if v != ""}
+        tags.update(kind=self.kind, severity=str(self.severity))
+        if self.source:
+            tags["source"] = self.source
+        fields: dict[str, object] = {
+            "finding_id": self.id,
+            "summary": self.summary,
+            "evidence_json": json.dumps(self.evidence, sort_keys=True, default=str),
+        }
+        if self.probability is not None:
+            fields["probability_ratio"] = self.probability
+        if self.confidence is not None:
+            fields["confidence_ratio"] = self.confidence
+        return tags, fields
+
+
+def _opt_float(value: object) -> float | None:
+    return None if value is None else float(value)  # type: ignore[arg-type]

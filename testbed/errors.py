@@ -1,0 +1,16 @@
+"""The testbed's errors: a local server that did not start, a fake used wrongly. All derive
+from ``TestbedError`` (itself a :class:`core.errors.GpuwardenError`)."""
+
+from __future__ import annotations
+
+from core.errors import GpuwardenError
+
+
+class TestbedError(GpuwardenError):
+    """Base of every error the testbed raises on purpose."""
+
+    __test__ = False  # not a pytest test class, whatever its name says
+
+
+class InfluxdError(TestbedError):
+    """A local influxd could not be started or did not become ready."""

@@ -1,0 +1,162 @@
+"""Start and stop a real ``influxd`` (Debian's ``influxdb`` package, 1.6.7) on loopback.
+
+Used by the test fixtures, the benchmarks and the demo: a free loopback port, a data directory
+of our own, no reporting, no internal monitor database. Stopping and starting again on the
+same data directory keeps the data, which is how the outage tests bring the server back.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from pathlib import Path
+from types import TracebackType
+
+from testbed.errors import InfluxdError
+
+_CONFIG = """\
+reporting-disabled = true
+bind-address = "127.0.0.1:{rpc_port}"
+[meta]
+  dir = "{root}/meta"
+  logging-enabled = false
+[data]
+  dir = "{root}/data"
+  wal-dir = "{root}/wal"
+  query-log-enabled = false
+  trace-logging-enabled = false
+[coordinator]
+  log-queries-after = "0s"
+[http]
+  bind-address = "127.0.0.1:{port}"
+  log-enabled = false
+  max-body-size = 0
+[monitor]
+  store-enabled = false
+[continuous_queries]
+  enabled = false
+[subscriber]
+  enabled = false
+"""
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def influxd_binary() -> str:
+    found = shutil.which("influxd") or (
+        "/usr/bin/influxd" if os.path.exists("/usr/bin/influxd") else None
+    )
+    if not found:
+        raise InfluxdError(
+            "influxd not found: install Debian's influxdb package "
+            "(scripts/bootstrap.sh does this: apt-get install influxdb)"
+        )
+    return found
+
+
+class LocalInfluxd:
+    """A real influxd on 127.0.0.1. Construction only picks ports; ``start`` runs it."""
+
+    def __init__(self, root: str | os.PathLike[str], port: int | None = None) -> None:
+        self.root = Path(root)
+        self.port = port or free_port()
+        self.rpc_port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> LocalInfluxd:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        self.root.mkdir(parents=True, exist_ok=True)
+        config = self.root / "influxdb.conf"
+        config.write_text(_CONFIG.format(root=self.root, port=self.port, rpc_port=self.rpc_port))
+        log = open(self.root / "influxd.log", "ab")  # noqa: SIM115
+        self.process = subprocess.Popen(
+            [influxd_binary(), "-config", str(config)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "INFLUXDB_REPORTING_DISABLED": "true"},
+        )
+        log.close()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                tail = (self.root / "influxd.log").read_text(errors="replace")[-2000:]
+                raise InfluxdError(f"influxd exited with {self.process.returncode}:\n{tail}")
+            if self.ping():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise InfluxdError(f"influxd did not answer /ping on {self.url} within {timeout_s} s")
+
+    def ping(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/ping", timeout=1) as resp:
+                return bool(resp.status == 204)
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def stop(self, timeout_s: float = 15.0) -> None:
+        """SIGTERM, then SIGKILL if it does not go; the data directory stays."""
+        proc, self.process = self.process, None
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def query(self, q: str, database: str | None = None) -> bytes:
+        """Run InfluxQL (POST, JSON answer); for set-up statements such as CREATE DATABASE."""
+        params = {"q": q, "epoch": "ns"}
+        if database:
+            params["db"] = database
+        data = urllib.parse.urlencode(params).encode()
+        with urllib.request.urlopen(f"{self.url}/query", data=data, timeout=30) as resp:
+            return bytes(resp.read())
+
+    def write(self, database: str, lines: str) -> None:
+        """Write line protocol as it is (for tests that hand-write a point); raises unless the
+        server stored all of it (204)."""
+        url = f"{self.url}/write?" + urllib.parse.urlencode({"db": database})
+        request = urllib.request.Request(url, lines.encode(), method="POST")
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            if resp.status != 204:
+                raise RuntimeError(f"influxd answered {resp.status} to a write")
+
+    def create_database(self, name: str) -> None:
+        escaped = name.replace("\\", "\\\\").replace('"', '\\"')
+        self.query(f'CREATE DATABASE "{escaped}"')
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU the server process has used (from /proc)."""
+        if self.process is None:
+            raise InfluxdError("influxd is not running")
+        fields = Path(f"/proc/{self.process.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    def __enter__(self) -> LocalInfluxd:
+        return self.start()
+
+    def __exit__(
+        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
