@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from collector.sources.nvml import Device, parse_gpu
+from collector.sources.nvml.poll import Device, parse_gpu
 from core.finding import Finding
 from tests.test_golden import GOLDEN, run_case
 from tests.test_nvml_real_path import collect, fake, installed

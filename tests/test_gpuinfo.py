@@ -8,7 +8,7 @@ import pytest
 
 from collector import sources
 from collector.sources.base import SourceContext
-from collector.sources.gpuinfo import parse_info
+from collector.sources.nvml.info import parse_info
 from tests.test_golden import GOLDEN
 from tests.test_nvml_real_path import collect, fake, installed
 

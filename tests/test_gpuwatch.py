@@ -29,7 +29,7 @@ class Faulty(RecordedBackend):
         self.remap_failed = 0
 
     def call(self, device: int | None, name: str, *args: Any) -> Any:
-        from collector.sources.nvml import GPU_FIELD_IDS
+        from collector.sources.nvml.poll import GPU_FIELD_IDS
 
         answer = super().call(device, name, *args)
         if name == "nvmlDeviceGetFieldValues" and device == 6 and len(answer) > 1:

@@ -186,7 +186,7 @@ def test_a_failing_event_wait_costs_the_events_of_that_cycle_only(tmp_path, capl
 
 
 def test_the_event_thread_retries_after_a_failed_wait(tmp_path, monkeypatch):
-    from collector.sources import nvml as nvml_source
+    from collector.sources.nvml import xids as nvml_source
 
     monkeypatch.setattr(nvml_source, "EVENT_RETRY_S", 0.01)
     library = fake("nvml-gpu-lost", errors={("nvmlEventSetWait_v2", None): 999})

@@ -15,7 +15,7 @@ from collector.nvml.backend import (
     NvmlError,
 )
 from collector.nvml.recorded import RecordedBackend
-from collector.sources.nvml import field_request
+from collector.sources.nvml.poll import field_request
 
 GOLDEN = Path(__file__).parent / "golden"
 PCIE_TX_BYTES = (197, 0)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: never asked for when recorded

@@ -20,7 +20,7 @@ from collector.agent import Agent
 from collector.nvml.recorded import RecordedBackend
 from collector.plausible import Screen
 from collector.sources.base import SourceContext
-from collector.sources.nvml import PLAIN_CALLS, Device, parse_gpu
+from collector.sources.nvml.poll import PLAIN_CALLS, Device, parse_gpu
 from core.catalogue import CATALOGUE, Kind, Producer
 from core.store.lineprotocol import Point
 from core.store.lineprotocol.strict import parse_lines

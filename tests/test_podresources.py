@@ -221,7 +221,7 @@ def test_a_kubelet_that_fails_costs_tags_not_data(node, caplog):
             kubelet.fail, kubelet.raw = None, failure
         else:
             kubelet.stop()
-        nvml.pods._asked_at = -float("inf")  # the next cycle is due to ask
+        nvml.tagger.pods._asked_at = -float("inf")  # the next cycle is due to ask
         with caplog.at_level(logging.WARNING):
             points = nvml.collect(1)
         assert len([p for p in points if p.measurement == "gpu"]) == 8  # nothing lost
@@ -231,7 +231,7 @@ def test_a_kubelet_that_fails_costs_tags_not_data(node, caplog):
     assert "not a ListPodResourcesResponse" in said[1] and "socket is gone" in said[2]
     kubelet.raw = None
     kubelet.start()  # a restarted kubelet makes its socket anew
-    nvml.pods._asked_at = -float("inf")
+    nvml.tagger.pods._asked_at = -float("inf")
     with caplog.at_level(logging.WARNING):
         assert jobs(nvml.collect(1))[0] == "train/llama-0"
     assert "answers again" in caplog.records[-1].getMessage()

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collector import sources
 from collector.sources.base import SourceContext
-from collector.sources.xid import SxidLine, parse_line
+from collector.sources.kmsg import SxidLine, parse_line
 from core.finding import Finding
 from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 

@@ -11,16 +11,14 @@ which the two paths may see differently), so the engine de-duplicates the two pa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from collector.attribution import NO_JOB, JobInfo
 from collector.sources.base import SourceContext
+from collector.sources.kmsg import SxidLine
 from core.finding import Finding, Severity
 from core.store.lineprotocol import Point
 from core.xidcat import XidPolicy
-
-if TYPE_CHECKING:
-    from collector.sources.xid import SxidLine
 
 
 def gpu_event(

@@ -19,7 +19,7 @@ from typing import Any
 
 from collector.nvml.backend import ERROR_NOT_READY, ERROR_NOT_SUPPORTED
 from collector.nvml.recorded import FORMAT, call_key
-from collector.sources.nvml import (
+from collector.sources.nvml.poll import (
     FI_NVLINK_LINK_COUNT,
     GPM_METRICS,
     GPU_FIELD_IDS,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from collector.nvml.backend import ERROR_GPU_IS_LOST
 from collector.nvml.recorded import call_key
-from collector.sources.nvml import GPU_FIELD_IDS, NVLINK_SCOPED, field_request
+from collector.sources.nvml.poll import GPU_FIELD_IDS, NVLINK_SCOPED, field_request
 from testbed.nvml.construct import construct
 
 HERE = Path(__file__).parent

@@ -9,13 +9,11 @@ of it is a measurement. A GPU that does not answer a question leaves that field 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from collector.nvml.backend import NvmlError
+from collector.sources.nvml.poll import Device, Reader
 from core.store.lineprotocol import Point
-
-if TYPE_CHECKING:
-    from collector.sources.nvml import Device, Reader
 
 # (label, call): each answered by the device
 INFO_CALLS: tuple[tuple[str, str], ...] = (

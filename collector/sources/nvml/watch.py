@@ -28,7 +28,7 @@ from collector.sources.base import SourceContext
 from collector.sources.events import emit, gpu_event, job_words
 from core.store.lineprotocol import Point
 
-log = logging.getLogger("collector.sources.nvml")
+log = logging.getLogger(__name__)
 
 
 @dataclass

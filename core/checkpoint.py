@@ -1,0 +1,84 @@
+"""The checkpoint-request protocol: how the engine asks a running job to checkpoint, and how
+the job answers. One contract, imported by both sides: the job-side hook
+(:mod:`collector.jobside.checkpoint_hook`) and the engine's adapters (Slurm, PyTorch elastic).
+Standard library only: a training job imports it.
+
+Three ways to ask, one way to answer each:
+
+* **a request file** ``<directory>/<job>.request`` on storage both sides see, answered by
+  ``<directory>/<job>.ack`` (Slurm, and anything else with a shared filesystem);
+* **a rendezvous-store key** ``<prefix>/request`` in the job's ``TCPStore``, answered by the
+  key ``<prefix>/ack/<request_id>`` (PyTorch elastic);
+* **a signal** (Slurm: ``scancel --full -s USR1 <job>``), answered through the file, if any.
+
+A request is JSON ``{"request_id", "reason", "time"}`` (a file request also names its
+``job``); an acknowledgement is ``{"step", "time", "job", "request_id"}``, ``step`` being the
+step whose checkpoint is saved. Files are written whole (write, then rename), so a reader never
+sees half of one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+PREFIX = "gpuwarden/checkpoint"
+
+
+class Store(Protocol):
+    """The subset of ``torch.distributed.Store`` the protocol uses."""
+
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def set(self, key: str, value: str) -> None: ...
+
+
+def request_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.request"
+
+
+def ack_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.ack"
+
+
+def request_key(prefix: str = PREFIX) -> str:
+    return f"{prefix}/request"
+
+
+def ack_key(request_id: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}/ack/{request_id}"
+
+
+def request(request_id: str, reason: str, t: float | None = None) -> dict[str, Any]:
+    """A checkpoint request's JSON object."""
+    return {"request_id": request_id, "reason": reason, "time": time.time() if t is None else t}
+
+
+def ack(step: int, job: str | None, t: float | None = None) -> dict[str, Any]:
+    """An acknowledgement's JSON object, without its ``request_id`` (added per request)."""
+    return {"step": int(step), "time": time.time() if t is None else t, "job": job}
+
+
+def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
+    """Write then rename, so a reader never sees half a file."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data), encoding="utf-8")
+    tmp.replace(path)
+
+
+def read_json(path: Path) -> dict[str, Any] | None:
+    """A protocol file's object, or None when it is missing, half-written or not an object."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def read_ack(path: Path, request_id: str) -> dict[str, Any] | None:
+    """The acknowledgement in ``path`` if it answers ``request_id``, else None."""
+    data = read_json(path)
+    return data if data is not None and data.get("request_id") == request_id else None
