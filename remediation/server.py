@@ -35,8 +35,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from core.signing import SIGNATURE_HEADER, verify_signature
 from core.timeparse import parse_iso
-from remediation.adapters.webhook import SIGNATURE_HEADER, verify_signature
 from remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)

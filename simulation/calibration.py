@@ -105,38 +105,6 @@ LOAD_CORRELATION: dict[str, float] = {
 }
 
 
-@dataclass(frozen=True)
-class FaultRecord:
-    """One StepFun fault interval (days since the trace's first event)."""
-
-    node: str
-    level: str
-    klass: str
-    desc: str
-    start_d: float
-    end_d: float
-
-
-@cache
-def stepfun_faults() -> tuple[FaultRecord, ...]:
-    rows = _read_csv("stepfun_fault_intervals.csv")
-    return tuple(
-        FaultRecord(
-            r["node"],
-            r["Level"],
-            r["Class"],
-            r["Desc"],
-            float(r["start"]),
-            float(r["end"]),
-        )
-        for r in rows
-    )
-
-
-STEPFUN_SERVERS = 400  # the InfiniteHBD paper's cluster size for this trace
-STEPFUN_DAYS = 349.0
-
-
 @cache
 def summit_xid_weights() -> dict[int, int]:
     return {int(r["xid"]): int(r["count_total"]) for r in _read_csv("summit_xid_counts.csv")}

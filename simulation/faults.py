@@ -16,13 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulation.calibration import (
-    STEPFUN_DAYS,
-    STEPFUN_SERVERS,
-    FaultRecord,
-    stepfun_faults,
-    summit_xid_weights,
-)
+from core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, FaultRecord, stepfun_faults
+from simulation.calibration import summit_xid_weights
 from simulation.spec import FaultSpec, ScenarioSpec
 
 

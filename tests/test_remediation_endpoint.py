@@ -17,7 +17,8 @@ from typing import Any
 
 import pytest
 
-from remediation.adapters.webhook import SIGNATURE_HEADER, WebhookAdapter, sign, verify_signature
+from core.signing import SIGNATURE_HEADER, sign, verify_signature
+from remediation.adapters.webhook import WebhookAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.cli import main as remediate
 from remediation.config import defaults, load_config

@@ -12,7 +12,8 @@ import pytest
 
 from analytics.drift import DriftConfig, find_drift
 from core.catalogue import check_point
-from simulation.calibration import acmetrace, stepfun_faults
+from core.faulttrace import stepfun_faults
+from simulation.calibration import acmetrace
 from simulation.faults import DEFAULTS
 from simulation.generator import TAGS, ScenarioGenerator
 from simulation.spec import FAULT_TYPES, ScenarioError, library_names, load_spec, parse_spec

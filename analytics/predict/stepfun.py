@@ -16,10 +16,9 @@ import numpy as np
 import polars as pl
 
 from analytics.predict.history import DAY_S, FaultEvent, history_frame
-from simulation.calibration import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
+from core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
 
 HORIZON_S = 7 * DAY_S
-SOURCE = "REAL: stepfun-ai/InfiniteHBD-Trace @ 7aacdc8c (Apache-2.0), via ../shared/data/"
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,8 @@
 """Training side of gpuwarden's checkpoint-request protocol: "checkpoint now, a node may fail".
 
-Dependency-free, a sibling of :mod:`collector.jobside.reporter`. The remediation engine asks
-in one of three ways, and this hook hears all of them:
+Dependency-free, a sibling of :mod:`collector.jobside.reporter`; the protocol itself (names,
+JSON shapes) is :mod:`core.checkpoint`, which the engine's adapters import too. The remediation
+engine asks in one of three ways, and this hook hears all of them:
 
 * **a signal** (Slurm: ``scancel --full -s USR1 <job>``): sets a flag, nothing else happens in
   the signal handler;
@@ -31,35 +32,21 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from pathlib import Path
 from types import FrameType
-from typing import Any, Protocol
 
-PREFIX = "gpuwarden/checkpoint"
-
-
-class Store(Protocol):
-    """The subset of ``torch.distributed.Store`` the protocol uses."""
-
-    def check(self, keys: list[str]) -> bool: ...
-    def get(self, key: str) -> bytes: ...
-    def set(self, key: str, value: str) -> None: ...
-
-
-def request_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.request"
-
-
-def ack_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.ack"
-
-
-def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write then rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+from core.checkpoint import (
+    PREFIX,
+    Store,
+    ack,
+    ack_key,
+    ack_path,
+    read_ack,
+    read_json,
+    request_key,
+    request_path,
+    write_json_atomic,
+)
 
 
 class CheckpointRequests:
@@ -87,17 +74,14 @@ class CheckpointRequests:
     def _file_request(self) -> str | None:
         if self.directory is None or not self.job:
             return None
-        try:
-            data = json.loads(request_path(self.directory, self.job).read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return None
-        rid = str(data.get("request_id", "")) if isinstance(data, dict) else ""
-        if rid and _answered(ack_path(self.directory, self.job), rid):
+        data = read_json(request_path(self.directory, self.job))
+        rid = str(data.get("request_id", "")) if data is not None else ""
+        if rid and read_ack(ack_path(self.directory, self.job), rid) is not None:
             return None  # acknowledged before (by this process, or before a restart)
         return rid or None
 
     def _store_request(self) -> str | None:
-        key = f"{self.prefix}/request"
+        key = request_key(self.prefix)
         if self.store is None or not self.store.check([key]):
             return None
         try:
@@ -105,7 +89,7 @@ class CheckpointRequests:
         except ValueError:
             return None
         rid = str(data.get("request_id", "")) if isinstance(data, dict) else ""
-        if rid and self.store.check([f"{self.prefix}/ack/{rid}"]):
+        if rid and self.store.check([ack_key(rid, self.prefix)]):
             return None
         return rid or None
 
@@ -121,19 +105,11 @@ class CheckpointRequests:
         open_ids = {r for r in (self._store_request(), self._file_request()) if r}
         if request_id:
             open_ids.add(request_id)
-        ack = {"step": int(step), "time": time.time(), "job": self.job}
+        saved = ack(step, self.job)
         for rid in open_ids - self.done:
             if self.store is not None:
-                self.store.set(f"{self.prefix}/ack/{rid}", json.dumps(ack | {"request_id": rid}))
+                self.store.set(ack_key(rid, self.prefix), json.dumps(saved | {"request_id": rid}))
             if self.directory is not None and self.job:
-                write_json_atomic(ack_path(self.directory, self.job), ack | {"request_id": rid})
+                write_json_atomic(ack_path(self.directory, self.job), saved | {"request_id": rid})
             self.done.add(rid)
         self._signalled = False
-
-
-def _answered(path: Path, request_id: str) -> bool:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("request_id") == request_id

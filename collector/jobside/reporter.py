@@ -42,9 +42,13 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from collector.attribution import job_from_environ
+from core.retry import Backoff
 from core.store.lineprotocol import Point, encode_point
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+#: waits between failed posts to the relay: 0.5 s doubling to 30 s (the relay is local)
+RETRY = Backoff(base_s=0.5, max_s=30.0, jitter=False)
 
 
 def pod_job(env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
@@ -240,7 +244,7 @@ class Reporter:
         return True
 
     def _run(self) -> None:
-        backoff = 0.5
+        failed = 0
         while True:
             with self._cond:  # a reentrant lock: _heartbeat queues under it
                 if self._beat_due():
@@ -258,13 +262,13 @@ class Reporter:
                         self._queue.popleft()
                     self.sent += len(lines)
                     self._cond.notify_all()
-                backoff = 0.5
+                failed = 0
             else:
+                failed += 1
                 with self._cond:
                     if self._closed:
                         return
-                    self._cond.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                    self._cond.wait(RETRY.delay(failed))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -30,15 +30,16 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Literal
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import SinkError
+from core.retry import Backoff
 from core.store.lineprotocol import EncodeStats, Point, Precision, encode_points
-from core.store.lineprotocol.frame import encode_frame
 from core.store.spool import Spool
 from core.store.transport import Outcome, SendResult, Transport, V1Transport, V2Transport
+
+if TYPE_CHECKING:
+    import polars as pl  # only write_frame needs it, and imports it then: the agent never does
 
 log = logging.getLogger(__name__)
 
@@ -177,6 +178,11 @@ class InfluxSink:
         self._flush_requested = False
         self._stats = SinkStats()
         self._rng = random.Random()
+        self._retry = Backoff(
+            base_s=self.config.backoff_base_s,
+            max_s=self.config.backoff_max_s,
+            retry_after_max_s=self.config.retry_after_max_s,
+        )  # for as long as the sink runs: the spool holds what waits
 
     # -- writing --------------------------------------------------------------------------
 
@@ -206,6 +212,10 @@ class InfluxSink:
         fields: Sequence[str] | None = None,
     ) -> None:
         stats = EncodeStats()
+        import polars as pl
+
+        from core.store.lineprotocol.frame import encode_frame
+
         lines = encode_frame(
             df,
             measurement,
@@ -386,7 +396,4 @@ class InfluxSink:
             self._sleep(delay)
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
-        if retry_after_s is not None:
-            return min(retry_after_s, self.config.retry_after_max_s)
-        cap = min(self.config.backoff_max_s, self.config.backoff_base_s * 2 ** (attempt - 1))
-        return self._rng.uniform(0, cap)  # full jitter
+        return self._retry.delay(attempt, retry_after_s, self._rng)

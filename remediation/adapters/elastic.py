@@ -2,8 +2,8 @@
 
 * **checkpoint**: sets ``<prefix>/request`` in the job's ``TCPStore`` (the rendezvous store, or
   any store the workers read) and waits for ``<prefix>/ack/<request_id>``, which the training
-  side (:mod:`collector.jobside.checkpoint_hook`) sets once every rank has saved. Measured here: the
-  acknowledgement arrives within a step or two.
+  side (:mod:`collector.jobside.checkpoint_hook`, speaking :mod:`core.checkpoint`) sets once
+  every rank has saved. Measured here: the acknowledgement arrives within a step or two.
 * **drain / cordon**: stops that node's elastic agent (``torchrun``), so the remaining agents
   re-form the group without it (the job must run with ``--nnodes=MIN:MAX`` and MIN below the
   node count) and their workers restart from the checkpoint just taken. How the agent is
@@ -29,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from collector.jobside.checkpoint_hook import PREFIX
+from core.checkpoint import PREFIX, ack_key, request, request_key
 from remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
 
@@ -98,19 +98,19 @@ class ElasticAdapter:
 
     def _checkpoint(self, action: Action) -> Outcome:
         store = self._connect()
-        request = {"request_id": action.id, "reason": action.reason, "time": time.time()}
-        ack_key = f"{self.prefix}/ack/{action.id}"
+        asked = request(action.id, action.reason)
+        answer = ack_key(action.id, self.prefix)
         started = time.monotonic()
         try:
-            store.set(f"{self.prefix}/request", json.dumps(request))
-            while not store.check([ack_key]):
+            store.set(request_key(self.prefix), json.dumps(asked))
+            while not store.check([answer]):
                 if time.monotonic() - started > self.checkpoint_timeout_s:
                     return Outcome(
                         Status.TIMEOUT,
                         f"no checkpoint acknowledgement within {self.checkpoint_timeout_s:.0f} s",
                     )
                 time.sleep(self.poll_s)
-            ack = json.loads(store.get(ack_key))
+            ack = json.loads(store.get(answer))
         except (RuntimeError, OSError, ValueError) as exc:
             self._store = None
             raise AdapterError(f"store {self.store_host}:{self.store_port}: {exc}") from None

@@ -26,6 +26,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from core.retry import Backoff
 from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
 
 ANNOTATION = "gpuwarden.io"
@@ -76,6 +77,10 @@ class KubernetesAdapter:
         self.taint_key = taint_key
         self.evict_attempts = evict_attempts
         self.evict_backoff_s = evict_backoff_s
+        # pods a PodDisruptionBudget protects are asked again, evict_backoff_s doubling
+        self._evict_retry = Backoff(
+            base_s=evict_backoff_s, max_s=float("inf"), attempts=evict_attempts, jitter=False
+        )
         self.conflict_attempts = conflict_attempts
         self.grace_period_s = grace_period_s
 
@@ -243,8 +248,8 @@ class KubernetesAdapter:
                 evicted.append(key)
             if not pending:
                 break
-            if attempt + 1 < self.evict_attempts:
-                time.sleep(self.evict_backoff_s * 2**attempt)
+            if not self._evict_retry.exhausted(attempt + 1):
+                time.sleep(self._evict_retry.delay(attempt + 1))
         blocked = sorted(f"{ns}/{name}" for ns, name in pending)
         details = {"evicted": evicted, "blocked_by_pdb": blocked, "attempts": attempts}
         if blocked:

@@ -12,7 +12,7 @@ there. Facts this module is built on (measured on 22.05.8):
   jobs that allow it (``--requeue`` or ``JobRequeue=1``); a job that does not is reported,
   not killed.
 
-Checkpoint requests follow :mod:`collector.jobside.checkpoint_hook`: a request file per job under
+Checkpoint requests follow :mod:`core.checkpoint`: a request file per job under
 ``checkpoint_dir`` (shared storage the job can read), and, if ``checkpoint_signal`` is set, that
 signal to the batch shell and every step; the adapter then waits for the job's acknowledgement
 file, up to ``checkpoint_timeout_s``. No signal is sent by default: bash dies of ``SIGUSR1``
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector.jobside.checkpoint_hook import ack_path, request_path, write_json_atomic
+from core.checkpoint import ack_path, read_ack, request, request_path, write_json_atomic
 from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
 
 # node states and flags that mean "takes no new work"
@@ -211,11 +211,11 @@ class SlurmAdapter:
         jobs = [str(j["job_id"]) for j in self.jobs_on(action.node)]
         if not jobs:
             return Outcome(Status.OK, f"no running jobs on {action.node}")
-        request = {"request_id": action.id, "reason": action.reason, "time": time.time()}
+        asked = request(action.id, action.reason)
         if self.checkpoint_dir:
             Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             for jid in jobs:
-                write_json_atomic(request_path(self.checkpoint_dir, jid), request | {"job": jid})
+                write_json_atomic(request_path(self.checkpoint_dir, jid), asked | {"job": jid})
         if self.checkpoint_signal:
             for jid in jobs:
                 self._run("scancel", "--full", "-s", self.checkpoint_signal, jid)
@@ -228,7 +228,7 @@ class SlurmAdapter:
         acks: dict[str, Any] = {}
         while waiting and time.monotonic() - started < self.checkpoint_timeout_s:
             for jid in sorted(waiting):
-                ack = _read_ack(ack_path(self.checkpoint_dir, jid), action.id)
+                ack = read_ack(ack_path(self.checkpoint_dir, jid), action.id)
                 if ack is not None:
                     acks[jid] = ack | {"ack_s": round(time.monotonic() - started, 3)}
                     waiting.discard(jid)
@@ -240,13 +240,3 @@ class SlurmAdapter:
             return Outcome(Status.TIMEOUT, msg, details)
         steps = {j: a.get("step") for j, a in acks.items()}
         return Outcome(Status.OK, f"checkpointed {steps}", details)
-
-
-def _read_ack(path: Path, request_id: str) -> dict[str, Any] | None:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if isinstance(data, dict) and data.get("request_id") == request_id:
-        return data
-    return None

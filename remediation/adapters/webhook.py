@@ -7,57 +7,29 @@ when a secret is configured::
     X-Gpuwarden-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
 
 A receiver recomputes the HMAC over the timestamp and the raw body, compares in constant time
-and refuses timestamps older than a few minutes (:func:`verify_signature` does all of it);
-binding the timestamp into the MAC is what makes a captured request useless later. Slack's
-incoming webhooks and Alertmanager ignore the header.
+and refuses timestamps older than a few minutes (:func:`core.signing.verify_signature` does
+all of it); binding the timestamp into the MAC is what makes a captured request useless later.
+Slack's incoming webhooks and Alertmanager ignore the header.
 
-Sending retries timeouts, connection errors, 5xx and 429 with exponential backoff and jitter;
-other 4xx are not retried (the receiver will not change its mind).
+Sending retries timeouts, connection errors, 5xx and 429 with the shared policy
+(:mod:`core.retry`: exponential backoff with jitter, a receiver's Retry-After honoured up to a
+minute); other 4xx are not retried (the receiver will not change its mind).
 """
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import json
-import random
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from core.retry import RETRY_STATUSES, Backoff
+from core.signing import SIGNATURE_HEADER, sign
 from remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
-SIGNATURE_HEADER = "X-Gpuwarden-Signature"
 SLACK_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
-
-
-def sign(secret: bytes, body: bytes, t: int | None = None) -> str:
-    t = int(time.time()) if t is None else t
-    mac = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    return f"t={t},v1={mac}"
-
-
-def verify_signature(
-    secret: bytes, header: str, body: bytes, *, tolerance_s: float = 300.0, now: float | None = None
-) -> int:
-    """Check a signature header; the signed timestamp, or ValueError saying what is wrong."""
-    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
-    try:
-        t = int(parts["t"])
-        given = parts["v1"]
-    except (KeyError, ValueError):
-        raise ValueError(f"malformed {SIGNATURE_HEADER} header") from None
-    expected = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(expected, given):
-        raise ValueError("signature does not match the body")
-    age = (time.time() if now is None else now) - t
-    if abs(age) > tolerance_s:
-        raise ValueError(f"signature timestamp is {age:.0f} s off (tolerance {tolerance_s:.0f} s)")
-    return t
 
 
 def _iso(t: float) -> str:
@@ -140,6 +112,10 @@ class WebhookAdapter:
         self.attempts = attempts
         self.timeout_s = timeout_s
         self.backoff_s = backoff_s
+        # a receiver's Retry-After is honoured up to a minute: a notification must not wait
+        # behind a receiver that asks for an hour
+        self.retry = Backoff(base_s=backoff_s, max_s=30.0, attempts=attempts, retry_after_max_s=60)
+        self._http: Any = None
 
     def targets(self, severity: str) -> list[str]:
         return [t for t in self.routes.get(severity, ()) if self.urls[t]]
@@ -159,33 +135,23 @@ class WebhookAdapter:
         return Outcome(Status.OK, f"notified {sorted(results) or 'nobody'}", {"targets": results})
 
     def _post(self, url: str, body: bytes) -> str:
-        last = ""
-        for attempt in range(self.attempts):
-            headers = {"Content-Type": "application/json", "User-Agent": "gpuwarden"}
-            if self.secret:
-                headers[SIGNATURE_HEADER] = sign(self.secret, body)
-            request = urllib.request.Request(url, body, headers, method="POST")
-            retry_after = None
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
-                    resp.read()
-                return "ok"
-            except urllib.error.HTTPError as exc:
-                last = f"HTTP {exc.code}"
-                if exc.code != 429 and exc.code < 500:
-                    return last  # the receiver will not change its mind
-                retry_after = _retry_after(exc.headers)
-            except (urllib.error.URLError, OSError) as exc:
-                last = str(getattr(exc, "reason", exc))
-            if attempt + 1 < self.attempts:
-                delay = self.backoff_s * 2**attempt
-                time.sleep(retry_after if retry_after is not None else random.uniform(0, delay))
-        return f"gave up after {self.attempts} attempts: {last}"
+        import urllib3
 
-
-def _retry_after(headers: Any) -> float | None:
-    value = headers.get("Retry-After") if headers is not None else None
-    try:
-        return min(60.0, float(value)) if value else None
-    except ValueError:
-        return None
+        if self._http is None:
+            self._http = urllib3.PoolManager(
+                timeout=urllib3.Timeout(total=self.timeout_s), retries=self.retry.urllib3_retry()
+            )
+        headers = {"Content-Type": "application/json", "User-Agent": "gpuwarden"}
+        if self.secret:
+            headers[SIGNATURE_HEADER] = sign(self.secret, body)
+        try:
+            resp = self._http.request("POST", url, body=body, headers=headers)
+        except urllib3.exceptions.MaxRetryError as exc:
+            return f"gave up after {self.attempts} attempts: {exc.reason}"
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            return f"gave up: {exc}"
+        if resp.status < 300:
+            return "ok"
+        if resp.status in RETRY_STATUSES:  # still failing when the tries ran out
+            return f"gave up after {self.attempts} attempts: HTTP {resp.status}"
+        return f"HTTP {resp.status}"  # the receiver will not change its mind

@@ -18,7 +18,8 @@ import socket
 import time
 from pathlib import Path
 
-from collector.jobside.checkpoint_hook import CheckpointRequests, write_json_atomic
+from collector.jobside.checkpoint_hook import CheckpointRequests
+from core.checkpoint import write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:
