@@ -191,7 +191,7 @@ def test_cooldown_approval_rate_limit_and_release(tmp_path: Path) -> None:
     # (3 actions a minute, 3 used) holds it until the minute has passed
     sched.out.discard("gpu01")
     assert engine.tick() == []
-    engine._recent.clear()  # the minute passes
+    engine.guards.recent.clear()  # the minute passes
     released = engine.tick()
     assert [d.finding_id for d in released] == [second.finding_id]
     assert engine.wait(10)
@@ -202,7 +202,7 @@ def test_cooldown_approval_rate_limit_and_release(tmp_path: Path) -> None:
     )
     assert engine.submit(healthy).verdict == "approval"
     assert "gpu02" in sched.out
-    engine._recent.clear()
+    engine.guards.recent.clear()
     assert engine.approve(healthy.id, by="test").verdict == "act"
     assert engine.wait(10)
     assert "gpu02" not in sched.out

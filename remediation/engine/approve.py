@@ -1,0 +1,70 @@
+"""Plans that wait, and what operators do with them: approve a plan, undo a node, and the
+engine's tick that releases plans the blast radius or the rate limit now allow.
+
+A plan waits for one of three reasons: it needs ``approval`` (a person decides), or the
+``blast_radius`` or ``rate_limited`` guard held it (it runs by itself, oldest first, once
+there is room). Waiting plans are kept in memory: an engine restart forgets them, and the
+finding that caused one is a duplicate by then, so the operator is told each time a plan
+starts waiting (the escalation notification) and decides from that.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.finding import Finding
+from remediation.engine.decide import Decision
+
+
+@dataclass
+class Pending:
+    finding: Finding
+    decision: Decision
+    received: float
+
+
+#: verdicts whose plans wait here, and those of them that free themselves (tick)
+WAITING = ("approval", "blast_radius", "rate_limited")
+SELF_RELEASING = ("blast_radius", "rate_limited")
+
+
+class PendingPlans:
+    """Waiting plans by plan id. Not thread-safe on its own: used under the engine's lock."""
+
+    def __init__(self) -> None:
+        self._plans: dict[str, Pending] = {}
+
+    def add(self, finding: Finding, d: Decision, received: float) -> None:
+        self._plans[d.plan_id] = Pending(finding, d, received)
+
+    def take(self, plan_id: str) -> Pending:
+        """Remove and return a waiting plan; ``KeyError`` when there is none by that id."""
+        pending = self._plans.pop(plan_id, None)
+        if pending is None:
+            raise KeyError(f"no pending plan {plan_id!r}")
+        return pending
+
+    def releasable(self) -> list[tuple[str, Pending]]:
+        """Plans the guards held (not those waiting for a person), oldest first."""
+        return [
+            (plan_id, p)
+            for plan_id, p in sorted(self._plans.items(), key=lambda kv: kv[1].received)
+            if p.decision.verdict in SELF_RELEASING
+        ]
+
+    def drop(self, plan_id: str) -> None:
+        del self._plans[plan_id]
+
+    def listing(self) -> list[dict[str, Any]]:
+        return [
+            {
+                "plan_id": p.decision.plan_id,
+                "verdict": p.decision.verdict,
+                "why": p.decision.why,
+                "node": p.finding.subject.get("node", ""),
+                "actions": [str(a.kind) for a in p.decision.actions],
+                "since": p.received,
+            }
+            for p in self._plans.values()
+        ]

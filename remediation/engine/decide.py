@@ -1,0 +1,86 @@
+"""Deciding: which policy a finding meets, and the plan (the ladder of actions) it leads to.
+
+A plan's actions each name the adapter that performs them: notifications go to
+``notify_adapter``, checkpoint requests to ``checkpoint_adapter``, everything that changes a
+node (cordon, drain, requeue, uncordon) to ``node_adapter``. Whether the plan runs, waits or is
+cut down to a notification is the guards' call (:mod:`.guard`), not this module's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from core.finding import Finding
+from remediation.model import Action, ActionKind
+from remediation.policy import Policy, first_match
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    dry_run: bool = True
+    max_nodes_out: int = 2
+    max_fraction_out: float = 0.1
+    cooldown_s: float = 1800.0
+    actions_per_minute: int = 20
+    approval: tuple[str, ...] = ("uncordon",)
+    notify_adapter: str = "webhook"
+    checkpoint_adapter: str = "slurm"
+    node_adapter: str = "slurm"
+    workers: int = 4
+
+
+@dataclass(frozen=True)
+class Decision:
+    finding_id: str
+    verdict: str
+    """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
+    ``approval``, ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
+    policy: str = ""
+    actions: tuple[Action, ...] = ()
+    why: str = ""
+
+    @property
+    def plan_id(self) -> str:
+        return self.finding_id
+
+
+def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> Action:
+    """One action of a plan for ``finding``, addressed to the adapter that does ``kind``."""
+    s = settings
+    adapter = {ActionKind.NOTIFY: s.notify_adapter, ActionKind.CHECKPOINT: s.checkpoint_adapter}
+    return Action(
+        kind=kind,
+        adapter=adapter.get(kind, s.node_adapter),
+        node=finding.subject.get("node", ""),
+        cluster=finding.subject.get("cluster", ""),
+        job=finding.subject.get("job", ""),
+        finding_id=finding.id,
+        reason=f"gpuwarden: {finding.summary or finding.kind} [{finding.id[:12]}]",
+        severity=str(finding.severity),
+        params={"kind": finding.kind, "subject": dict(finding.subject)},
+    )
+
+
+def plan(
+    policies: Sequence[Policy], finding: Finding, settings: EngineSettings
+) -> tuple[Policy, tuple[Action, ...]] | None:
+    """The first policy ``finding`` meets and its plan, or None when no policy applies."""
+    policy = first_match(policies, finding)
+    if policy is None:
+        return None
+    return policy, tuple(action_for(kind, finding, settings) for kind in policy.actions)
+
+
+def escalation(finding: Finding, d: Decision, settings: EngineSettings) -> Action:
+    """The notification that tells a person why a plan waits (outside the plan's own ladder)."""
+    return Action(
+        kind=ActionKind.NOTIFY,
+        adapter=settings.notify_adapter,
+        node=finding.subject.get("node", ""),
+        cluster=finding.subject.get("cluster", ""),
+        finding_id=f"{finding.id}:{d.verdict}",
+        reason=f"gpuwarden needs a human ({d.verdict}): {d.why}",
+        severity="critical",
+        params={"kind": finding.kind, "subject": dict(finding.subject), "plan": d.plan_id},
+    )

@@ -1,0 +1,208 @@
+"""The engine: decides on each finding under one lock, so two findings never both take the
+last node the blast-radius limit allows, and hands the plan to the executor. See the package
+docstring for the whole path; each step is its own module."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from core.finding import Finding, Severity
+from remediation.audit import AuditLog, Memory, replay
+from remediation.engine.approve import WAITING, PendingPlans
+from remediation.engine.decide import Decision, EngineSettings, action_for, escalation, plan
+from remediation.engine.execute import Executor, OnAction, Stats
+from remediation.engine.guard import Guards
+from remediation.errors import RemediationError
+from remediation.model import ActionKind, Adapter
+from remediation.policy import Policy
+
+log = logging.getLogger("remediation.engine")
+
+
+class EngineClosedError(RemediationError, RuntimeError):
+    """The engine was closed before this call: nothing was recorded or done, so the same
+    finding (or approval, or undo) can be sent again to a running engine."""
+
+
+class Engine:
+    def __init__(
+        self,
+        policies: Sequence[Policy],
+        adapters: Mapping[str, Adapter],
+        audit: AuditLog,
+        settings: EngineSettings | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        on_action: OnAction | None = None,
+    ) -> None:
+        self.policies = list(policies)
+        self.adapters = dict(adapters)
+        self.audit = audit
+        self.settings = settings or EngineSettings()
+        self.clock = clock
+        self.memory: Memory = replay(audit.path)
+        if self.memory.torn_lines:
+            log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
+        self.stats = Stats()
+        self._lock = threading.RLock()
+        self._closed = False
+        self.guards = Guards(self.settings, self.adapters, self.memory, clock)
+        self.waiting = PendingPlans()
+        self.executor = Executor(
+            self.adapters,
+            audit,
+            self.memory,
+            self.stats,
+            self._lock,
+            workers=self.settings.workers,
+            clock=clock,
+            on_action=on_action,
+        )
+
+    # -- deciding -----------------------------------------------------------------------------
+
+    def submit(self, finding: Finding) -> Decision:
+        """Decide on a finding now; its actions run in the background (see :meth:`wait`)."""
+        received = self.clock()
+        with self._lock:
+            self._require_open()
+            self.stats.findings += 1
+            if finding.id in self.memory.seen_findings:
+                return self._decide(finding, Decision(finding.id, "duplicate"), received)
+            self.memory.seen_findings.add(finding.id)
+            self.audit.append(
+                "finding",
+                received,
+                finding_id=finding.id,
+                kind=finding.kind,
+                severity=str(finding.severity),
+                subject=dict(finding.subject),
+                probability=finding.probability,
+                confidence=finding.confidence,
+                summary=finding.summary,
+                source=finding.source,
+                finding_time_ns=finding.time_ns,
+            )
+            planned = plan(self.policies, finding, self.settings)
+            if planned is None:
+                return self._decide(finding, Decision(finding.id, "no_policy"), received)
+            policy, actions = planned
+            missing = sorted({a.adapter for a in actions} - set(self.adapters))
+            if missing:
+                why = f"no adapter configured for {missing}"
+                return self._decide(
+                    finding, Decision(finding.id, "failed", policy.name, actions, why), received
+                )
+            decision = self.guards.check(finding, Decision(finding.id, "act", policy.name, actions))
+            return self._decide(finding, decision, received)
+
+    def _decide(self, finding: Finding, d: Decision, received: float) -> Decision:
+        """Record the decision, then start its plan, or keep it waiting and tell a person."""
+        self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
+        self.audit.append(
+            "decision",
+            self.clock(),
+            finding_id=d.finding_id,
+            verdict=d.verdict,
+            policy=d.policy,
+            actions=[str(a.kind) for a in d.actions],
+            node=finding.subject.get("node", ""),
+            why=d.why,
+        )
+        if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
+            reserved = self.guards.started(d, finding.subject.get("node", ""))
+            dry_run = d.verdict == "dry_run"
+            # after a real drain the scheduler's own view shows the node out; a dry run keeps
+            # its reservation so that later decisions see what would have been out
+            done = self._releaser(reserved) if reserved and not dry_run else None
+            self.executor.start(d, received, dry_run=dry_run, done=done)
+        elif d.verdict in WAITING:
+            self.waiting.add(finding, d, received)
+            self._escalate(finding, d)
+        return d
+
+    def _releaser(self, node: str) -> Callable[[], None]:
+        def release() -> None:
+            with self._lock:
+                self.guards.release(node)
+
+        return release
+
+    def _escalate(self, finding: Finding, d: Decision) -> None:
+        """Tell a person why a plan waits (a notification outside the plan's own ladder)."""
+        if self.settings.notify_adapter not in self.adapters:
+            log.warning("plan %s waits (%s): %s", d.plan_id, d.verdict, d.why)
+            return
+        action = escalation(finding, d, self.settings)
+        self.executor.start(
+            Decision(finding.id, "escalate", d.policy, (action,)), self.clock(), dry_run=False
+        )
+
+    # -- operators ----------------------------------------------------------------------------
+
+    def pending(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return self.waiting.listing()
+
+    def approve(self, plan_id: str, by: str = "operator") -> Decision:
+        """Run a plan that waits for approval (the other guards still apply, except cooldown)."""
+        with self._lock:
+            self._require_open()
+            pending = self.waiting.take(plan_id)
+            self.audit.append("approval", self.clock(), finding_id=plan_id, by=by)
+            d = self.guards.check(pending.finding, pending.decision, approved=True)
+            return self._decide(pending.finding, d, pending.received)
+
+    def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
+        """Put a node gpuwarden took out back in service (``force``: one it did not take out)."""
+        with self._lock:
+            self._require_open()
+            if node not in self.memory.taken_out and not self.guards.reserved[node] and not force:
+                raise KeyError(f"{node} was not taken out by gpuwarden; use force to resume it")
+            finding = Finding(
+                kind="operator_undo",
+                subject={"node": node},
+                severity=Severity.INFO,
+                time_ns=time.time_ns(),
+                summary=f"{by} puts {node} back in service",
+                source=by,
+                bucket_s=1,
+            )
+            action = action_for(ActionKind.UNCORDON, finding, self.settings)
+            self.audit.append("undo", self.clock(), finding_id=finding.id, node=node, by=by)
+            d = Decision(
+                finding.id, "dry_run" if self.settings.dry_run else "act", "undo", (action,)
+            )
+            return self._decide(finding, d, self.clock())
+
+    def tick(self) -> list[Decision]:
+        """Release queued plans the blast radius or the rate limit now allows (oldest first)."""
+        released = []
+        with self._lock:
+            self._require_open()
+            for plan_id, p in self.waiting.releasable():
+                d = self.guards.check(p.finding, p.decision, approved=True)
+                if d.verdict in ("act", "dry_run"):
+                    self.waiting.drop(plan_id)
+                    released.append(self._decide(p.finding, d, p.received))
+        return released
+
+    # -- lifetime -----------------------------------------------------------------------------
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait until every started plan has finished; False on timeout."""
+        return self.executor.wait(timeout_s)
+
+    def _require_open(self) -> None:
+        if self._closed:
+            raise EngineClosedError("the remediation engine is closed: nothing was recorded; retry")
+
+    def close(self) -> None:
+        """Refuse new work (:class:`EngineClosedError`), let the plans running finish, stop."""
+        with self._lock:
+            self._closed = True
+        self.executor.shutdown()

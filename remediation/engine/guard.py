@@ -1,0 +1,142 @@
+"""Guarding: whether a plan runs now, waits, or is cut down to a notification.
+
+The checks, in order (de-duplication by finding id happens before, in the engine):
+
+1. **not ours**: a plan whose only change is ``uncordon`` touches only nodes gpuwarden took
+   out itself; an admin's maintenance drain is the admin's to end;
+2. **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
+3. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
+   (putting a repaired node back is exempt: it disrupts nothing);
+4. **blast radius**: taking a node out when ``max_nodes_out`` nodes (or ``max_fraction_out``
+   of its partition) are already out (by anyone: the scheduler's own view, plus the nodes
+   plans in flight are taking out) waits;
+5. **rate limit**: at most ``actions_per_minute`` target-changing actions a minute;
+6. **dry run** (the default): the plan runs, but no adapter is asked to change anything.
+
+An approved plan skips 1-3: the operator has decided.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter, deque
+from collections.abc import Callable, Mapping
+
+from core.finding import Finding
+from remediation.audit import Memory
+from remediation.engine.decide import Decision, EngineSettings
+from remediation.model import (
+    MUTATING,
+    REMOVING,
+    ActionKind,
+    Adapter,
+    AdapterError,
+    Inventory,
+    Scheduler,
+)
+
+log = logging.getLogger("remediation.engine")
+
+
+class Guards:
+    """The guards' state: nodes plans in flight are taking out, and the last minute's actions.
+    Not thread-safe on its own: the engine calls it under its lock."""
+
+    def __init__(
+        self,
+        settings: EngineSettings,
+        adapters: Mapping[str, Adapter],
+        memory: Memory,
+        clock: Callable[[], float],
+    ) -> None:
+        self.settings = settings
+        self.adapters = adapters
+        self.memory = memory
+        self.clock = clock
+        # nodes that plans in flight are taking out, counted per plan: one plan finishing must
+        # not free a node another plan is still about to drain
+        self.reserved: Counter[str] = Counter()
+        self.recent: deque[float] = deque()  # when each of the last minute's actions started
+
+    def check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
+        s = self.settings
+        node = finding.subject.get("node", "")
+        mutating = [a for a in d.actions if a.kind in MUTATING]
+        notify_only = tuple(a for a in d.actions if a.kind is ActionKind.NOTIFY)
+        undo_only = bool(mutating) and all(a.kind is ActionKind.UNCORDON for a in mutating)
+        if undo_only and not approved and node not in self.memory.taken_out:
+            why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
+            return Decision(d.finding_id, "not_ours", d.policy, notify_only, why)
+        if not approved and any(str(a.kind) in s.approval for a in mutating):
+            kinds = [str(a.kind) for a in mutating]
+            why = (
+                f"{kinds} on {node or 'subject'} wait for approval: "
+                f"gpuwarden-remediate approve {d.plan_id}"
+            )
+            return Decision(d.finding_id, "approval", d.policy, d.actions, why)
+        if node and mutating and not undo_only:  # putting a repaired node back disrupts nothing
+            last = self.memory.last_action_at.get(node)
+            if last is not None and self.clock() - last < s.cooldown_s and not approved:
+                ago = self.clock() - last
+                why = f"{node} was acted on {ago:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
+                return Decision(d.finding_id, "cooldown", d.policy, notify_only, why)
+        if any(a.kind in REMOVING for a in mutating):
+            blocked = self.blast_radius(node)
+            if blocked:
+                return Decision(d.finding_id, "blast_radius", d.policy, d.actions, blocked)
+        now = self.clock()
+        while self.recent and now - self.recent[0] > 60.0:
+            self.recent.popleft()
+        if mutating and len(self.recent) + len(mutating) > s.actions_per_minute:
+            why = f"more than {s.actions_per_minute} actions a minute"
+            return Decision(d.finding_id, "rate_limited", d.policy, d.actions, why)
+        return Decision(d.finding_id, "dry_run" if s.dry_run else "act", d.policy, d.actions)
+
+    def inventory(self) -> Inventory:
+        adapter = self.adapters.get(self.settings.node_adapter)
+        if isinstance(adapter, Scheduler):
+            try:
+                return adapter.inventory()
+            except AdapterError as exc:
+                log.error("inventory from %s failed: %s", adapter.name, exc)
+                raise
+        return Inventory({}, frozenset(self.memory.taken_out))
+
+    def blast_radius(self, node: str) -> str:
+        """Why taking ``node`` out would break the limit, or ``""``."""
+        try:
+            inv = self.inventory()
+        except AdapterError as exc:
+            return f"cannot tell how many nodes are out ({exc}); not taking {node} out blind"
+        out = set(inv.out) | {n for n, c in self.reserved.items() if c > 0}
+        if node in out:
+            return ""
+        s = self.settings
+        if len(out) + 1 > s.max_nodes_out:
+            return (
+                f"{len(out)} nodes already out {sorted(out)}; limit max_nodes_out={s.max_nodes_out}"
+            )
+        partition = inv.partitions.get(node)
+        if partition:
+            size = inv.partition_size(partition)
+            in_part = sum(1 for n in out if inv.partitions.get(n) == partition)
+            if (in_part + 1) / size > s.max_fraction_out + 1e-9:
+                return (
+                    f"{in_part} of {size} nodes of partition {partition} already out; one more "
+                    f"exceeds max_fraction_out={s.max_fraction_out}"
+                )
+        return ""
+
+    def started(self, d: Decision, node: str) -> str:
+        """A plan starts: count its target-changing actions against the rate limit and reserve
+        the node it takes out (returned, ``""`` for none)."""
+        reserved = ""
+        if d.verdict in ("act", "dry_run") and any(a.kind in REMOVING for a in d.actions):
+            reserved = node
+            self.reserved[reserved] += 1
+        self.recent.extend([self.clock()] * sum(a.kind in MUTATING for a in d.actions))
+        return reserved
+
+    def release(self, node: str) -> None:
+        """A plan that took ``node`` out has finished (the scheduler's view now shows it)."""
+        self.reserved[node] -= 1
