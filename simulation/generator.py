@@ -31,7 +31,8 @@ from scipy.special import ndtr  # type: ignore[import-untyped]
 
 from core.catalogue import CATALOGUE
 from simulation.calibration import LOAD_CORRELATION, acmetrace, lingjun_tors
-from simulation.faults import DEFAULTS, Fault, resolve_all
+from simulation.faults import resolve_all
+from simulation.faulttypes import Chunk, Fault, Window, of
 from simulation.jobs import JobSchedule
 from simulation.spec import MEASUREMENTS, ScenarioSpec
 
@@ -66,8 +67,6 @@ OLD_DRIVER = "535.129.03"  # what a config_drift fault's node runs
 INFO_EVERY_S = 600.0  # the agent's [nvml] info_every_s default
 MEM_TOTAL = 80 * 2**30
 IB_RATE_GBPS = 200.0
-FLAP_PERIOD_S = 600.0
-FLAP_DOWN_S = 60.0
 
 GPU_COUNTERS = (
     "ecc_sbe_volatile_total",
@@ -101,9 +100,6 @@ IB_COUNTERS = (
 
 def _zeros(names: tuple[str, ...], n: int) -> dict[str, NDArray[np.int64]]:
     return {k: np.zeros(n, dtype=np.int64) for k in names}
-
-
-GPU_ABSENT_TYPES = ("xid79", "node_down")
 
 
 class ScenarioGenerator:
@@ -153,7 +149,7 @@ class ScenarioGenerator:
         """``scenario_fault`` points: precursor start (if any), onset, repair, per fault."""
         rows = []
         for f in self.faults:
-            d = DEFAULTS[f.type]
+            kind = of(f)
             phases = [(2, f.onset_s)]
             if f.precursor_start_s < f.onset_s:
                 phases.insert(0, (1, f.precursor_start_s))
@@ -165,9 +161,9 @@ class ScenarioGenerator:
                         "time": self.spec.start_ns + int(t * NS),
                         "cluster": self.spec.cluster,
                         "node": self.node_names[f.node],
-                        "gpu": str(f.gpu) if f.type in _GPU_SCOPED else "",
-                        "hca": f"mlx5_{f.hca}" if f.type == "ib_flap" else "",
-                        "port": "1" if f.type == "ib_flap" else "",
+                        "gpu": str(f.gpu) if kind.gpu_scoped else "",
+                        "hca": f"mlx5_{f.hca}" if kind.port_scoped else "",
+                        "port": "1" if kind.port_scoped else "",
                         "job": f.job,
                         "kind": f.type,
                         "source": "scenario",
@@ -175,7 +171,7 @@ class ScenarioGenerator:
                         "phase_code": code,
                         "fatal_active": f.fatal,
                         "xid_code": f.xid,
-                        "summary": f"{f.type} ({f.origin}); signature: {d.signature}",
+                        "summary": f"{f.type} ({f.origin}); signature: {kind.defaults.signature}",
                     }
                 )
         return pl.DataFrame(rows) if rows else pl.DataFrame()
@@ -280,110 +276,27 @@ class ScenarioGenerator:
         ib_factor = np.ones((T, P))
         dt = spec.interval_s
 
-        # Jobs that are down (restarting) leave their GPUs idle; a hung job spins at 100 %.
+        chunk = Chunk(
+            tt=tt, dt=dt, gpus_per_node=g, hcas_per_node=H, links=L, rng=self.rng,
+            switch_of=self.switch_of, jobs=self.jobs, jidx=jidx, power_limit=prof.power_limit,
+            util=util, power=power, temp=temp, sm=sm, reasons=reasons, alive=alive, inc=inc,
+            pending=pending, failure=failure, width=width, nvl_inc=nvl_inc, link_up=link_up,
+            ib_inc=ib_inc, port_up=port_up, port_alive=port_alive, ib_factor=ib_factor,
+        )  # fmt: skip
+        # Each fault moves the fields of its own signature (simulation.faulttypes); a hung
+        # job spins at 100 %.
         for f in self.faults:
             pre = (tt >= f.precursor_start_s) & (tt < f.onset_s)
             on = (tt >= f.onset_s) & (tt < f.end_s)
             onset_tick = (tt <= f.onset_s) & (f.onset_s < tt + dt)
             if not (pre.any() or on.any() or onset_tick.any()):
                 continue
-            gi = f.node * g + f.gpu
             frac = np.clip(
                 (tt - f.precursor_start_s) / max(f.onset_s - f.precursor_start_s, 1), 0, 1
             )
             if f.xid and onset_tick.any():
                 events.append(self._event(f, f.onset_s))
-            if f.type in GPU_ABSENT_TYPES:
-                cols = np.array([gi] if f.type == "xid79" else range(f.node * g, f.node * g + g))
-                alive[np.ix_(on, cols)] = False
-                if f.type == "node_down":
-                    port_alive[np.ix_(on, np.arange(f.node * H, f.node * H + H))] = False
-            elif f.type == "ecc_row_remap":
-                rate = 0.01 * np.exp(5.0 * frac)  # SBE/s, x150 over the precursor
-                inc["ecc_sbe_volatile_total"][:, gi] += self.rng.poisson(rate * dt * pre)
-                for q in (0.3, 0.6, 0.85):
-                    mark = f.precursor_start_s + q * (f.onset_s - f.precursor_start_s)
-                    hit = (tt <= mark) & (mark < tt + dt) & pre
-                    inc["remapped_rows_correctable_total"][hit, gi] += 1
-                pending[
-                    (tt >= f.precursor_start_s + 0.6 * (f.onset_s - f.precursor_start_s))
-                    & (tt < f.end_s),
-                    gi,
-                ] = True
-                if f.xid != 63:
-                    inc["ecc_dbe_volatile_total"][onset_tick, gi] += 1
-                    inc["remapped_rows_uncorrectable_total"][onset_tick, gi] += 1
-                if f.xid in (64, 95):
-                    failure[on, gi] = True
-            elif f.type == "nvlink_crc_storm" and L:
-                li = gi * L + min(f.link, L - 1)
-                rate = 0.05 * np.exp(6.0 * frac)
-                nvl_inc["crc_flit_errors_total"][:, li] += self.rng.poisson(rate * dt * (pre | on))
-                nvl_inc["replay_errors_total"][:, li] += self.rng.poisson(
-                    0.3 * rate * dt * (pre | on)
-                )
-                nvl_inc["recovery_errors_total"][onset_tick, li] += 1
-                link_up[on, li] = False
-            elif f.type == "pcie_replay":
-                rate = 0.1 * np.exp(4.0 * frac)
-                inc["pcie_replay_total"][:, gi] += self.rng.poisson(rate * dt * (pre | on))
-                width[on, gi] = 8
-            elif f.type == "thermal_slowdown":
-                temp[:, gi] = np.where(pre, temp[:, gi] + 30 * frac, temp[:, gi])
-                temp[on, gi] = np.maximum(temp[on, gi], 89.0)
-                sm[on, gi] *= 1 - f.severity
-                reasons[on, gi] |= 0x20 | 0x40
-            elif f.type == "power_brake":
-                cols = np.arange(f.node * g, f.node * g + g)
-                sm[np.ix_(on, cols)] *= 1 - f.severity
-                power[np.ix_(on, cols)] *= 1 - f.severity
-                reasons[np.ix_(on, cols)] |= 0x80 | 0x8
-            elif f.type == "slow_gpu":
-                sm[on, gi] *= 1 - 0.6 * f.severity
-                power[on, gi] *= 1 - 0.5 * f.severity
-            elif f.type == "ib_flap":
-                pi = f.node * H + f.hca
-                rate = 0.5 * np.exp(5.0 * frac)
-                ib_inc["symbol_error_total"][:, pi] += self.rng.poisson(rate * dt * (pre | on))
-                ib_inc["link_error_recovery_total"][:, pi] += self.rng.poisson(
-                    0.002 * np.exp(5.0 * frac) * dt * pre
-                )
-                since = tt - f.onset_s
-                down = on & ((since % FLAP_PERIOD_S) < FLAP_DOWN_S)
-                flap_start = on & ((since % FLAP_PERIOD_S) < dt)
-                ib_inc["link_downed_total"][flap_start, pi] += 1
-                port_up[down, pi] = False
-            elif f.type == "tor_congestion":
-                sw = self.switch_of[f.node]
-                ports = np.array(
-                    [n * H + h for n, s in enumerate(self.switch_of) if s == sw for h in range(H)]
-                )
-                sel = np.ix_(on, ports)
-                n_on, n_p = int(on.sum()), len(ports)
-                # xmit_wait ticks are 8 bytes of lost send opportunity (NVIDIA, ibdiagnet
-                # "congestion assessment"): half the severity of the link's bandwidth is lost.
-                ib_inc["port_xmit_wait_total"][sel] += self.rng.poisson(
-                    0.5 * f.severity * IB_RATE_GBPS * 1e9 / 64 * dt, (n_on, n_p)
-                )
-                ib_inc["np_cnp_sent_total"][sel] += self.rng.poisson(
-                    2e4 * f.severity * dt, (n_on, n_p)
-                )
-                ib_inc["rp_cnp_handled_total"][sel] += self.rng.poisson(
-                    2e4 * f.severity * dt, (n_on, n_p)
-                )
-                ib_inc["np_ecn_marked_roce_packets_total"][sel] += self.rng.poisson(
-                    5e4 * f.severity * dt, (n_on, n_p)
-                )
-                ib_factor[sel] *= 1 - 0.5 * f.severity
-            elif f.type == "hang":
-                for j, jp in enumerate(self.jobs):
-                    if jp.spec.name == f.job:
-                        cols = np.nonzero(jidx == j)[0]
-                        util[np.ix_(on, cols)] = 100.0
-                        power[np.ix_(on, cols)] = 0.3 * prof.power_limit
-                        if gi in cols:  # the rank that never reached the collective: idle
-                            util[on, gi] = 0.0
-                            power[on, gi] = 0.15 * prof.power_limit
+            of(f).telemetry(chunk, f, Window(pre, on, onset_tick, frac, f.node * g + f.gpu))
         # GPUs of a job that is down between runs (restarting) are idle.
         for jp in self.jobs:
             for ti, t in enumerate(tt):
@@ -444,7 +357,7 @@ class ScenarioGenerator:
         g = self.spec.gpus_per_node
         rows = []
         for ti in ticks:
-            drift = [f for f in self.faults if f.type == "config_drift" and f.active(float(tt[ti]))]
+            drift = [f for f in self.faults if of(f).drifts_config and f.active(float(tt[ti]))]
             old = {f.node for f in drift}
             ecc_off = {f.node * g + f.gpu for f in drift}
             for gi in np.flatnonzero(alive[ti]):
@@ -664,15 +577,6 @@ class ScenarioGenerator:
         )
         return df.filter(pl.Series(port_alive.reshape(-1)))
 
-
-_GPU_SCOPED = (
-    "xid79",
-    "ecc_row_remap",
-    "nvlink_crc_storm",
-    "pcie_replay",
-    "thermal_slowdown",
-    "slow_gpu",
-)
 
 # The tag columns of each generated measurement: the catalogue's, declared there once.
 TAGS: dict[str, list[str]] = {m: list(CATALOGUE[m].tags) for m in MEASUREMENTS}

@@ -16,7 +16,7 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from simulation.faults import Fault
+from simulation.faulttypes import Fault, Ranks, of
 from simulation.spec import JobSpec, ScenarioSpec
 
 NS = 1_000_000_000
@@ -63,14 +63,11 @@ class JobSchedule:
         self.plans = self._plan()
 
     def _fatal_for(self, f: Fault, job: str, nodes: list[int]) -> bool:
-        if f.type == "hang":
-            return f.job == job
-        return f.fatal and f.node in nodes
+        return of(f).stops(f, job, nodes)
 
     def _node_down(self, node: int, t: float) -> bool:
         return any(
-            f.fatal and f.type != "hang" and f.node == node and f.onset_s <= t < f.end_s
-            for f in self.faults
+            of(f).downs_node(f) and f.node == node and f.onset_s <= t < f.end_s for f in self.faults
         )
 
     def _plan(self) -> list[JobPlan]:
@@ -98,10 +95,11 @@ class JobSchedule:
                 if stop >= end:
                     break
                 hit = min(hits, key=lambda f: f.onset_s)
-                if hit.type == "hang":  # stuck until the hang ends, then restarted
+                hung = of(hit).hangs
+                if hung:  # stuck until the hang ends, then restarted
                     plan.runs.append(Run(stop, hit.end_s, list(current), hung=True))
                     stop = hit.end_s
-                resume = min(end, stop + js.restart_s) if hit.type != "hang" else stop
+                resume = stop if hung else min(end, stop + js.restart_s)
                 # Replace nodes still down at restart with spares that are up; else wait.
                 for i, node in enumerate(current):
                     if self._node_down(node, resume):
@@ -129,23 +127,18 @@ class JobSchedule:
     def _rank_factors(self, js: JobSpec, nodes: list[int], t: float) -> NDArray[np.float64]:
         g = self.spec.gpus_per_node
         world = js.nodes * g
-        node_of_rank = np.repeat(np.array(nodes), g)
-        gpu_of_rank = np.tile(np.arange(g), js.nodes)
-        stage = self._stages(js)
+        ranks = Ranks(
+            node=np.repeat(np.array(nodes), g),
+            gpu=np.tile(np.arange(g), js.nodes),
+            stage=self._stages(js),
+        )
         factor = np.ones(world)
         for f in self.faults:
             if not f.active(t):
                 continue
-            if f.type in ("slow_gpu", "thermal_slowdown", "pcie_replay"):
-                factor[(node_of_rank == f.node) & (gpu_of_rank == f.gpu)] += f.severity
-            elif f.type == "power_brake":
-                factor[node_of_rank == f.node] += f.severity
-            elif f.type == "tor_congestion":
-                sw = self.switch_of[f.node]
-                under = [i for i, s in enumerate(self.switch_of) if s == sw]
-                factor[np.isin(node_of_rank, under)] += f.severity
-            elif f.type == "slow_stage" and f.job == js.name:
-                factor[stage == f.stage] += f.severity
+            slowed = of(f).slowdown(f, js.name, ranks, self.switch_of)
+            if slowed is not None:
+                factor[slowed] += f.severity
         return factor
 
     def steps(self, rng: np.random.Generator) -> pl.DataFrame:
@@ -294,7 +287,7 @@ class JobSchedule:
         """The rank a hung run waits for: the hang fault's node and GPU, if the job is there."""
         g = self.spec.gpus_per_node
         for f in self.faults:
-            hit = run.hung and f.type == "hang" and f.job == job and f.onset_s == run.start_s
+            hit = run.hung and of(f).hangs and f.job == job and f.onset_s == run.start_s
             if hit and f.node in run.nodes:
                 return run.nodes.index(f.node) * g + f.gpu
         return None

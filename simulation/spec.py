@@ -14,27 +14,12 @@ from typing import Any
 
 from core.timeparse import parse_iso
 from simulation.errors import SimulationError
+from simulation.faulttypes import FAULT_TYPES, REGISTRY
 
 
 class ScenarioError(SimulationError):
     """A scenario file is malformed or asks for something the generator cannot do."""
 
-
-FAULT_TYPES = (
-    "xid79",
-    "ecc_row_remap",
-    "nvlink_crc_storm",
-    "pcie_replay",
-    "thermal_slowdown",
-    "power_brake",
-    "ib_flap",
-    "tor_congestion",
-    "slow_gpu",
-    "slow_stage",
-    "hang",
-    "node_down",
-    "config_drift",
-)
 
 MEASUREMENTS = (
     "gpu",
@@ -155,7 +140,7 @@ class ScenarioSpec:
                 raise ScenarioError(f"{where}: fault {f.type} names node/gpu outside the cluster")
             if not 0 <= f.hca < self.hcas_per_node:
                 raise ScenarioError(f"{where}: fault {f.type} names hca {f.hca}")
-            if f.type in ("slow_stage", "hang") and f.job not in names:
+            if REGISTRY[f.type].needs_job and f.job not in names:
                 raise ScenarioError(f"{where}: fault {f.type} needs job = one of {sorted(names)}")
         if self.stepfun is not None and self.stepfun.compression <= 0:
             raise ScenarioError(f"{where}: stepfun.compression must be > 0")
