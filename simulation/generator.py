@@ -14,7 +14,8 @@ Model, in brief (each part documented where it is built):
   time grows with whatever slows its GPU, node, switch or stage, and a synchronous step takes
   as long as the slowest rank; a fatal fault stops the job, which restarts after ``restart_s``
   from its last checkpoint (on a spare node if the failed one is still down);
-* faults (:mod:`.faults`) move exactly the catalogue fields of their documented signature.
+* faults move exactly the catalogue fields of their documented signature, each type its own
+  (:mod:`.faulttypes`); :mod:`.faults` decides which happen when.
 """
 
 from __future__ import annotations
