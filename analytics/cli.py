@@ -1,11 +1,11 @@
-"""``gpuwarden-analyze``: analyse telemetry in InfluxDB, or a real straggler trace from a file.
+"""``gpuwarden analyze``: analyse telemetry in InfluxDB, or a real straggler trace from a file.
 
-gpuwarden-analyze run --config analytics.toml --start 2026-01-05T00:00:00Z --end ...
-gpuwarden-analyze run --config analytics.toml --every 60s      # periodic, until stopped
-gpuwarden-analyze stragglers --whatif-trace trace.parquet [--json]
-gpuwarden-analyze stragglers --minibatch-csv job_1_norm.csv [--json]
-gpuwarden-analyze train --start ... --end ... --out risk.pkl     # the failure predictor
-gpuwarden-analyze evaluate --model risk.pkl --start ... --end ... --report DIR
+gpuwarden analyze run --config analytics.toml --start 2026-01-05T00:00:00Z --end ...
+gpuwarden analyze run --config analytics.toml --every 60s      # periodic, until stopped
+gpuwarden analyze stragglers --whatif-trace trace.parquet [--json]
+gpuwarden analyze stragglers --minibatch-csv job_1_norm.csv [--json]
+gpuwarden analyze train --start ... --end ... --out risk.pkl     # the failure predictor
+gpuwarden analyze evaluate --model risk.pkl --start ... --end ... --report DIR
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ def _stragglers(args: argparse.Namespace) -> int:
             timings, fmt = read_minibatch_csv(path), "minibatch"
         source = cite(path)
     except (TraceFormatError, OSError) as exc:
-        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        print(f"gpuwarden analyze: {exc}", file=sys.stderr)
         return 2
     found: list[Straggler] = detect(timings)
     items = []
@@ -152,7 +152,7 @@ def _config(args: argparse.Namespace) -> AnalyticsConfig | None:
     try:
         return load_config(args.config)
     except ConfigError as exc:
-        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        print(f"gpuwarden analyze: {exc}", file=sys.stderr)
         return None
 
 
@@ -172,7 +172,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             model = RiskModel.load(cfg["predictor"]["model"])
         except ModelError as exc:
-            print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+            print(f"gpuwarden analyze: {exc}", file=sys.stderr)
             return 2
     executor = executor_from_config(cfg, local=args.local)
     stop = threading.Event()
@@ -240,7 +240,7 @@ def _predict(args: argparse.Namespace) -> int:
     try:
         return predict_run(args, cfg, executor)
     except (ModelError, ValueError) as exc:
-        print(f"gpuwarden-analyze: {exc}", file=sys.stderr)
+        print(f"gpuwarden analyze: {exc}", file=sys.stderr)
         return 2
     finally:
         executor.close()
@@ -249,7 +249,7 @@ def _predict(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ap = argparse.ArgumentParser(
-        prog="gpuwarden-analyze",
+        prog="gpuwarden analyze",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

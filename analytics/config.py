@@ -44,7 +44,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "hangs": asdict(HangConfig()),
     "findings": {"url": "", "token_file": ""},
     "predictor": {
-        # a model trained by `gpuwarden-analyze train`; empty: no online failure-risk scoring
+        # a model trained by `gpuwarden analyze train`; empty: no online failure-risk scoring
         "model": "",
         "step_s": 60,
         # GPU nodes per feature task (Dask runs the tasks in parallel)

@@ -21,13 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-import polars as pl
-
+from collector.errors import CollectorError
 from collector.plausible import Screen
 from collector.sources import Source
 from core.finding import Finding
 from core.store.lineprotocol import Point
-from core.store.trace import TraceWriter
 
 log = logging.getLogger(__name__)
 
@@ -259,12 +257,21 @@ class Agent:
 
 class TraceRecorder:
     """A :class:`PointSink` that records what the agent would send (``--record DIR``) as a
-    gpuwarden trace, one chunk per cycle; ``gpuwarden-replay replay DIR`` sends it later."""
+    gpuwarden trace, one chunk per cycle; ``gpuwarden replay replay DIR`` sends it later."""
 
     def __init__(self, directory: str, origin: str, *, simulated: bool) -> None:
+        try:  # a trace is Parquet, written with polars: only --record needs it
+            from core.store.trace import TraceWriter
+        except ImportError as exc:
+            raise CollectorError(
+                f"--record writes a gpuwarden trace and needs polars ({exc}): install "
+                "'gpuwarden[agent,simulation]', or record NVML answers with --record-nvml"
+            ) from None
         self.writer = TraceWriter(directory, origin, simulated=simulated)
 
     def write_points(self, points: Iterable[Point]) -> None:
+        import polars
+
         groups: dict[str, list[Point]] = {}
         for p in points:
             groups.setdefault(p.measurement, []).append(p)
@@ -274,7 +281,7 @@ class TraceRecorder:
                 {**{k: p.tags.get(k) for k in tag_keys}, **p.fields, "time": p.time_ns}
                 for p in group
             ]
-            df = pl.DataFrame(rows, infer_schema_length=None)
+            df = polars.DataFrame(rows, infer_schema_length=None)
             self.writer.write_frame(df, measurement, tags=tag_keys)
         self.writer.next_chunk()
 

@@ -1,10 +1,10 @@
-"""``gpuwarden-agent``: the node agent.
+"""``gpuwarden agent``: the node agent.
 
-    gpuwarden-agent --config /etc/gpuwarden/agent.toml          # run (systemd, DaemonSet)
-    gpuwarden-agent --once                                      # print one cycle, send nothing
+    gpuwarden agent --config /etc/gpuwarden/agent.toml          # run (systemd, DaemonSet)
+    gpuwarden agent --once                                      # print one cycle, send nothing
                                                                 # (exit 1 if a source failed)
-    gpuwarden-agent --record /var/tmp/trace --cycles 360        # record what it would send
-    gpuwarden-agent --config agent.toml --print-config          # effective settings as TOML
+    gpuwarden agent --record /var/tmp/trace --cycles 360        # record what it would send
+    gpuwarden agent --config agent.toml --print-config          # effective settings as TOML
 
 Settings come from the TOML file, then ``GPUWARDEN_<SECTION>_<KEY>`` environment variables
 (see ``config/agent.sample.toml``). SIGTERM or SIGINT stops the loop and flushes the sink.
@@ -101,7 +101,7 @@ def build_agent(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="gpuwarden-agent", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="gpuwarden agent", description=__doc__.split("\n")[0])
     parser.add_argument("--config", help="TOML file (default: built-in defaults)")
     parser.add_argument(
         "--once",
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         return _run(config, args)
     except GpuwardenError as exc:
-        print(f"gpuwarden-agent: {exc}", file=sys.stderr)
+        print(f"gpuwarden agent: {exc}", file=sys.stderr)
         return 2
 
 
@@ -140,7 +140,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     if args.once:
         sink = LinePrinter(sys.stdout.write)
     elif args.record:
-        sink = TraceRecorder(args.record, f"recorded by gpuwarden-agent on {socket.gethostname()}",
+        sink = TraceRecorder(args.record, f"recorded by gpuwarden agent on {socket.gethostname()}",
                              simulated=config["nvml"]["backend"] == "recorded")  # fmt: skip
     else:
         influx = InfluxSink(config.sink)
@@ -173,7 +173,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         print(check_summary(agent.health), file=sys.stderr)
         failed = sorted(name for name, health in agent.health.items() if health.errors)
         if failed:
-            print(f"gpuwarden-agent: failed in this cycle: {', '.join(failed)} (see the log)",
+            print(f"gpuwarden agent: failed in this cycle: {', '.join(failed)} (see the log)",
                   file=sys.stderr)  # fmt: skip
             return 1
     return 0
@@ -183,7 +183,7 @@ def check_summary(health: Mapping[str, SourceHealth]) -> str:
     """One line per source after ``--once``: failed (and why), or how many points it gave
     (none: that hardware is absent here, or not where the configuration points)."""
     width = max((len(name) for name in health), default=0)
-    lines = ["gpuwarden-agent: node check, one cycle"]
+    lines = ["gpuwarden agent: node check, one cycle"]
     for name, h in health.items():
         if h.failing or h.errors:
             state = f"FAILED  {h.failing or 'see the log'}"
@@ -208,7 +208,7 @@ def _nvml_recorder(config: AgentConfig) -> Recorder:
         from collector.nvml.real import PynvmlBackend
 
         inner = PynvmlBackend()
-    return Recorder(inner, note=f"recorded by gpuwarden-agent on {platform.node()}")
+    return Recorder(inner, note=f"recorded by gpuwarden agent on {platform.node()}")
 
 
 def _print_config(config: AgentConfig) -> None:

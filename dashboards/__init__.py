@@ -2,7 +2,7 @@
 
 Six dashboards (fleet, node & GPU, job, fabric, power & thermal, health & risk) are built in
 ``dashboards/<name>.py`` from catalogue names only (:mod:`dashboards.influxql`), checked by
-:mod:`dashboards.check`, exported with Grafana provisioning files by ``gpuwarden-dashboards``
+:mod:`dashboards.check`, exported with Grafana provisioning files by ``gpuwarden dashboards``
 (:mod:`dashboards.cli`), and rendered without Grafana by :mod:`dashboards.render`.
 """
 

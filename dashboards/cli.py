@@ -1,8 +1,8 @@
-"""``gpuwarden-dashboards``: export, push, check and render the dashboards and alert rules.
+"""``gpuwarden dashboards``: export, push, check and render the dashboards and alert rules.
 
-    gpuwarden-dashboards export --out /etc/grafana/gpuwarden     # JSON + provisioning files
-    gpuwarden-dashboards push --url http://grafana:3000           # token: GRAFANA_TOKEN or file
-    gpuwarden-dashboards render --influx-url http://127.0.0.1:8086 --database gpuwarden \\
+    gpuwarden dashboards export --out /etc/grafana/gpuwarden     # JSON + provisioning files
+    gpuwarden dashboards push --url http://grafana:3000           # token: GRAFANA_TOKEN or file
+    gpuwarden dashboards render --influx-url http://127.0.0.1:8086 --database gpuwarden \\
         --from 2026-11-01T00:00:00Z --to 2026-11-01T06:00:00Z --out /tmp/dashboards
 """
 
@@ -175,7 +175,7 @@ def _render(args: argparse.Namespace, cfg: Config) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="gpuwarden-dashboards",
+        prog="gpuwarden dashboards",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -216,7 +216,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             return _render(args, cfg)
     except (DashboardError, ConfigError, ValueError) as exc:
-        print(f"gpuwarden-dashboards: {exc}", file=sys.stderr)
+        print(f"gpuwarden dashboards: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,5 +1,5 @@
 """Dashboards without Grafana: every panel drawn as a PNG from the same queries, on one HTML
-page per dashboard (``gpuwarden-dashboards render``).
+page per dashboard (``gpuwarden dashboards render``).
 
 The queries are the dashboard JSON's own, interpolated as Grafana would (``dashboards.grafana``)
 with every variable on "All". Drawing is matplotlib's: time series as lines, bars or points,

@@ -4,7 +4,7 @@
 
 Replays SIMULATED ``predictor-day`` scenarios (one seed per day: faults from the REAL StepFun
 process, 150x compressed, with the generator's precursors) into a local influxd and trains the
-predictor on them exactly as ``gpuwarden-analyze train`` does (``benchmarks/predict_simulated``
+predictor on them exactly as ``gpuwarden analyze train`` does (``benchmarks/predict_simulated``
 evaluates the same recipe on held-out seeds). It takes about ten minutes on 2 cores, which is
 why the demo ships the result instead of training at every run (``scripts/demo.sh --retrain``
 trains afresh on fewer days).

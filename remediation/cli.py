@@ -1,4 +1,4 @@
-"""``gpuwarden-remediate``: run the engine, feed it findings, read its audit log, steer it.
+"""``gpuwarden remediate``: run the engine, feed it findings, read its audit log, steer it.
 
 * ``serve``: the HTTP endpoint (``[engine] listen``) in front of the engine; SIGTERM/SIGINT
   stop it after the actions in flight finish;
@@ -212,7 +212,7 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpuwarden-remediate", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="gpuwarden remediate", description=__doc__.split("\n")[0])
     p.add_argument("--config", help="TOML (config/remediation.sample.toml shows every setting)")
     p.add_argument("-v", "--verbose", action="store_true")
     sub = p.add_subparsers(dest="command", required=True)
@@ -259,7 +259,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         body = json.dumps({"force": args.force}).encode()
         return call(config, "POST", f"/v1/undo/{args.node}", body)
     except (ConfigError, ValueError) as exc:
-        print(f"gpuwarden-remediate: {exc}", file=sys.stderr)
+        print(f"gpuwarden remediate: {exc}", file=sys.stderr)
         return 2
 
 

@@ -299,7 +299,7 @@ def grafana_finding(alert: Mapping[str, Any]) -> Finding:
 class _Handler(BaseHTTPRequestHandler):
     endpoint: Endpoint
     timeout = 10  # a client that stalls mid-request is dropped
-    server_version = "gpuwarden-remediate"
+    server_version = "gpuwarden remediate"
 
     def _serve(self, method: str) -> None:
         status, payload = self.endpoint.handle(

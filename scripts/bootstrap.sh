@@ -34,12 +34,14 @@ if ! command -v uv >/dev/null 2>&1 || [ "$(uv --version | cut -d' ' -f2)" != "$U
 fi
 
 export UV_PYTHON_DOWNLOADS=never
-# --inexact keeps torch (below), which is not in the lock file
-uv sync --frozen --inexact --quiet
+# every extra but torch (`all`), and the dev group. --inexact keeps torch (below): the lock
+# names the registry's build for the `torch` extra, which is never synced here
+uv sync --frozen --inexact --quiet --extra all
 
 # PyTorch for the elastic-remediation tests and the demo's torchrun job: the CPU build of
 # 2.13.0 that these machines carry as a local wheel (the registry's build brings GBs of CUDA
-# libraries). It is the training job's dependency, not gpuwarden's, so it is not in uv.lock.
+# libraries). It is the training job's dependency, not gpuwarden's: the `torch` extra, which
+# `all` leaves out.
 TORCH_WHEELS=/opt/wheels
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   if ls "$TORCH_WHEELS"/torch-2.13.0+cpu-*.whl >/dev/null 2>&1; then

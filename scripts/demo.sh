@@ -3,4 +3,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source scripts/bootstrap.sh
-uv run --frozen python -m demo.run "$@"
+uv run --frozen gpuwarden demo "$@"

@@ -1,11 +1,11 @@
-"""``gpuwarden-replay``: generate simulated scenarios, and replay traces into InfluxDB.
+"""``gpuwarden replay``: generate simulated scenarios, and replay traces into InfluxDB.
 
-    gpuwarden-replay list                                  # the scenario library
-    gpuwarden-replay generate week-mixed --seed 3 --out /tmp/week
-    gpuwarden-replay replay /tmp/week --url http://127.0.0.1:8086 --database gpuwarden \\
+    gpuwarden replay list                                  # the scenario library
+    gpuwarden replay generate week-mixed --seed 3 --out /tmp/week
+    gpuwarden replay replay /tmp/week --url http://127.0.0.1:8086 --database gpuwarden \\
         --start 2026-11-01T00:00:00Z --speed 0
-    gpuwarden-replay run slow-gpu --end now --speed 0     # generate and stream, no files
-    gpuwarden-replay truth /tmp/week                       # what was injected, where, when
+    gpuwarden replay run slow-gpu --end now --speed 0     # generate and stream, no files
+    gpuwarden replay truth /tmp/week                       # what was injected, where, when
 
 Everything a scenario produces is SIMULATED; its statistics are drawn from real cluster data
 (see simulation/data/SOURCES.md). Output says so.
@@ -140,7 +140,7 @@ def _stream(
 
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        prog="gpuwarden-replay",
+        prog="gpuwarden replay",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -222,7 +222,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             shift = _shift(start, start + spec.duration_s * NS, args)
             _stream(gen.chunks(), TAGS, 0, shift, args)
     except GpuwardenError as exc:
-        print(f"gpuwarden-replay: {exc}", file=sys.stderr)
+        print(f"gpuwarden replay: {exc}", file=sys.stderr)
         return 2
     return 0
 

@@ -1,6 +1,6 @@
 """Scenario specifications: TOML files describing a simulated cluster, its jobs and its faults.
 
-The named library lives in ``simulation/library/``; ``gpuwarden-replay list`` shows it.
+The named library lives in ``simulation/library/``; ``gpuwarden replay list`` shows it.
 A spec is data only; :mod:`simulation.generator` turns it into telemetry.
 """
 

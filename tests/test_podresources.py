@@ -276,7 +276,7 @@ def test_a_node_without_kubernetes_asks_nothing(tmp_path):
 
 
 def test_the_agent_configuration_reaches_the_kubelet(tmp_path):
-    """``gpuwarden-agent --once`` with ``[nvml] pod_resources_*`` set in its TOML file: the
+    """``gpuwarden agent --once`` with ``[nvml] pod_resources_*`` set in its TOML file: the
     recording's processes have no environment or cgroup here, so every GPU the fake kubelet
     allocated is tagged by the pod-resources answer alone (index device ids, a renamed
     resource)."""

@@ -422,7 +422,7 @@ def test_apply_and_audit_commands(
 
 
 def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
-    """``gpuwarden-remediate serve`` as operators run it; the agent's own poster sends to it;
+    """``gpuwarden remediate serve`` as operators run it; the agent's own poster sends to it;
     its remediation_action events land in a real influxd; SIGTERM stops it cleanly."""
     import os
     import signal

@@ -1,8 +1,8 @@
-"""``gpuwarden-analyze train`` and ``evaluate``: the failure predictor from InfluxDB history.
+"""``gpuwarden analyze train`` and ``evaluate``: the failure predictor from InfluxDB history.
 
-    gpuwarden-analyze train --start 2026-10-01T00:00:00Z --end 2026-11-01T00:00:00Z \\
+    gpuwarden analyze train --start 2026-10-01T00:00:00Z --end 2026-11-01T00:00:00Z \\
         --out /var/lib/gpuwarden/risk.pkl
-    gpuwarden-analyze evaluate --model /var/lib/gpuwarden/risk.pkl \\
+    gpuwarden analyze evaluate --model /var/lib/gpuwarden/risk.pkl \\
         --start 2026-11-01T00:00:00Z --end 2026-11-08T00:00:00Z --report /tmp/risk-report
 """
 
@@ -247,7 +247,7 @@ def run(
     start, end = parse_when(args.start), parse_when(args.end)
     ds = dataset(cfg, start, end, executor)
     if ds.frame.is_empty():
-        print("gpuwarden-analyze: no GPU telemetry in that window")
+        print("gpuwarden analyze: no GPU telemetry in that window")
         return 1
     if args.command == "train":
         model, report = train(cfg, [ds], version=args.version or args.out.stem)

@@ -15,8 +15,9 @@ Parquet rather than line-protocol files: typed columns (an integer stays an inte
 a reader streams them in order without sorting the whole trace. A null cell is a field the
 point does not have (written as absent, never as 0).
 
-:class:`Replayer` streams a trace through the same sink the agent uses, with timestamps
-shifted as asked, in real time, accelerated (``speed``), or as fast as the server takes it.
+:func:`replay` streams a trace's chunks (from a :class:`TraceReader`, or straight from a
+scenario generator) through a sink, the same one the agent uses, with timestamps shifted as
+asked, in real time, accelerated (``speed``), or as fast as the server takes it.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import base64
 import email.utils
+import importlib.util
 import json
 import re
 import time
@@ -36,6 +37,7 @@ from urllib.parse import urlencode
 
 import urllib3
 
+from core.errors import SinkError
 from core.store.lineprotocol import Precision
 
 
@@ -206,6 +208,11 @@ class V2Transport:
     ) -> None:
         if not bucket:
             raise ValueError("the v2 write API needs a bucket")
+        if importlib.util.find_spec("influxdb_client") is None:
+            raise SinkError(
+                "sink.api = 'v2' writes through influxdb-client, which is not installed: "
+                "install 'gpuwarden[v2]', or use api = 'v1' (InfluxDB 2.x and 3.x serve it too)"
+            )
         self.url, self.org, self.bucket, self.token = url, org, bucket, token
         self.precision = precision
         self.timeout_ms = int(timeout_s * 1000)

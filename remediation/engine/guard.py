@@ -71,7 +71,7 @@ class Guards:
             kinds = [str(a.kind) for a in mutating]
             why = (
                 f"{kinds} on {node or 'subject'} wait for approval: "
-                f"gpuwarden-remediate approve {d.plan_id}"
+                f"gpuwarden remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
         if node and mutating and not undo_only:  # putting a repaired node back disrupts nothing

@@ -3,7 +3,7 @@
 CONSTRUCTED, not recorded: the answers follow NVML's documented behaviour for each part (units,
 which calls and field ids a Hopper or Ampere board supports, what "not supported" looks like)
 with plausible values; the file says ``provenance: constructed``. Where a real recording exists
-(``gpuwarden-agent``'s recorder on a GPU machine) it is preferred.
+(``gpuwarden agent``'s recorder on a GPU machine) it is preferred.
 
     python -m testbed.nvml.construct --model h100 --ticks 3 --out h100.json
 """

@@ -1,0 +1,78 @@
+"""``gpuwarden <command> ...``: one command for every part of gpuwarden.
+
+    gpuwarden agent --config /etc/gpuwarden/agent.toml          # the node agent (every GPU node)
+    gpuwarden analyze run --config analytics.toml --every 60s   # analytics on Dask
+    gpuwarden remediate --config remediation.toml serve         # the remediation engine
+    gpuwarden dashboards export --out /etc/grafana/gpuwarden    # Grafana dashboards and alerts
+    gpuwarden replay generate week-mixed --out /tmp/week        # SIMULATED scenarios, replay
+    gpuwarden demo                                              # the main job, end to end
+
+Each command imports only its own package (and ``core``), so a GPU node that installed
+``gpuwarden[agent]`` runs ``gpuwarden agent`` without analytics' dependencies, and a command
+whose extra is not installed says which one to install. ``gpuwarden <command> --help`` gives
+the command's own options. This module is the launcher, not a package of the product: it
+imports the others by name and nothing imports it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+#: command -> (module with main(argv), the extra it needs, what it is)
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "agent": ("collector.cli", "agent", "the node agent: one per GPU node"),
+    "analyze": ("analytics.cli", "analytics", "analytics on Dask over InfluxDB; findings"),
+    "remediate": ("remediation.cli", "remediation", "the remediation engine and its operators"),
+    "dashboards": ("dashboards.cli", "dashboards", "Grafana dashboards and alert rules"),
+    "replay": ("simulation.cli", "simulation", "SIMULATED scenarios; traces into InfluxDB"),
+    "demo": ("demo.run", "all", "the main job end to end on local defaults"),
+}
+
+
+def usage() -> str:
+    width = max(map(len, COMMANDS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, _, what) in COMMANDS.items()]
+    return (
+        "usage: gpuwarden <command> [options]   (gpuwarden <command> --help for its options)\n\n"
+        "commands:\n" + "\n".join(lines)
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if args else 2
+    if args[0] == "--version":
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            print(f"gpuwarden {version('gpuwarden')}")
+        except PackageNotFoundError:
+            print("gpuwarden (not installed as a package)")
+        return 0
+    name, rest = args[0], args[1:]
+    if name not in COMMANDS:
+        print(f"gpuwarden: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        return 2
+    module_name, extra, _ = COMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        ours = {"core", "collector", "analytics", "remediation", "dashboards", "simulation", "demo"}
+        if exc.name is None or exc.name.split(".")[0] in ours:
+            raise
+        print(
+            f"gpuwarden {name}: {exc.name} is not installed; "
+            f"install the '{extra}' extra: pip install 'gpuwarden[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
+    code: int = module.main(rest)
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
