@@ -141,7 +141,9 @@ def _write(
             )
     url = cfg["findings"]["url"]
     if url and found:
-        poster = FindingPoster(url, cfg["findings"]["token_file"])
+        poster = FindingPoster(
+            url, cfg["findings"]["token_file"], secret_file=cfg["findings"]["hmac_secret_file"]
+        )
         for f in found:
             poster.post(f)
         poster.close(timeout_s=30)

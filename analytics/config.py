@@ -42,7 +42,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "congestion": asdict(CongestionConfig()),
     "drift": asdict(DriftConfig()),
     "hangs": asdict(HangConfig()),
-    "findings": {"url": "", "token_file": ""},
+    "findings": {"url": "", "token_file": "", "hmac_secret_file": ""},
     "predictor": {
         # a model trained by `gpuwarden analyze train`; empty: no online failure-risk scoring
         "model": "",

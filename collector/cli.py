@@ -71,7 +71,11 @@ def build_agent(
         sink_stats=sink_stats,
     )
     poster = (
-        FindingPoster(a["remediation_url"], a["remediation_token_file"])
+        FindingPoster(
+            a["remediation_url"],
+            a["remediation_token_file"],
+            secret_file=a["remediation_hmac_secret_file"],
+        )
         if a["remediation_url"]
         else None
     )

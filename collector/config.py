@@ -32,6 +32,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "kmsg": "/dev/kmsg",
         "remediation_url": "",
         "remediation_token_file": "",
+        # the engine's hmac_secret_file, shared: the fast path signs what it posts
+        "remediation_hmac_secret_file": "",
         "reporter_listen": "127.0.0.1:9465",
     },
     "nvml": {

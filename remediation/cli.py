@@ -24,6 +24,7 @@ from typing import Any
 
 from core.config import ConfigError, read_secret
 from core.finding import Finding, FindingError
+from core.signing import SIGNATURE_HEADER, sign
 from core.store.lineprotocol import Point
 from core.store.sink import InfluxSink, SinkConfig
 from remediation.adapters import create
@@ -193,12 +194,16 @@ def audit(path: str, node: str, finding: str, as_json: bool) -> int:
 
 
 def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -> int:
-    """Talk to a running ``serve`` with the configured token."""
+    """Talk to a running ``serve`` with the configured token; a POST is signed when the engine
+    has ``hmac_secret_file`` set (it then refuses unsigned ones)."""
     host_port = config["engine"]["listen"]
     url = f"http://{host_port}{path}"
     headers = {"Authorization": f"Bearer {read_secret(config['engine']['token_file'])}"}
     if method == "POST":
         headers["Content-Type"] = "application/json"
+        secret = read_secret(config["engine"]["hmac_secret_file"]).encode()
+        if secret:
+            headers[SIGNATURE_HEADER] = sign(secret, body)
     req = urllib.request.Request(url, body if method == "POST" else None, headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=30) as resp:

@@ -92,9 +92,10 @@ class Endpoint:
         if not hmac.compare_digest(given.strip().encode(), self.token):
             raise RequestError(HTTPStatus.UNAUTHORIZED, "wrong token")
 
-    def check_signature(self, headers: Headers, body: bytes) -> None:
+    def check_signature(self, headers: Headers, body: bytes) -> str:
+        """The request's signature, verified and not seen before ("" with no secret set)."""
         if not self.secret:
-            return
+            return ""
         header = headers.get(SIGNATURE_HEADER, "")
         if not header:
             raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {SIGNATURE_HEADER}")
@@ -102,6 +103,17 @@ class Endpoint:
             verify_signature(self.secret, header, body, tolerance_s=self.max_clock_skew_s)
         except ValueError as exc:
             raise RequestError(HTTPStatus.UNAUTHORIZED, str(exc)) from None
+        with self._lock:
+            if header in self._signatures:
+                raise RequestError(HTTPStatus.CONFLICT, "replayed request (signature seen before)")
+        return str(header)
+
+    def remember(self, signature: str) -> None:
+        """A signed request was answered: the same signature is a replay from now on. Only
+        answered ones are remembered, so a sender's retry of a request the engine could not
+        take (503 while it shuts down) goes through, unchanged, once it can."""
+        if not signature:
+            return
         now = time.time()
         with self._lock:
             while (
@@ -109,9 +121,7 @@ class Endpoint:
                 and next(iter(self._signatures.values())) < now - 2 * self.max_clock_skew_s
             ):
                 self._signatures.popitem(last=False)
-            if header in self._signatures:
-                raise RequestError(HTTPStatus.CONFLICT, "replayed request (signature seen before)")
-            self._signatures[header] = now
+            self._signatures[signature] = now
 
     def body_length(self, headers: Headers) -> int:
         raw = headers.get("Content-Length")
@@ -218,11 +228,12 @@ class Endpoint:
             if method != "POST":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
             body = read(self.body_length(headers))
-            self.check_signature(headers, body)
+            signature = self.check_signature(headers, body)
             try:
                 status, payload = self._post(path, body, headers)
             except EngineClosedError as exc:  # shutting down: the sender retries later
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
+            self.remember(signature)
             if status >= 400:  # a replay: answered with the per-finding results
                 self._count(method, path, status, payload["error"])
             return status, payload

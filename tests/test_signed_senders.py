@@ -1,0 +1,198 @@
+"""Every sender signs when the engine requires it: the agent's fast path and the analyze
+service post findings to a real ``gpuwarden remediate serve`` whose ``hmac_secret_file`` is
+set, through their production commands; with the wrong secret, the engine refuses them and
+nothing is acted on. ``remediate approve`` / ``undo`` sign too.
+
+The engine runs dry (``dry_run = true``) against the Kubernetes fake; the agent reads a
+CONSTRUCTED kernel-log line (NVIDIA's XID format, XID 79, no timestamp so it is read as now);
+the analyze service reads the SIMULATED ``fleet-tour`` scenario replayed into a real influxd,
+whose spare node runs an older driver (a ``config_drift`` finding)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from remediation.audit import read_records
+from remediation.cli import main as remediate
+from simulation.cli import stream_scenario
+from simulation.spec import load_spec
+from testbed.influxd import LocalInfluxd, free_port
+from testbed.k8s import FakeKubernetes
+from tests.remediation_util import poll
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "t0ken-for-tests"
+XID79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n"
+
+
+class Engine:
+    """``gpuwarden remediate serve`` with signatures required, in dry run."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.tmp = tmp
+        self.port = free_port()
+        (tmp / "token").write_text(TOKEN + "\n")
+        (tmp / "secret").write_text("the-shared-secret\n")
+        (tmp / "wrong").write_text("not-the-secret\n")
+        self.fake = FakeKubernetes(token="k").start()
+        for i in range(4):
+            self.fake.add_node(f"node-{i:03d}")
+        (tmp / "k8s").write_text("k")
+        self.config = tmp / "remediation.toml"
+        self.config.write_text(
+            f'[engine]\nlisten = "127.0.0.1:{self.port}"\ntoken_file = "{tmp}/token"\n'
+            f'hmac_secret_file = "{tmp}/secret"\naudit_log = "{tmp}/audit.jsonl"\n'
+            'dry_run = true\nnode_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
+            f'[kubernetes]\napi_url = "{self.fake.url}"\ntoken_file = "{tmp}/k8s"\n'
+        )
+        self.url = f"http://127.0.0.1:{self.port}/v1/findings"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(self.config),
+             "serve"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )  # fmt: skip
+        poll(lambda: remediate(["--config", str(self.config), "pending"]) == 0, 30, "the engine")
+
+    def findings(self) -> list[dict]:
+        return [r for r in read_records(self.tmp / "audit.jsonl") if r["event"] == "finding"]
+
+    def stop(self) -> str:
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+        self.fake.stop()
+        return self.proc.stdout.read().decode() if self.proc.stdout else ""
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[Engine]:
+    e = Engine(tmp_path)
+    try:
+        yield e
+    finally:
+        if e.proc.poll() is None:
+            e.proc.kill()
+            e.fake.stop()
+
+
+def agent_once(tmp: Path, engine: Engine, secret: str) -> subprocess.CompletedProcess[str]:
+    (tmp / "kmsg.log").write_text(XID79)
+    config = tmp / f"agent-{secret}.toml"
+    config.write_text(
+        f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\n'
+        f'kmsg = "{tmp}/kmsg.log"\nremediation_url = "{engine.url}"\n'
+        f'remediation_token_file = "{tmp}/token"\n'
+        f'remediation_hmac_secret_file = "{tmp}/{secret}"\n[xid]\nlookback_s = 0.0\n'
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "agent", "--config", str(config), "--once"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+
+
+def test_the_agents_fast_path_signs(engine: Engine, tmp_path: Path) -> None:
+    wrong = agent_once(tmp_path, engine, "wrong")
+    assert wrong.returncode == 0, wrong.stderr
+    assert "refused finding" in wrong.stderr and "HTTP 401" in wrong.stderr
+    assert engine.findings() == []  # the engine acted on nothing unsigned
+    done = agent_once(tmp_path, engine, "secret")
+    assert done.returncode == 0, done.stderr
+    found = poll(engine.findings, 30, "the agent's finding in the audit")
+    assert [(f["kind"], f["source"], f["subject"]["node"]) for f in found] == [
+        ("gpu_xid", "agent", "node-001")
+    ]
+    log = engine.stop()
+    assert "refused POST /v1/findings: 401 signature does not match the body" in log
+
+
+def test_the_analyze_service_signs(engine: Engine, tmp_path: Path, influxd: LocalInfluxd) -> None:
+    influxd.create_database("signed")
+    spec = load_spec("fleet-tour")
+    end_ns = __import__("time").time_ns() - 60 * 10**9
+    shift = end_ns - (spec.start_ns + spec.duration_s * 10**9)
+    stream_scenario(spec, 1, influxd.url, "signed", tmp_path / "spool", shift_ns=shift)
+
+    def analyze(secret: str) -> subprocess.CompletedProcess[str]:
+        config = tmp_path / f"analytics-{secret}.toml"
+        config.write_text(
+            f'[influxdb]\nurl = "{influxd.url}"\ndatabase = "signed"\n'
+            f"[analysis]\nwindow_s = {spec.duration_s + 120}\nwrite_back = false\n"
+            f'[findings]\nurl = "{engine.url}"\ntoken_file = "{tmp_path}/token"\n'
+            f'hmac_secret_file = "{tmp_path}/{secret}"\n'
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "analyze", "run", "--config", str(config),
+             "--local"],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
+    wrong = analyze("wrong")
+    assert wrong.returncode == 0, wrong.stderr
+    assert "HTTP 401" in wrong.stderr and engine.findings() == []
+    done = analyze("secret")
+    assert done.returncode == 0, done.stderr
+    found = poll(engine.findings, 30, "the analyze service's findings in the audit")
+    assert {f["source"] for f in found} == {"analytics"}
+    assert "config_drift" in {f["kind"] for f in found}
+    engine.stop()
+
+
+def test_operator_commands_sign(engine: Engine) -> None:
+    """``undo`` is a POST: signed with the engine's own secret file, it is answered (409:
+    gpuwarden did not take that node out); the same request unsigned is refused (401)."""
+    import http.client
+
+    assert remediate(["--config", str(engine.config), "undo", "node-002"]) == 1
+    conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=10)
+    conn.request("POST", "/v1/undo/node-002", b"", {"Authorization": f"Bearer {TOKEN}"})
+    assert conn.getresponse().status == 401
+    log = engine.stop()
+    assert "refused POST /v1/undo/node-002: 409" in log
+    assert "refused POST /v1/undo/node-002: 401 missing X-Gpuwarden-Signature" in log
+
+
+def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_path) -> None:
+    """The engine remembers a signature once it has answered the request: a sender's retry of
+    one refused with 503 (the engine was shutting down) goes through unchanged; a second
+    copy of an answered one is a replay (409)."""
+    import json
+
+    from core.signing import SIGNATURE_HEADER, sign
+    from remediation.engine import EngineClosedError
+    from remediation.server import Endpoint
+    from tests.remediation_util import risk
+
+    class ClosingOnce:
+        def __init__(self) -> None:
+            self.calls = 0
+
+        def submit(self, finding):
+            self.calls += 1
+            if self.calls == 1:
+                raise EngineClosedError("closing")
+            return type("D", (), {"verdict": "act", "why": ""})()
+
+    engine = ClosingOnce()
+    endpoint = Endpoint(engine, TOKEN, secret=b"s")  # type: ignore[arg-type]
+    body = json.dumps(risk("node-001").to_json()).encode()
+    headers = {
+        "Authorization": f"Bearer {TOKEN}",
+        "Content-Length": str(len(body)),
+        SIGNATURE_HEADER: sign(b"s", body),
+    }
+
+    def post() -> int:
+        status, _ = endpoint.handle("POST", "/v1/findings", headers, lambda n: body)
+        return int(status)
+
+    assert post() == 503
+    assert post() == 202  # the same signed request, retried: accepted
+    assert post() == 409  # and now it is a replay
+    assert engine.calls == 2
