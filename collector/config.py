@@ -54,6 +54,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "xid": {
         "path": "",
         "lookback_s": 300.0,
+        "follow_s": 0.1,
         "fatal_xids": list(DEFAULT_FATAL_XIDS),
         "extra_fatal_xids": [],
         "not_fatal_xids": [],

@@ -6,12 +6,15 @@ analyze service (its findings after each analysis). ``POST <url>`` with the find
 post, so a rotated token is picked up); with a secret file, the body is signed
 (:mod:`core.signing`), which an engine that has ``hmac_secret_file`` set requires.
 
-Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them. A post
-that times out, cannot connect, or gets 429/5xx is retried by the shared policy
-(:mod:`core.retry`: four tries by default); a 409 means the engine has it already (an earlier
-try got through), which counts as delivered; any other 4xx is refused for good and logged. A
-finding that could not be delivered is not lost: it is also written to InfluxDB with the
-cycle's data, so analytics and the dashboards see it on the slow path.
+Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them, in
+order. A post that times out, cannot connect, or gets 429/5xx is tried again with the shared
+backoff (:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is
+younger than ``max_age_s`` (the engine's own ``max_finding_age_s``: it refuses older ones),
+so an engine that restarts, or is down for minutes, still gets every finding when it is back
+(and acts on each once: it remembers finding ids). A 409 means the engine has it already (an
+earlier try got through), which counts as delivered; any other 4xx is refused for good and
+logged. A finding that could not be delivered is not lost: it is also written to InfluxDB
+with the cycle's data, so analytics and the dashboards see it on the slow path.
 """
 
 from __future__ import annotations
@@ -20,17 +23,18 @@ import json
 import logging
 import queue
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from core.finding import Finding
-from core.retry import Backoff
+from core.retry import RETRY_STATUSES, Backoff
 from core.signing import SIGNATURE_HEADER, sign
 
 log = logging.getLogger(__name__)
 
-#: four tries, 0 s / 1 s / 2 s apart (urllib3's schedule for base 0.5 s), at most 8 s apart
-DEFAULT_RETRY = Backoff(base_s=0.5, max_s=8.0, attempts=4)
+#: between tries of one finding: 0.5 s doubling to 10 s, full jitter, until it is too old
+DEFAULT_RETRY = Backoff(base_s=0.5, max_s=10.0)
 
 
 class FindingPoster:
@@ -42,16 +46,20 @@ class FindingPoster:
         secret_file: str = "",
         retry: Backoff = DEFAULT_RETRY,
         timeout_s: float = 5.0,
+        max_age_s: float = 3600.0,
     ) -> None:
         self.url = url
         self.token_file = token_file
         self.secret_file = secret_file
         self.retry = retry
         self.timeout_s = timeout_s
+        self.max_age_s = max_age_s
         self.posted = 0
         self.failed = 0
+        self.retries = 0
         self._queue: queue.Queue[Finding | None] = queue.Queue(maxsize=10_000)
         self._thread: threading.Thread | None = None
+        self._closing = threading.Event()
         self._http: Any = None
 
     def post(self, finding: Finding) -> None:
@@ -75,31 +83,57 @@ class FindingPoster:
         return headers
 
     def _send(self, finding: Finding) -> None:
+        """Deliver one finding: tried until the engine answers, it is too old, or we close."""
+        body = json.dumps(finding.to_json()).encode()
+        tries = 0
+        while True:
+            tries += 1
+            verdict, detail = self._try(body)
+            if verdict == "delivered":
+                self.posted += 1
+                return
+            if verdict == "refused":
+                self.failed += 1
+                log.error("remediation refused finding %s: %s", finding.id, detail)
+                return
+            age_s = time.time() - finding.time_ns / 1e9
+            if age_s > self.max_age_s or self._closing.is_set():
+                self.failed += 1
+                log.error("could not post finding %s to %s (%d tries, last: %s); it goes the "
+                          "slow path", finding.id, self.url, tries, detail)  # fmt: skip
+                return
+            self.retries += 1
+            if tries == 1:
+                log.warning("posting finding %s to %s failed (%s); trying again", finding.id,
+                            self.url, detail)  # fmt: skip
+            self._closing.wait(self.retry.delay(tries))
+
+    def _try(self, body: bytes) -> tuple[str, str]:
+        """One POST: ``delivered``, ``refused`` (for good) or ``retry``, and what happened."""
         import urllib3
 
         if self._http is None:
             self._http = urllib3.PoolManager(
-                timeout=urllib3.Timeout(total=self.timeout_s), retries=self.retry.urllib3_retry()
+                timeout=urllib3.Timeout(total=self.timeout_s), retries=False
             )
-        body = json.dumps(finding.to_json()).encode()
         try:
             resp = self._http.request("POST", self.url, body=body, headers=self._headers(body))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
-            self.failed += 1
-            log.error("could not post finding %s to %s: %s", finding.id, self.url, exc)
-            return
+            return "retry", f"{type(exc).__name__}: {exc}"
         if resp.status < 300 or resp.status == 409:  # 409: the engine has it already
-            self.posted += 1
-            return
-        self.failed += 1
-        text = resp.data[:200].decode("utf-8", "replace")
-        log.error("remediation refused finding %s: HTTP %s %s", finding.id, resp.status, text)
+            return "delivered", ""
+        text = f"HTTP {resp.status} {resp.data[:200].decode('utf-8', 'replace')}"
+        return ("retry" if resp.status in RETRY_STATUSES else "refused"), text
 
     def _run(self) -> None:
         while (finding := self._queue.get()) is not None:
             self._send(finding)
 
     def close(self, timeout_s: float = 5.0) -> None:
+        """Send what is queued for up to ``timeout_s``, then stop: a finding still failing
+        then is given up (it went to InfluxDB too)."""
         if self._thread is not None:
             self._queue.put(None)
+            self._thread.join(timeout_s)
+            self._closing.set()
             self._thread.join(timeout_s)

@@ -65,7 +65,7 @@ def test_the_urllib3_retry_keeps_the_policy() -> None:
 
 # -- the findings poster ------------------------------------------------------------------------
 
-FAST = Backoff(base_s=0.01, max_s=0.05, attempts=4)
+FAST = Backoff(base_s=0.01, max_s=0.05)
 
 
 def test_the_poster_retries_server_failures_then_delivers() -> None:
@@ -73,26 +73,45 @@ def test_the_poster_retries_server_failures_then_delivers() -> None:
         poster = FindingPoster(f"{srv.url}/v1/findings", retry=FAST)
         poster.post(risk("gpu01"))
         poster.close(timeout_s=30)
-        assert (poster.posted, poster.failed) == (1, 0)
+        assert (poster.posted, poster.failed, poster.retries) == (1, 0, 2)
         assert len(srv.requests) == 3
         assert json.loads(srv.bodies()[-1])["subject"]["node"] == "gpu01"
 
 
-def test_the_poster_gives_up_after_its_tries_and_on_refusals() -> None:
-    with ScriptedServer([], default=Reply(503)) as srv:
-        poster = FindingPoster(srv.url, retry=FAST)
-        poster.post(risk("gpu01"))
+def test_the_poster_waits_out_an_engine_that_is_down() -> None:
+    """Findings posted while nothing listens are delivered, in order, once the engine is up:
+    an engine restart loses none of the fast path's findings."""
+    from testbed.influxd import free_port
+    from tests.remediation_util import poll
+
+    port = free_port()
+    poster = FindingPoster(f"http://127.0.0.1:{port}/v1/findings", retry=FAST)
+    for node in ("gpu01", "gpu02"):
+        poster.post(risk(node))
+    poll(lambda: poster.retries >= 3, 30, "failed tries while the engine is down")
+    with ScriptedServer([], default=Reply(202), port=port) as srv:
+        poll(lambda: poster.posted == 2, 30, "delivery once the engine is up")
         poster.close(timeout_s=30)
-        assert (poster.posted, poster.failed, len(srv.requests)) == (0, 1, 4)
+        assert [json.loads(b)["subject"]["node"] for b in srv.bodies()] == ["gpu01", "gpu02"]
+    assert poster.failed == 0
+
+
+def test_the_poster_gives_up_on_refusals_age_and_close() -> None:
     with ScriptedServer([Reply(400), Reply(409)]) as srv:
         poster = FindingPoster(srv.url, retry=FAST)
         poster.post(risk("gpu01"))  # 400: refused for good, not retried
         poster.post(risk("gpu02"))  # 409: the engine has it already
         poster.close(timeout_s=30)
         assert (poster.posted, poster.failed, len(srv.requests)) == (1, 1, 2)
+    with ScriptedServer([], default=Reply(503)) as srv:
+        old = risk("gpu01", t_ns=time.time_ns() - 7200 * 10**9)  # older than max_age_s
+        poster = FindingPoster(srv.url, retry=FAST, max_age_s=3600)
+        poster.post(old)
+        poster.close(timeout_s=30)
+        assert (poster.posted, poster.failed, len(srv.requests)) == (0, 1, 1)
     poster = FindingPoster("http://127.0.0.1:9/v1/findings", retry=FAST)  # nobody listens
     poster.post(risk("gpu01"))
-    poster.close(timeout_s=30)
+    poster.close(timeout_s=0.5)  # still failing at close: given up (it went to InfluxDB too)
     assert (poster.posted, poster.failed) == (0, 1)
 
 

@@ -61,6 +61,7 @@ def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[st
             if nvml_backend is not None:
                 s["backend_instance"] = nvml_backend
         if name == "xid":
+            s.setdefault("follow_s", 0.0)  # read at each step only, as the case says
             s["path"] = str(case / "kmsg.log")
             if (case / "kmsg-0.log").exists():
                 s["path"] = str(tmp / "kmsg.log")

@@ -6,6 +6,8 @@ the golden case ``sxid-kmsg`` shows the line protocol they become.
 
 from __future__ import annotations
 
+import json
+
 from collector import sources
 from collector.sources.base import SourceContext
 from collector.sources.kmsg import SxidLine, parse_line
@@ -50,3 +52,42 @@ def test_a_fatal_sxid_is_a_node_finding_on_the_fast_path_and_a_default_policy_ac
     assert finding.evidence["sxid"] == 24007 and finding.evidence["link"] == 30
     policy = first_match(load_policies(DEFAULT_POLICIES), finding)
     assert policy is not None and "drain" in policy.actions
+
+
+def test_a_fatal_xid_reaches_the_fast_path_between_cycles(tmp_path):
+    """The kernel-log follower: with a 30 s collection interval, an XID written after the
+    first cycle reaches the engine while the agent has still run only that cycle (the order
+    is what is checked, not a time: the poll's limit only guards against a hang)."""
+    import threading
+
+    from collector.cli import build_agent
+    from collector.config import load_config
+    from tests.remediation_util import poll
+    from tests.scripted_server import Reply, ScriptedServer
+    from tests.test_agent import ListSink
+
+    kmsg = tmp_path / "kmsg.log"
+    kmsg.write_text("")
+    with ScriptedServer([], default=Reply(202)) as engine:
+        config = tmp_path / "agent.toml"
+        config.write_text(
+            f'[agent]\nnode = "n1"\ninterval_s = 30.0\nsources = ["xid"]\nkmsg = "{kmsg}"\n'
+            f'remediation_url = "{engine.url}/v1/findings"\n[health]\nhealthy_after_s = 0.0\n'
+        )
+        agent, poster = build_agent(load_config(config), ListSink())
+        stop = threading.Event()
+        loop = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        loop.start()
+        poll(lambda: agent.cycles >= 1, 20, "the first cycle")
+        with kmsg.open("a") as log:
+            log.write("NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen "
+                      "off the bus.\n")  # fmt: skip
+        poll(lambda: engine.requests, 20, "the fast path's post")
+        assert agent.cycles == 1  # posted between the cycles, not at the next one
+        stop.set()
+        loop.join(timeout=10)
+        agent.close()
+        assert poster is not None
+        poster.close()
+    body = json.loads(engine.bodies()[0])
+    assert body["kind"] == "gpu_xid" and body["evidence"]["xid"] == 79

@@ -16,6 +16,11 @@ record was written (:class:`~collector.attribution.JobHistory`), else that of th
 named, if it still runs under the same name. Records older than ``lookback_s`` are skipped
 (0: keep all), so an agent restart does not re-report what the kernel ring still holds from
 long ago.
+
+Between cycles a follower thread reads new records every ``follow_s`` (0.1 s), so a fatal
+XID's fast-path finding leaves within about that, whatever the collection interval; its point
+goes out with the next cycle, as every point does. ``follow_s = 0`` reads only at each cycle
+(deterministic: the golden cases use it).
 """
 
 from __future__ import annotations
@@ -23,11 +28,12 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 import time
 from typing import Any
 
 from collector.attribution import job_of_pid
-from collector.sources.base import SourceContext
+from collector.sources.base import SourceContext, SourceError
 from collector.sources.events import sxid_point, xid_point
 from collector.sources.kmsg import SxidLine, parse_line
 from core.store.lineprotocol import Point
@@ -46,11 +52,20 @@ class KmsgXidSource:
             settings.get("extra_fatal_xids", ()),
             settings.get("not_fatal_xids", ()),
         )
+        self.follow_s = float(settings.get("follow_s", 0.1))
+        if self.follow_s < 0:
+            raise SourceError(f"xid.follow_s must be 0 or more, got {self.follow_s}")
         self._fd: int | None = None
         self._is_kmsg = False
         self._buffer = b""
         self._uuids: dict[str, str] = {}
         self._boot_ns: int | None = None
+        # records are read and turned into points (and fast-path findings) under one lock, by
+        # the follower between cycles and by collect() at each; points wait here for the cycle
+        self._lock = threading.Lock()
+        self._pending: list[Point] = []
+        self._stop = threading.Event()
+        self._follower: threading.Thread | None = None
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -83,7 +98,33 @@ class KmsgXidSource:
             out.extend(complete.decode("utf-8", "replace").split("\n"))
         return out
 
+    def _follow(self) -> None:
+        """Between cycles: read what the kernel logged every ``follow_s``, so a fatal XID's
+        finding is posted within about that, not at the next cycle (``interval_s`` later).
+        A read that fails is retried at the next look; collect() reports it."""
+        while not self._stop.wait(self.follow_s):
+            try:
+                with self._lock:
+                    self._pending += self._read(time.time_ns())
+            except OSError:
+                continue
+
     def collect(self, now_ns: int) -> list[Point]:
+        if self._follower is None and self.follow_s > 0:
+            with self._lock:  # the first cycle opens the log (and reports if it cannot)
+                points = self._read(now_ns)
+            self._follower = threading.Thread(target=self._follow, daemon=True, name="kmsg")
+            self._follower.start()
+        else:
+            with self._lock:
+                points = self._read(now_ns)
+        with self._lock:
+            points, self._pending = self._pending + points, []
+        return points
+
+    def _read(self, now_ns: int) -> list[Point]:
+        """Every record logged since the last read, as points (a fatal one also emits its
+        fast-path finding, now). Called with the lock held."""
         points = []
         oldest = now_ns - int(self.lookback_s * 1e9) if self.lookback_s > 0 else None
         for record in self._records():
@@ -122,6 +163,10 @@ class KmsgXidSource:
         return points
 
     def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        self._stop.set()
+        if self._follower is not None:
+            self._follower.join(timeout=2)
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
