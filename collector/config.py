@@ -40,6 +40,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "backend": "pynvml",
         "recording": "",
         "loop": False,
+        "follow": False,
         "nvlink": True,
         "gpm": True,
         "processes": True,

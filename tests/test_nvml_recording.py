@@ -60,3 +60,31 @@ def test_a_device_without_any_recorded_field_values_is_not_in_the_recording():
     with pytest.raises(NvmlError) as missing:
         backend.call(99, "nvmlDeviceGetFieldValues", (PCIE_TX_BYTES,))
     assert missing.value.code == ERROR_FUNCTION_NOT_FOUND
+
+
+def test_an_agent_that_starts_with_a_gpu_already_lost_reports_it_and_the_rest(tmp_path):
+    """Found by the twin cluster: a GPU lost before the NVML source's first cycle answered
+    nothing at discovery, and the source failed as a whole (an unbound variable), every
+    cycle. Now the lost GPU is a ``gpu_lost`` event and the other GPUs are read."""
+    from collector.nvml.backend import ERROR_GPU_IS_LOST
+    from collector.sources.base import SourceContext
+    from collector.sources.nvml import NvmlSource
+    from core.store.lineprotocol import encode_points
+
+    class LostFromTheStart(RecordedBackend):
+        def call(self, device, name, *args):
+            if device == 2:
+                from collector.nvml.backend import NvmlError
+
+                raise NvmlError(ERROR_GPU_IS_LOST, name)
+            return super().call(device, name, *args)
+
+    backend = LostFromTheStart(GOLDEN / "nvml-h100-8gpu" / "nvml.json")
+    ctx = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
+    source = NvmlSource(ctx, {"backend_instance": backend, "events": "poll",
+                              "jobmap_dir": str(tmp_path)})  # fmt: skip
+    lines = encode_points(source.collect(1_763_000_000_000_000_000))
+    source.close()
+    assert sum(line.startswith("gpu,") for line in lines) == 7
+    assert any(line.startswith("gpu_event,") and "event=gpu_lost" in line and "gpu=2" in line
+               for line in lines)  # fmt: skip

@@ -20,7 +20,15 @@ field by field from the requests it does hold, so a recording stays usable when 
 asks for more fields than it did when the recording was made (the new ones: not supported).
 
 "constructed" recordings are written by hand or by a script from NVML's documented behaviour;
-they say so in ``provenance`` and every test or report that uses one must too.
+they say so in ``provenance`` and every test or report that uses one must too; "simulated" ones
+are written live by the twin cluster's hardware (:mod:`simulation.twin`).
+
+**Following a file** (``follow``): the backend reads the recording again at each cycle in
+which the file changed (its writer replaces it whole, by rename), and takes the state it ends
+with. Each tick then carries an ``id`` (increasing), and its events are delivered once, when
+a tick with a higher id than any seen before appears: a writer keeps the last few ticks'
+events in the file, so a cycle that falls between two writes loses none and repeats none.
+This is how a simulated node's hardware drives a real agent.
 """
 
 from __future__ import annotations
@@ -73,11 +81,15 @@ class RecordedBackend:
     """Answers from a recording, one tick per collection cycle.
 
     ``loop``: after the last tick start again at the first (benchmarks); otherwise stay on the
-    last tick. Construction reads nothing; ``init`` loads the file."""
+    last tick. ``follow``: the file is rewritten by a live writer; each cycle takes its newest
+    state (see the module docstring). Construction reads nothing; ``init`` loads the file."""
 
-    def __init__(self, path: str | Path, *, loop: bool = False) -> None:
+    def __init__(self, path: str | Path, *, loop: bool = False, follow: bool = False) -> None:
         self.path = Path(path)
         self.loop = loop
+        self.follow = follow
+        self._stamp: tuple[int, int, int] | None = None  # the followed file as last read
+        self._last_id = -1
         self.provenance = ""
         self.note = ""
         self._ticks: list[dict[str, Any]] = []
@@ -89,10 +101,22 @@ class RecordedBackend:
         self._cond = threading.Condition()
 
     def init(self) -> None:
+        doc = self._load()
+        if self.follow:
+            self._stamp = None
+            self._last_id = -1
+        self._ticks = self._checked(doc)
+        self._tick = -1
+        self._answers = {}
+        self._pairs = {}
+
+    def _load(self) -> Any:
         try:
-            doc = json.loads(self.path.read_text(encoding="utf-8"))
+            return json.loads(self.path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
             raise RecordingError(f"cannot read NVML recording {self.path}: {exc}") from exc
+
+    def _checked(self, doc: Any) -> list[dict[str, Any]]:
         if not isinstance(doc, dict) or doc.get("format") != FORMAT:
             raise RecordingError(f"{self.path}: not a {FORMAT} recording")
         ticks = doc.get("ticks")
@@ -102,13 +126,12 @@ class RecordedBackend:
             if not isinstance(tick, dict) or not isinstance(tick.get("answers", {}), dict):
                 raise RecordingError(f"{self.path}: tick {i} must be an object with 'answers'")
         self.provenance = str(doc.get("provenance", ""))
-        if self.provenance not in ("recorded", "constructed"):
-            raise RecordingError(f"{self.path}: provenance must be 'recorded' or 'constructed'")
+        if self.provenance not in ("recorded", "constructed", "simulated"):
+            raise RecordingError(
+                f"{self.path}: provenance must be 'recorded', 'constructed' or 'simulated'"
+            )
         self.note = str(doc.get("note", ""))
-        self._ticks = ticks
-        self._tick = -1
-        self._answers = {}
-        self._pairs = {}
+        return ticks
 
     def shutdown(self) -> None:
         with self._cond:
@@ -119,6 +142,9 @@ class RecordedBackend:
         return len(self._ticks)
 
     def begin_cycle(self) -> None:
+        if self.follow:
+            self._follow()
+            return
         nxt = self._tick + 1
         if nxt >= len(self._ticks):
             if not self.loop:
@@ -133,6 +159,39 @@ class RecordedBackend:
         self._tick = nxt
         with self._cond:
             self._events.extend(tick.get("events", []))
+            self._cond.notify_all()
+
+    def _follow(self) -> None:
+        """Take the followed file's newest state, and the events of ticks not seen before. A
+        file that cannot be read now (its writer is between writes, or gone) leaves the last
+        state standing: the GPUs answer as they last did."""
+        try:
+            st = self.path.stat()
+        except OSError:
+            return
+        stamp = (st.st_ino, st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        try:
+            ticks = self._checked(self._load())
+        except RecordingError:
+            return
+        self._stamp = stamp
+        answers: dict[str, Any] = {}
+        fresh: list[list[int]] = []
+        last = self._last_id
+        for tick in ticks:
+            answers.update(tick.get("answers", {}))
+            tick_id = tick.get("id")
+            if isinstance(tick_id, int) and tick_id > self._last_id:
+                fresh += tick.get("events", [])
+                last = max(last, tick_id)
+        self._last_id = last
+        self._ticks = ticks
+        self._answers = answers
+        self._pairs = {}
+        with self._cond:
+            self._events.extend(fresh)
             self._cond.notify_all()
 
     def call(self, device: int | None, name: str, *args: Any) -> Any:

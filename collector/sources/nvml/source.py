@@ -75,7 +75,11 @@ class NvmlSource:
             path = self.settings.get("recording", "")
             if not path:
                 raise SourceError("nvml.backend = 'recorded' needs nvml.recording = FILE")
-            return RecordedBackend(path, loop=bool(self.settings.get("loop", False)))
+            return RecordedBackend(
+                path,
+                loop=bool(self.settings.get("loop", False)),
+                follow=bool(self.settings.get("follow", False)),
+            )
         if kind == "pynvml":
             from collector.nvml.real import PynvmlBackend
 
@@ -103,6 +107,7 @@ class NvmlSource:
         assert self._reader is not None
         dev = Device(index)
         r = self._reader
+        pci = None  # a GPU lost already when the agent starts answers nothing at all
         try:
             dev.uuid = r.ask(dev, "uuid", "nvmlDeviceGetUUID") or ""
             dev.model = r.ask(dev, "name", "nvmlDeviceGetName") or ""
