@@ -177,6 +177,7 @@ def _run(args: argparse.Namespace) -> int:
             print(f"gpuwarden analyze: {exc}", file=sys.stderr)
             return 2
     executor = executor_from_config(cfg, local=args.local)
+    print(f"executor: {executor.describe()}", flush=True)
     stop = threading.Event()
     if args.every:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())

@@ -58,6 +58,9 @@ class LocalExecutor:
 
     name = "polars"
 
+    def describe(self) -> str:
+        return "local: in this process, no Dask"
+
     def run(self, calls: Sequence[Call], label: str, progress: Progress | None = None) -> list[Any]:
         out = []
         for i, (fn, args) in enumerate(calls):
@@ -88,6 +91,7 @@ class DaskExecutor:
         from dask.distributed import Client, LocalCluster
 
         self._cluster = None
+        self.scheduler = scheduler
         if scheduler:
             self.client = Client(scheduler)  # type: ignore[no-untyped-call]
         else:
@@ -99,6 +103,11 @@ class DaskExecutor:
                 dashboard_address=None,
             )
             self.client = Client(self._cluster)  # type: ignore[no-untyped-call]
+
+    def describe(self) -> str:
+        workers = len(self.client.scheduler_info().get("workers", {}))
+        where = f"scheduler {self.scheduler}" if self.scheduler else "a LocalCluster"
+        return f"dask: {where}, {workers} workers"
 
     def run(self, calls: Sequence[Call], label: str, progress: Progress | None = None) -> list[Any]:
         from dask.distributed import as_completed

@@ -163,7 +163,7 @@ class Endpoint:
 
     # -- routes -------------------------------------------------------------------------------
 
-    def findings(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any]]:
+    def findings(self, body: bytes, via: str = "http") -> tuple[HTTPStatus, dict[str, Any]]:
         data = self._json(body)
         items = data if isinstance(data, list) else [data]
         if not items or len(items) > self.max_findings:
@@ -175,12 +175,14 @@ class Endpoint:
         except (FindingError, AttributeError, TypeError) as exc:
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"not a finding: {exc}") from None
         fresh = [self._fresh(f) for f in parsed]  # all checked before any is acted on
-        return self._submit(fresh)
+        return self._submit(fresh, via)
 
-    def _submit(self, findings: list[Finding]) -> tuple[HTTPStatus, dict[str, Any]]:
+    def _submit(
+        self, findings: list[Finding], via: str = "http"
+    ) -> tuple[HTTPStatus, dict[str, Any]]:
         results = []
         for f in findings:
-            d = self.engine.submit(f)
+            d = self.engine.submit(f, via=via)
             results.append({"finding_id": f.id, "verdict": d.verdict, "why": d.why})
         if results and all(r["verdict"] == "duplicate" for r in results):
             return HTTPStatus.CONFLICT, {
@@ -189,7 +191,7 @@ class Endpoint:
             }
         return HTTPStatus.ACCEPTED, {"results": results}
 
-    def grafana(self, body: bytes) -> tuple[HTTPStatus, dict[str, Any]]:
+    def grafana(self, body: bytes, via: str = "http") -> tuple[HTTPStatus, dict[str, Any]]:
         data = self._json(body)
         if not isinstance(data, dict) or not isinstance(data.get("alerts"), list):
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, "not a Grafana webhook payload")
@@ -203,7 +205,7 @@ class Endpoint:
                 raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"bad alert: {exc}") from None
         if not findings:
             return HTTPStatus.OK, {"results": [], "note": "no firing alerts"}
-        return self._submit(findings)
+        return self._submit(findings, via)
 
     def handle(
         self, method: str, path: str, headers: Headers, read: Any
@@ -230,7 +232,7 @@ class Endpoint:
             body = read(self.body_length(headers))
             signature = self.check_signature(headers, body)
             try:
-                status, payload = self._post(path, body, headers)
+                status, payload = self._post(path, body, headers, signed=bool(signature))
             except EngineClosedError as exc:  # shutting down: the sender retries later
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
             self.remember(signature)
@@ -246,12 +248,15 @@ class Endpoint:
             self.rejected[int(status)] = self.rejected.get(int(status), 0) + 1
         log.warning("refused %s %s: %s %s", method, path, int(status), message)
 
-    def _post(self, path: str, body: bytes, headers: Headers) -> tuple[HTTPStatus, dict[str, Any]]:
+    def _post(
+        self, path: str, body: bytes, headers: Headers, *, signed: bool = False
+    ) -> tuple[HTTPStatus, dict[str, Any]]:
         by = headers.get("X-Gpuwarden-User", "operator")
+        via = "http, signed" if signed else "http"
         if path == "/v1/findings":
-            return self.findings(body)
+            return self.findings(body, via)
         if path == "/v1/alerts/grafana":
-            return self.grafana(body)
+            return self.grafana(body, via)
         if m := re.fullmatch(r"/v1/approve/([0-9a-f]{8,64})", path):
             try:
                 d = self.engine.approve(m.group(1), by=by)

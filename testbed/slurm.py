@@ -81,7 +81,9 @@ def slurm_available() -> bool:
 class LocalSlurm:
     """A Slurm cluster of ``nodes`` on this host; a context manager.
 
-    ``weights`` maps node names to scheduling weights (lower fills first; default 10).
+    ``weights`` maps node names to scheduling weights (lower fills first; default 10);
+    ``extra`` lines are added to ``slurm.conf`` (``RequeueExit=42``: a batch job that exits with
+    42 is requeued by Slurm itself).
     """
 
     def __init__(
@@ -92,6 +94,7 @@ class LocalSlurm:
         partition: str = "gpu",
         weights: Mapping[str, int] | None = None,
         cpus: int = 2,
+        extra: Sequence[str] = (),
     ) -> None:
         if not slurm_available():
             raise SlurmError(
@@ -103,6 +106,7 @@ class LocalSlurm:
         self.partition = partition
         self.weights = dict(weights or {})
         self.cpus = cpus
+        self.extra = list(extra)
         self.conf = self.root / "slurm.conf"
         # Unix sockets (munge's, slurmstepd's in the spool) must have paths under 108 bytes:
         # they live in a short directory of their own, removed on stop
@@ -132,7 +136,8 @@ class LocalSlurm:
                 nodes="\n".join(lines),
                 partition=self.partition,
                 node_list=",".join(self.nodes),
-            ),
+            )
+            + "".join(f"{line}\n" for line in self.extra),
             encoding="utf-8",
         )
         key = self.root / "munge.key"

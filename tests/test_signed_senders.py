@@ -105,8 +105,8 @@ def test_the_agents_fast_path_signs(engine: Engine, tmp_path: Path) -> None:
     done = agent_once(tmp_path, engine, "secret")
     assert done.returncode == 0, done.stderr
     found = poll(engine.findings, 30, "the agent's finding in the audit")
-    assert [(f["kind"], f["source"], f["subject"]["node"]) for f in found] == [
-        ("gpu_xid", "agent", "node-001")
+    assert [(f["kind"], f["source"], f["subject"]["node"], f["via"]) for f in found] == [
+        ("gpu_xid", "agent", "node-001", "http, signed")
     ]
     log = engine.stop()
     assert "refused POST /v1/findings: 401 signature does not match the body" in log
@@ -173,7 +173,7 @@ def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_p
         def __init__(self) -> None:
             self.calls = 0
 
-        def submit(self, finding):
+        def submit(self, finding, via="api"):
             self.calls += 1
             if self.calls == 1:
                 raise EngineClosedError("closing")

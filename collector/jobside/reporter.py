@@ -90,7 +90,11 @@ class Reporter:
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
         self.database = database
         self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
-        self.node = node or socket.gethostname()
+        # the node as the agent names it: GPUWARDEN_NODE if set, else Slurm's own name for it
+        # (in a job, SLURMD_NODENAME: the hostname can be an FQDN the agent does not use)
+        self.node = (
+            node or env.get("GPUWARDEN_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname()
+        )
         self.token = token if token is not None else env.get("GPUWARDEN_REPORTER_TOKEN", "")
         self.flush_interval_s = flush_interval_s
         self.heartbeat_s = heartbeat_s

@@ -65,8 +65,9 @@ class Engine:
 
     # -- deciding -----------------------------------------------------------------------------
 
-    def submit(self, finding: Finding) -> Decision:
-        """Decide on a finding now; its actions run in the background (see :meth:`wait`)."""
+    def submit(self, finding: Finding, via: str = "api") -> Decision:
+        """Decide on a finding now; its actions run in the background (see :meth:`wait`).
+        ``via`` says how it arrived, for the audit (``http, signed`` from the endpoint)."""
         received = self.clock()
         with self._lock:
             self._require_open()
@@ -86,6 +87,7 @@ class Engine:
                 summary=finding.summary,
                 source=finding.source,
                 finding_time_ns=finding.time_ns,
+                via=via,
             )
             planned = plan(self.policies, finding, self.settings)
             if planned is None:
