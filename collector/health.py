@@ -76,6 +76,10 @@ class HealthGate:
             raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
         self.cluster, self.node, self.emit = cluster, node, emit
         self.expected_gpus = expected_gpus
+        # two announcements are at least healthy_after_s apart (each needs a whole stretch), so
+        # buckets that wide give each its own finding id; the default 300 s bucket would make a
+        # second one within five minutes a "duplicate" the engine drops (a short healthy_after_s)
+        self.bucket_s = max(1, int(healthy_after_s))
         self._healthy = Stretch(int(healthy_after_s * NS))
         self._lock = threading.Lock()  # observe() runs on the sources' event threads too
 
@@ -112,5 +116,6 @@ class HealthGate:
                 confidence=1.0,
                 summary=f"{self.node}: no critical event for {healthy_for // NS} s{seen}",
                 source="agent",
+                bucket_s=self.bucket_s,
             )
         )

@@ -100,6 +100,11 @@ class Policy:
 
 
 NODE_LADDER = ("notify", "checkpoint", "drain", "requeue")
+#: after a fatal event the job on the node has usually died with it (an XID 79 or a failed row
+#: remap ends the CUDA processes there): drain first, so nothing new lands on the node, then
+#: requeue what still runs. Asking a dead job to checkpoint would only hold the drain back
+#: for checkpoint_timeout_s.
+FATAL_LADDER = ("notify", "drain", "requeue")
 
 # Shipped defaults (config/remediation.sample.toml repeats them; a test keeps the two equal).
 DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
@@ -107,7 +112,7 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "name": "fatal-gpu-event",
         "kinds": ["gpu_xid", "gpu_lost", "nvswitch_sxid", "ecc_dbe", "row_remap_failure"],
         "min_severity": "critical",
-        "actions": list(NODE_LADDER),
+        "actions": list(FATAL_LADDER),
     },
     # The scorer emits a failure_risk finding only when a GPU's risk crosses the model's
     # operating threshold (chosen on training data for >= [predictor] min_precision alerts).

@@ -55,6 +55,9 @@ def test_a_critical_event_starts_the_stretch_again() -> None:
     for t in range(200, 300, 10):
         gate.cycle(t * S, gpus(8))
     assert [f.time_ns // S for f in said] == [120, 260]
+    # two stretches, two findings: the engine must not drop the second as a duplicate of the
+    # first (they are 140 s apart, inside a default 300 s id bucket)
+    assert said[0].id != said[1].id
 
 
 def test_never_healthy_while_a_gpu_is_missing() -> None:

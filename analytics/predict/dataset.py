@@ -39,7 +39,7 @@ def group_task(
     finally:
         reader.close()
     events = events_from(b, set(fatal_xids), step_s)
-    return features_from(b, events), events
+    return features_from(b, events, step_s), events
 
 
 def build(

@@ -4,7 +4,10 @@ Reading is a thin layer (:func:`read_node_group`: InfluxDB aggregates per time b
 the server); everything after it is pure polars on those frames (:func:`events_from`,
 :func:`features_from`), so tests and the Dask tasks run the same code.
 
-Features of GPU ``g`` on node ``n`` at bucket ``t`` use only buckets at or before ``t``:
+Features of GPU ``g`` on node ``n`` at bucket ``t`` use only buckets at or before ``t``. Their
+windows are counted in buckets (``step_s``, 60 s by default): 30 and 10 buckets (30 and 10
+minutes at the default; the names say so), 1,440 for the XID history (a day). A model trained
+at another ``step_s`` (the live loop's compressed time) sees the same shapes, proportionally:
 
 * growth over the last 30 and 10 minutes of correctable ECC errors, row remaps, PCIe
   replays and NVLink CRC/replay/recovery errors (counter increases, resets counted from 0);
@@ -31,7 +34,7 @@ import numpy as np
 import polars as pl
 
 from analytics.counters import increases
-from analytics.predict.history import DAY_S, FaultEvent, history_frame
+from analytics.predict.history import FaultEvent, history_frame
 from core.store.reader import InfluxReader
 
 GPU_AGG = {
@@ -214,7 +217,11 @@ def events_from(
     return out
 
 
-def features_from(b: Buckets, events: Sequence[FaultEvent]) -> pl.DataFrame:
+#: feature windows, in buckets of step_s
+LONG, SHORT, XID_HISTORY = 30, 10, 1440
+
+
+def features_from(b: Buckets, events: Sequence[FaultEvent], step_s: int = 60) -> pl.DataFrame:
     """One row per GPU and bucket: :data:`FEATURES`, plus ``node``, ``gpu``, ``t`` (s)."""
     if b.gpu.is_empty():
         return pl.DataFrame()
@@ -224,36 +231,38 @@ def features_from(b: Buckets, events: Sequence[FaultEvent]) -> pl.DataFrame:
     slowed = ((pl.col("reasons").cast(pl.Int64) & SLOWDOWN_BITS) > 0).cast(pl.Float64)
     keys = ["node", "gpu"]
 
+    long, short = f"{LONG * step_s}s", f"{SHORT * step_s}s"
+
     def roll(col: str | pl.Expr, window: str, how: str = "sum") -> pl.Expr:
         e = pl.col(col) if isinstance(col, str) else col
         fn = e.rolling_sum_by if how == "sum" else e.rolling_mean_by
         return fn("time", window_size=window).over(keys)
 
     g = g.sort([*keys, "time"]).with_columns(
-        roll("sbe_inc", "30m").alias("sbe_30m"),
-        roll("sbe_inc", "10m").alias("sbe_10m"),
-        roll("remap_inc", "30m").alias("remap_30m"),
-        roll("pcie_replay_inc", "30m").alias("pcie_replay_30m"),
-        roll("crc", "30m").alias("nvlink_crc_30m"),
-        roll("replay", "30m").alias("nvlink_replay_30m"),
-        roll("recovery", "30m").alias("nvlink_recovery_30m"),
-        (pl.col("temp") - roll("temp", "30m", "mean")).alias("temp_rise_30m"),
-        roll(slowed, "30m", "mean").alias("slowed_share_30m"),
-        roll("symbol", "30m").alias("ib_symbol_30m"),
-        roll("link_recovery", "30m").alias("ib_recovery_30m"),
+        roll("sbe_inc", long).alias("sbe_30m"),
+        roll("sbe_inc", short).alias("sbe_10m"),
+        roll("remap_inc", long).alias("remap_30m"),
+        roll("pcie_replay_inc", long).alias("pcie_replay_30m"),
+        roll("crc", long).alias("nvlink_crc_30m"),
+        roll("replay", long).alias("nvlink_replay_30m"),
+        roll("recovery", long).alias("nvlink_recovery_30m"),
+        (pl.col("temp") - roll("temp", long, "mean")).alias("temp_rise_30m"),
+        roll(slowed, long, "mean").alias("slowed_share_30m"),
+        roll("symbol", long).alias("ib_symbol_30m"),
+        roll("link_recovery", long).alias("ib_recovery_30m"),
     )
     g = g.with_columns(
         (pl.col("temp") - pl.col("temp").median().over(["node", "time"])).alias("temp_vs_node"),
         (pl.col("power") - pl.col("power").median().over(["node", "time"])).alias("power_vs_node"),
     )
-    g = _xid_history(g, events)
+    g = _xid_history(g, events, XID_HISTORY * step_s)
     g = g.with_columns(pl.col("time").dt.epoch("ns").truediv(1e9).alias("t"))
     hist = _node_history(g, events)
     g = add_derived(g.join(hist, on=["node", "t"], how="left"))
     return g.select("node", "gpu", "time", "t", *FEATURES).fill_nan(None)
 
 
-def _xid_history(g: pl.DataFrame, events: Sequence[FaultEvent]) -> pl.DataFrame:
+def _xid_history(g: pl.DataFrame, events: Sequence[FaultEvent], window_s: float) -> pl.DataFrame:
     rows = [(e.subject, e.start_s) for e in events if not e.failure and e.kind.startswith("xid")]
     if not rows:
         return g.with_columns(pl.lit(0.0).alias("xid_nonfatal_24h"))
@@ -269,7 +278,7 @@ def _xid_history(g: pl.DataFrame, events: Sequence[FaultEvent]) -> pl.DataFrame:
             counts.append(0.0)
             continue
         arr = np.asarray(sorted(xs))
-        counts.append(float(np.searchsorted(arr, t, "right") - np.searchsorted(arr, t - DAY_S)))
+        counts.append(float(np.searchsorted(arr, t, "right") - np.searchsorted(arr, t - window_s)))
     return g.with_columns(pl.Series("xid_nonfatal_24h", counts, dtype=pl.Float64))
 
 
