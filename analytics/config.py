@@ -37,6 +37,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "topology": "",
         "write_back": True,
         "spool_dir": "/var/lib/gpuwarden/analytics-spool",
+        # a node whose agent reported in the window but not for this long: node_silent (0: off)
+        "silent_after_s": 60.0,
     },
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),

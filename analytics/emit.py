@@ -99,6 +99,23 @@ def _drift_findings(a: Analysis) -> list[Finding]:
     ]
 
 
+def _silence_findings(a: Analysis) -> list[Finding]:
+    return [
+        Finding(
+            kind="node_silent",
+            subject={k: v for k, v in {"cluster": s.cluster, "node": s.node}.items() if v},
+            severity=Severity.WARNING,
+            time_ns=a.end_ns,
+            evidence={"silent_s": s.silent_s, "last_seen_ns": s.last_seen_ns},
+            confidence=1.0,
+            summary=f"node {s.node}: no word from its agent for {s.silent_s:.0f} s (it reported "
+            "earlier): the agent, the node or its network is down",
+            source=SOURCE,
+        )
+        for s in a.silent
+    ]
+
+
 def _job_mix_findings(a: Analysis) -> list[Finding]:
     out = []
     for m in a.job_mix:
@@ -177,6 +194,7 @@ def findings(a: Analysis) -> list[Finding]:
             out.append(hang)
     out += _drift_findings(a)
     out += _job_mix_findings(a)
+    out += _silence_findings(a)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     behind: dict[str, dict[str, list[str]]] = {}  # switch -> job -> slow ranks it explains
     for job in a.jobs:

@@ -35,6 +35,7 @@ import polars as pl
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
 from analytics.drift import Drift, JobMix
+from analytics.silence import Silence, silent_nodes
 from analytics.tasks import (
     DriftResult,
     JobResult,
@@ -160,6 +161,8 @@ class Analysis:
     """Jobs whose GPUs are not all set up alike."""
     info_gpus: int = 0
     """GPUs with a ``gpu_info`` report (0: no agent sends it, drift was not checked)."""
+    silent: list[Silence] = field(default_factory=list)
+    """Nodes whose agent reported in the window, then stopped (:mod:`analytics.silence`)."""
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def job(self, name: str) -> JobResult:
@@ -236,6 +239,8 @@ def analyse(
         nodes = reader.tag_values(
             "ib_port", "node", "port_xmit_data_bytes_total", start_ns, end_ns, where
         )
+        if a["silent_after_s"] > 0:
+            out.silent = silent_nodes(reader, start_ns, end_ns, a["silent_after_s"], where)
     finally:
         reader.close()
     if out.switch_of:

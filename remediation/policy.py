@@ -179,6 +179,13 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": ["job"],
         "actions": ["notify"],
     },
+    # a node whose agent stopped reporting: its GPUs are unwatched (the scheduler notices a
+    # dead node by itself, not a dead agent); someone has to look
+    {
+        "name": "node-silent",
+        "kinds": ["node_silent"],
+        "actions": ["notify"],
+    },
     {
         "name": "fabric",
         "kinds": ["link_congested", "link_down"],
