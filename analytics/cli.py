@@ -30,8 +30,10 @@ from analytics.importers import (
     read_whatif_trace,
 )
 from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
+from analytics.silence import Confirmed
 from analytics.stragglers import Straggler, detect
 from core.config import ConfigError
+from core.errors import GpuwardenError
 from core.timeparse import duration_arg, parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
@@ -181,17 +183,39 @@ def _run(args: argparse.Namespace) -> int:
     stop = threading.Event()
     if args.every:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    failing = ""
+    confirmed = Confirmed()  # a silence is named once two analyses running see it
     try:
         while True:
             tick = time.time()
             end = parse_when(args.end) if args.end else time.time_ns()
             start = parse_when(args.start) if args.start else end - int(window * NS)
-            a = analyse(cfg, start, end, executor, progress=stderr_progress)
-            extra = _risk(cfg, model, start, end, executor) if model else ([], [])
-            n_found, n_points = _write(cfg, a, extra)
-            for line in _summary(a):
-                print(line, flush=True)
-            print(f"findings={n_found} points={n_points}", flush=True)
+            try:
+                a = analyse(cfg, start, end, executor, progress=stderr_progress)
+                if args.every:
+                    a.silent = confirmed(a.silent)
+                extra = _risk(cfg, model, start, end, executor) if model else ([], [])
+                n_found, n_points = _write(cfg, a, extra)
+            except Exception as exc:  # a service outlives its database (and one bad analysis)
+                why = f"{type(exc).__name__}: {exc}"
+                if not args.every:
+                    if isinstance(exc, GpuwardenError):
+                        print(f"gpuwarden analyze: {exc}", file=sys.stderr)
+                        return 1
+                    raise
+                if why != failing:  # said once per kind of failure, not every period
+                    log.error("analysis of the window ending %s failed (%s); trying again "
+                              "every %.0f s", time.strftime("%H:%M:%S", time.localtime(end / NS)),
+                              why, args.every)  # fmt: skip
+                failing = why
+                print(f"analysis failed: {why}", flush=True)
+            else:
+                if failing:
+                    log.warning("analysis works again")
+                    failing = ""
+                for line in _summary(a):
+                    print(line, flush=True)
+                print(f"findings={n_found} points={n_points}", flush=True)
             if not args.every:
                 return 0
             if stop.wait(max(0.0, args.every - (time.time() - tick))):

@@ -8,7 +8,10 @@ the scheduler sees a dead node by itself, but not a dead agent, which leaves the
 unwatched.
 
 A silence most nodes share at once is the data path (InfluxDB, the network), not the nodes:
-then no node is named, and the analysis says so.
+then no node is named, and the analysis says so. And when the data path comes back, the
+agents' spools drain in order, so for a little while a node with more to send looks silent
+while the others do not: the analyze service (``--every``) names a node only when it is
+silent in two analyses running (:class:`Confirmed`), as an alert rule's ``for:`` would.
 """
 
 from __future__ import annotations
@@ -65,3 +68,16 @@ def silent_nodes(
         )
         return []
     return out
+
+
+class Confirmed:
+    """Silences seen in this analysis and the one before (the service keeps one of these)."""
+
+    def __init__(self) -> None:
+        self._before: set[tuple[str, str]] = set()
+
+    def __call__(self, silent: list[Silence]) -> list[Silence]:
+        now = {(s.cluster, s.node) for s in silent}
+        confirmed = [s for s in silent if (s.cluster, s.node) in self._before]
+        self._before = now
+        return confirmed

@@ -50,3 +50,55 @@ def test_most_nodes_silent_at_once_is_the_data_path(influxd, influx_db) -> None:
         assert silent_nodes(reader, END - 900 * S, END, after_s=60) == []
     finally:
         reader.close()
+
+
+def test_the_analyze_service_outlives_its_database(tmp_path) -> None:
+    """``analyze run --every`` started while InfluxDB is down keeps trying, says so once, and
+    analyses once the database is up; a one-shot run says what is wrong in one line."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from testbed.influxd import LocalInfluxd
+    from tests.remediation_util import poll
+
+    root = Path(__file__).resolve().parent.parent
+    influxd = LocalInfluxd(tmp_path / "influxd")  # its port is chosen; it is not started
+    config = tmp_path / "analytics.toml"
+    config.write_text(f'[influxdb]\nurl = "{influxd.url}"\n[analysis]\nwindow_s = 60.0\n'
+                      "write_back = false\n")  # fmt: skip
+    once = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "analyze", "run", "--config", str(config), "--local"],
+        cwd=root, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert once.returncode == 1
+    assert once.stderr.strip().splitlines()[-1].startswith("gpuwarden analyze: InfluxDB at")
+    out = tmp_path / "analyze.out"
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "analyze", "run", "--config", str(config),
+             "--local", "--every", "1s"],
+            cwd=root, stdout=sink, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        poll(lambda: out.read_text().count("analysis failed") >= 2, 60, "failed periods")
+        assert proc.poll() is None  # still running
+        assert out.read_text().count("trying again every") == 1  # said once
+        influxd.start()
+        influxd.create_database("gpuwarden")
+        poll(lambda: "findings=" in out.read_text(), 60, "an analysis once InfluxDB is up")
+        assert "analysis works again" in out.read_text()
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+        influxd.stop()
+
+
+def test_the_service_names_a_silence_seen_twice_running() -> None:
+    from analytics.silence import Confirmed, Silence
+
+    confirm = Confirmed()
+    a, b = Silence("c", "a", 0, 30.0), Silence("c", "b", 0, 12.0)
+    assert confirm([a, b]) == []  # seen once: maybe a spool still draining
+    assert confirm([a]) == [a]  # a again: named; b caught up
+    assert confirm([b]) == []  # b is new again
