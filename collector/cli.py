@@ -173,6 +173,13 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         if recorder is not None:
             recorder.save(args.record_nvml)
             log.info("NVML answers of %d cycles saved to %s", agent.cycles, args.record_nvml)
+        if influx is not None:
+            s = influx.stats()
+            log.info(
+                "agent stopped after %d cycles; sink: %d points accepted, %d written, %d dropped, "
+                "%d still spooled",
+                agent.cycles, s.points_accepted, s.points_written, s.points_dropped, s.spool_points,
+            )  # fmt: skip
     if args.once:  # a node check: says how each source did, fails when any did
         print(check_summary(agent.health), file=sys.stderr)
         failed = sorted(name for name, health in agent.health.items() if health.errors)

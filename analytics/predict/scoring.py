@@ -16,6 +16,7 @@ import numpy as np
 import polars as pl
 
 from analytics.config import AnalyticsConfig
+from analytics.emit import SOURCE
 from analytics.predict.dataset import group_task
 from analytics.predict.model import RiskModel
 from analytics.runner import DaskExecutor, LocalExecutor
@@ -23,8 +24,9 @@ from core.finding import Finding, Severity
 from core.store.lineprotocol import Point
 
 #: history needed before the scored bucket: the longest feature window (30 min) plus margin
-LOOKBACK_S = 45 * 60
-SOURCE = "gpuwarden-analytics"
+#: buckets read back before the one scored: the features' longest window (30) and a margin;
+#: 45 minutes at the default step_s = 60
+LOOKBACK_STEPS = 45
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,7 @@ def score(
     p = cfg["predictor"]
     step = int(p["step_s"])
     thr = threshold if threshold is not None else (p["risk_threshold"] or model.meta.threshold)
-    start = end_ns - LOOKBACK_S * 10**9
+    start = end_ns - LOOKBACK_STEPS * step * 10**9
     per = int(p["nodes_per_task"])
     ordered = sorted(nodes)
     groups = [ordered[i : i + per] for i in range(0, len(ordered), per)]
