@@ -27,7 +27,8 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
     "remediate": ("remediation.cli", "remediation", "the remediation engine and its operators"),
     "dashboards": ("dashboards.cli", "dashboards", "Grafana dashboards and alert rules"),
     "replay": ("simulation.cli", "simulation", "SIMULATED scenarios; traces into InfluxDB"),
-    "demo": ("demo.run", "all", "the main job end to end on local defaults"),
+    "demo": ("demo.run", "all", "the main job: the live loop, end to end on local defaults"),
+    "backtest": ("demo.backtest", "all", "a model of the engine over a SIMULATED day"),
 }
 
 

@@ -1,4 +1,11 @@
-"""The main job, end to end on local defaults: ``bash scripts/demo.sh`` (README).
+"""The backtest: a MODEL of what the engine would have done over a SIMULATED day.
+``gpuwarden backtest`` (the main job is the live loop, ``gpuwarden demo``: :mod:`demo.run`).
+
+It is not the product closing its own loop: the fatal findings and the repaired nodes come
+from the scenario's ground truth, the job is a stand-in that sleeps, failure risk is scored in
+one batch over the day, and work saved is an accounting model (:mod:`demo.accounting`) over
+that day. What it shows is how the engine's decisions play out over a whole simulated day in
+a few minutes, against a real Slurm; the live loop shows the product doing it for real.
 
 1. starts a real ``influxd`` and a real 16-node Slurm (slurmctld + 16 slurmd) on loopback;
 2. loads the failure predictor trained on eight SIMULATED days (``demo/train_model.py`` is
@@ -13,7 +20,7 @@
    against the Kubernetes fake, to show what it would do there;
 6. compares the work lost with and without proactive remediation on the same trace;
 7. exports the dashboards and writes an HTML report with plots, then a terminal summary whose
-   last line is ``work_saved_pct=<x>``. Everything it started is stopped.
+   last line is ``work_saved_pct=<x>`` (of the model). Everything it started is stopped.
 """
 
 from __future__ import annotations
@@ -222,7 +229,7 @@ def engine_moves(audit: Path, start_s: float, job_nodes: set[str]) -> list[Move]
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="gpuwarden demo", description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(prog="gpuwarden backtest", description=__doc__.split("\n")[0])
     ap.add_argument("--seed", type=int, default=11, help="scenario seed (default 11: see README)")
     ap.add_argument(
         "--retrain", default="", help="train the predictor on these predictor-day seeds (1-8)"
@@ -374,8 +381,11 @@ def summary(
     r, p = c.reactive, c.proactive
     lines = [
         "",
-        "gpuwarden demo: SIMULATED cluster and faults (StepFun process); REAL InfluxDB, Slurm,",
-        "analytics, predictor and remediation engine",
+        "gpuwarden backtest: a MODEL of what the engine would have done over a SIMULATED day.",
+        "SIMULATED: the cluster, its faults (StepFun process), the fatal and repaired-node",
+        "findings (from the scenario's ground truth), the job (a stand-in that sleeps) and the",
+        "work-lost accounting. REAL: InfluxDB, Slurm, the analytics and scorer (in batch), and the",
+        "engine's decisions and Slurm actions.",
         f"  telemetry points replayed      {points:,}",
         f"  fatal faults injected          {len(fatal)} ({warned} with a precursor)",
         f"  failure-risk alerts            {len(risk)}",

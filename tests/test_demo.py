@@ -60,7 +60,7 @@ def test_moves_before_a_stop_save_its_recompute_and_false_alarms_cost_a_restart(
 
 @pytest.mark.skipif(not slurm_available(), reason="scripts/bootstrap.sh installs Slurm")
 def test_the_main_job_runs_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from demo.run import main
+    from demo.backtest import main
 
     out = tmp_path / "report"
     assert main(["--out", str(out), "--workdir", str(tmp_path / "work"), "--windows", "4"]) == 0

@@ -1,0 +1,114 @@
+"""Work lost, read from a training job's own step log (nothing else: not the scenario, not the
+engine's view of what it did).
+
+The log is what :mod:`testbed.jobs.train_job` writes, one JSON object a line: ``start`` (with
+the step it resumed from), ``step`` (each completed step), ``save`` (a checkpoint), ``done``.
+A *run* is everything from one ``start`` to the next. Between two runs the job lost:
+
+* **recomputed steps**: the steps the earlier run had completed past the checkpoint the next
+  run resumed from (they are done again);
+* **time not stepping**: from the earlier run's last step to the next run's first step, less
+  one step's time (what that step would have taken anyway).
+
+Work lost is ``recomputed x step time + time not stepping``, in seconds of the whole job, and
+in GPU-hours for the GPUs the job holds. The live loop runs at real time, so these are the
+live run's own seconds, not a scaled-up figure.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Run:
+    started: float
+    resumed_from: int
+    checkpoint: str
+    nodes: str
+    steps: list[tuple[int, float]] = field(default_factory=list)  # (step, time)
+    saves: list[tuple[int, float, str]] = field(default_factory=list)  # (step, time, why)
+
+    @property
+    def last_step(self) -> int:
+        return self.steps[-1][0] if self.steps else self.resumed_from
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Between two runs: what was lost, and when."""
+
+    at: float  # the earlier run's last step
+    resumed_at: float  # the next run's first step
+    recomputed: int
+    idle_s: float
+    lost_s: float
+
+
+@dataclass
+class WorkLost:
+    runs: list[Run]
+    stops: list[Stop]
+    step_s: float
+    gpus: int
+
+    @property
+    def lost_s(self) -> float:
+        return sum(s.lost_s for s in self.stops)
+
+    @property
+    def gpu_h(self) -> float:
+        return self.lost_s * self.gpus / 3600.0
+
+    @property
+    def recomputed(self) -> int:
+        return sum(s.recomputed for s in self.stops)
+
+    @property
+    def idle_s(self) -> float:
+        return sum(s.idle_s for s in self.stops)
+
+    @property
+    def steps_done(self) -> int:
+        return max((r.last_step for r in self.runs), default=0)
+
+
+def read(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            continue  # a line torn by a crash: the steps around it tell the story
+    return out
+
+
+def runs_of(events: list[dict[str, Any]]) -> list[Run]:
+    runs: list[Run] = []
+    for e in events:
+        if e["event"] == "start":
+            runs.append(Run(float(e["t"]), int(e["resume_step"]), str(e.get("checkpoint", "")),
+                            str(e.get("nodes", ""))))  # fmt: skip
+        elif runs and e["event"] == "step":
+            runs[-1].steps.append((int(e["step"]), float(e["t"])))
+        elif runs and e["event"] == "save":
+            runs[-1].saves.append((int(e["step"]), float(e["t"]), str(e.get("why", ""))))
+    return runs
+
+
+def work_lost(path: Path, *, step_s: float, gpus: int) -> WorkLost:
+    runs = runs_of(read(path))
+    stops = []
+    stepped = [r for r in runs if r.steps]
+    for before, after in itertools.pairwise(stepped):
+        recomputed = max(0, before.last_step - after.resumed_from)
+        idle = max(0.0, after.steps[0][1] - before.steps[-1][1] - step_s)
+        lost = recomputed * step_s + idle
+        stops.append(Stop(before.steps[-1][1], after.steps[0][1], recomputed, idle, lost))
+    return WorkLost(runs, stops, step_s, gpus)
