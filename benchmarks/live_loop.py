@@ -28,27 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from demo.live import LiveLoop, Settings
-from simulation.spec import parse_spec
+from demo.live import LiveLoop, Settings, twin_scenario
 from testbed.influxd import LocalInfluxd
 
-SCENARIO = {
-    "name": "xid-latency",
-    "cluster": "twin",
-    "nodes": 4,
-    "gpus_per_node": 8,
-    "hcas_per_node": 4,
-    "nvlink_links": 4,
-    "gpu_model": "H100",
-    "duration_s": 160,
-    "measurements": ["gpu", "gpu_info", "gpu_nvlink", "gpu_event", "ib_port"],
-    "jobs": [{"name": "load", "nodes": 4, "step_time_s": 1.0, "restart_s": 5}],
-    "faults": [
-        {"type": "xid79", "at_s": 40, "duration_s": 15, "node": 0, "gpu": 2},
-        {"type": "xid79", "at_s": 85, "duration_s": 15, "node": 1, "gpu": 5},
-        {"type": "xid79", "at_s": 130, "duration_s": 15, "node": 2, "gpu": 7},
-    ],
-}
+FAULTS = [
+    {"type": "xid79", "at_s": 40, "duration_s": 15, "node": 0, "gpu": 2},
+    {"type": "xid79", "at_s": 85, "duration_s": 15, "node": 1, "gpu": 5},
+    {"type": "xid79", "at_s": 130, "duration_s": 15, "node": 2, "gpu": 7},
+]
 RUNS = {"follow": 0.1, "cycle": 0.0}
 
 
@@ -59,7 +46,7 @@ def one_run(name: str, follow_s: float, work: Path) -> list[tuple[str, float]]:
         print(f"[{name} {time.monotonic() - t0:5.0f}s] {msg}", flush=True)
 
     settings = Settings(agent_interval_s=10.0, xid_follow_s=follow_s, healthy_after_s=10.0)
-    loop = LiveLoop(parse_spec(SCENARIO), 1, work, settings, say)
+    loop = LiveLoop(twin_scenario("xid-latency", 160, FAULTS), 1, work, settings, say)
     with LocalInfluxd(work / "influxd") as influxd:
         result = loop.run_arm("proactive", influxd)
     return result.xid_to_drain_s()

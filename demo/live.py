@@ -36,8 +36,9 @@ from pathlib import Path
 from typing import Any
 
 from demo.steplog import WorkLost, work_lost
+from remediation.audit import read_records
 from remediation.policy import DEFAULT_POLICIES
-from simulation.spec import ScenarioSpec
+from simulation.spec import ScenarioSpec, parse_spec
 from simulation.twin.hardware import Twin
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.jobs.launch import REQUEUE_EXIT, batch_script, task_script
@@ -477,15 +478,35 @@ class LiveArm:
 
 
 def read_audit(path: Path) -> list[dict[str, Any]]:
-    if not path.exists():
-        return []
-    out = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            continue
-    return out
+    return list(read_records(path))
+
+
+def twin_scenario(
+    name: str,
+    duration_s: int,
+    faults: list[dict[str, Any]],
+    *,
+    nodes: int = 4,
+    hcas: int = 4,
+    links: int = 4,
+) -> ScenarioSpec:
+    """A scenario shaped like the live loop's (H100 nodes, telemetry only, a simulated job
+    that keeps every GPU busy), with the given faults: for tests and benchmarks."""
+    return parse_spec(
+        {
+            "name": name,
+            "cluster": "twin",
+            "nodes": nodes,
+            "gpus_per_node": 8,
+            "hcas_per_node": hcas,
+            "nvlink_links": links,
+            "gpu_model": "H100",
+            "duration_s": duration_s,
+            "measurements": ["gpu", "gpu_info", "gpu_nvlink", "gpu_event", "ib_port"],
+            "jobs": [{"name": "load", "nodes": nodes, "step_time_s": 1.0, "restart_s": 5}],
+            "faults": faults,
+        }
+    )
 
 
 @dataclass

@@ -25,9 +25,8 @@ from pathlib import Path
 import pytest
 
 from analytics.emit import SOURCE as ANALYTICS
-from demo.live import ArmResult, LiveArm, LiveLoop, Settings
+from demo.live import ArmResult, LiveArm, LiveLoop, Settings, twin_scenario
 from demo.train_live_model import LIVE_PREDICTOR, MODEL
-from simulation.spec import parse_spec
 from testbed.influxd import LocalInfluxd
 from testbed.slurm import slurm_available
 
@@ -37,19 +36,9 @@ pytestmark = [
     pytest.mark.skipif(not slurm_available(), reason="needs Debian's slurm-wlm and munge"),
 ]
 
-SCENARIO = {
-    "name": "live-test",
-    "cluster": "twin",
-    "nodes": 4,
-    "gpus_per_node": 8,
-    "hcas_per_node": 4,
-    "nvlink_links": 4,
-    "gpu_model": "H100",
-    "duration_s": 180,
-    "measurements": ["gpu", "gpu_info", "gpu_nvlink", "gpu_event", "ib_port"],
-    "jobs": [{"name": "load", "nodes": 4, "step_time_s": 1.0, "restart_s": 5}],
-    "faults": [{"type": "xid79", "at_s": 90, "duration_s": 40, "node": 1, "gpu": 5}],
-}
+SCENARIO = twin_scenario(
+    "live-test", 180, [{"type": "xid79", "at_s": 90, "duration_s": 40, "node": 1, "gpu": 5}]
+)
 KILLED = "node-003"  # the spare: its agent is killed
 
 
@@ -65,7 +54,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     work = tmp_path_factory.mktemp("live")
     settings = Settings(checkpoint_every_s=30.0, model=str(MODEL),
                         predictor=tuple(LIVE_PREDICTOR.items()))  # fmt: skip
-    loop = LiveLoop(parse_spec(SCENARIO), 1, work, settings, say=print)
+    loop = LiveLoop(SCENARIO, 1, work, settings, say=print)
     influxd = LocalInfluxd(work / "influxd").start()
 
     def schedule(live: LiveArm) -> list:

@@ -24,22 +24,18 @@ from collector.config import load_config
 from collector.nvml.recorded import FORMAT, RecordedBackend
 from core.finding import Finding
 from core.store.lineprotocol import encode_points
-from simulation.spec import parse_spec
+from demo.live import twin_scenario
 from simulation.twin.hardware import Twin, bind
 from tests.remediation_util import poll
 
-SCENARIO = {
-    "name": "twin-test",
-    "nodes": 2,
-    "gpus_per_node": 8,
-    "hcas_per_node": 2,
-    "nvlink_links": 2,
-    "gpu_model": "H100",
-    "duration_s": 60,
-    "measurements": ["gpu", "gpu_info", "gpu_nvlink", "gpu_event", "ib_port"],
-    "jobs": [{"name": "load", "nodes": 2, "step_time_s": 1.0, "restart_s": 2}],
-    "faults": [{"type": "xid79", "at_s": 4, "duration_s": 6, "node": 1, "gpu": 5}],
-}
+SCENARIO = twin_scenario(
+    "twin-test",
+    60,
+    [{"type": "xid79", "at_s": 4, "duration_s": 6, "node": 1, "gpu": 5}],
+    nodes=2,
+    hcas=2,
+    links=2,
+)
 
 
 class Findings:
@@ -56,7 +52,7 @@ class Findings:
 
 @pytest.fixture
 def twin(tmp_path: Path) -> Iterator[Twin]:
-    t = Twin(parse_spec(SCENARIO), 1, tmp_path)
+    t = Twin(SCENARIO, 1, tmp_path)
     t.start()
     yield t
     t.stop()
