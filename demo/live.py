@@ -459,6 +459,12 @@ class LiveArm:
         if self.slurm is not None:
             self.slurm.stop()
         self.services.stop()
+        (self.work / "twin-log.json").write_text(json.dumps({
+            "started_at": self.twin.started_at,
+            "duration_s": self.spec.duration_s,
+            "happened": [dataclasses.asdict(h) for h in self.twin.log],
+            "drains": [dataclasses.asdict(d) for d in self.drains],
+        }, indent=1))  # fmt: skip
         return ArmResult(
             arm=self.arm,
             twin_log=list(self.twin.log),
@@ -470,6 +476,7 @@ class LiveArm:
                 self.work / "steps.jsonl",
                 step_s=self.s.step_s,
                 gpus=self.job_nodes * self.spec.gpus_per_node,
+                end=self.twin.started_at + self.spec.duration_s,  # both arms, the same span
             ),
             gpus=self.job_nodes * self.spec.gpus_per_node,
             analyze_log=self.services.log("analyze"),

@@ -10,6 +10,10 @@ A *run* is everything from one ``start`` to the next. Between two runs the job l
 * **time not stepping**: from the earlier run's last step to the next run's first step, less
   one step's time (what that step would have taken anyway).
 
+A job that is not stepping when the observation ends (``end``) has lost the same, not yet
+paid: the time since its last step, and the steps since its newest checkpoint, which its next
+run will do again.
+
 Work lost is ``recomputed x step time + time not stepping``, in seconds of the whole job, and
 in GPU-hours for the GPUs the job holds. The live loop runs at real time, so these are the
 live run's own seconds, not a scaled-up figure.
@@ -102,7 +106,9 @@ def runs_of(events: list[dict[str, Any]]) -> list[Run]:
     return runs
 
 
-def work_lost(path: Path, *, step_s: float, gpus: int) -> WorkLost:
+def work_lost(path: Path, *, step_s: float, gpus: int, end: float | None = None) -> WorkLost:
+    """Work lost over the log; with ``end`` (wall-clock seconds), a job still down then counts
+    what it has lost so far (see the module docstring)."""
     runs = runs_of(read(path))
     stops = []
     stepped = [r for r in runs if r.steps]
@@ -111,4 +117,13 @@ def work_lost(path: Path, *, step_s: float, gpus: int) -> WorkLost:
         idle = max(0.0, after.steps[0][1] - before.steps[-1][1] - step_s)
         lost = recomputed * step_s + idle
         stops.append(Stop(before.steps[-1][1], after.steps[0][1], recomputed, idle, lost))
+    if end is not None and stepped:
+        last = stepped[-1]
+        last_at = last.steps[-1][1]
+        if end - last_at > 2 * step_s:  # not stepping at the end: down, not between steps
+            saved = [s for r in runs for s, _, _ in r.saves] + [r.resumed_from for r in runs]
+            newest = max(s for s in saved if s <= last.last_step)
+            recomputed = last.last_step - newest
+            idle = end - last_at - step_s
+            stops.append(Stop(last_at, end, recomputed, idle, recomputed * step_s + idle))
     return WorkLost(runs, stops, step_s, gpus)
