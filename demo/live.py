@@ -24,6 +24,7 @@ import dataclasses
 import json
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
@@ -208,6 +209,8 @@ class LiveArm:
         self.s = settings
         self.say = say
         self.db = f"live_{arm}"
+        if work.exists():  # a kept --workdir: an old step log or checkpoint would mix in
+            shutil.rmtree(work)
         self.services = Services(work / "logs")
         self.twin = Twin(spec, seed, work / "twin")
         self.nodes = self.twin.nodes
@@ -227,6 +230,7 @@ class LiveArm:
         (w / "secrets" / "token").write_text(os.urandom(16).hex() + "\n")
         (w / "secrets" / "hmac").write_text(os.urandom(32).hex() + "\n")
         (w / "requests").mkdir(exist_ok=True)
+        self.influxd.query(f'DROP DATABASE "{self.db}"')  # a kept --workdir's old data
         self.influxd.create_database(self.db)
         self.slurm = LocalSlurm(
             w / "slurm", self.nodes, extra=[f"RequeueExit={REQUEUE_EXIT}"],
