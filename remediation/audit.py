@@ -73,6 +73,8 @@ class Memory:
     done_actions: set[str] = field(default_factory=set)
     last_action_at: dict[str, float] = field(default_factory=dict)
     taken_out: set[str] = field(default_factory=set)
+    taken_out_at: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
+    """Every time gpuwarden took each node out, and why (the lemon rule reads it)."""
     torn_lines: list[int] = field(default_factory=list)
 
     def note_action(self, record: Mapping[str, Any]) -> None:
@@ -83,9 +85,14 @@ class Memory:
         if not node:
             return
         action = record.get("action")
-        if action != "notify":
+        # the cooldown keeps gpuwarden from acting on a node again and again; returning a node
+        # does not start it: a node that breaks right after its repair must come out at once
+        if action not in ("notify", "uncordon"):
             self.last_action_at[node] = float(record["t"])
         if action in ("cordon", "drain"):
+            if node not in self.taken_out:
+                times = self.taken_out_at.setdefault(node, [])
+                times.append((float(record["t"]), str(record.get("reason", ""))))
             self.taken_out.add(node)
         elif action == "uncordon":
             self.taken_out.discard(node)

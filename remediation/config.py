@@ -55,6 +55,8 @@ GUARDS = {
     "max_fraction_out": 0.1,
     "cooldown_s": 1800.0,
     "actions_per_minute": 20,
+    "lemon_count": 3,
+    "lemon_window_s": 7 * 86400.0,
 }
 INFLUXDB = {
     "url": "",
@@ -90,6 +92,8 @@ class RemediationConfig:
             max_fraction_out=g["max_fraction_out"],
             cooldown_s=g["cooldown_s"],
             actions_per_minute=g["actions_per_minute"],
+            lemon_count=g["lemon_count"],
+            lemon_window_s=g["lemon_window_s"],
             approval=tuple(e["approval"]),
             notify_adapter=e["notify_adapter"],
             checkpoint_adapter=e["checkpoint_adapter"],

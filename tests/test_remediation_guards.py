@@ -268,3 +268,90 @@ def test_repaired_nodes_come_back_but_only_ours(tmp_path: Path) -> None:
     assert engine.wait(10)
     engine.close()
     assert sched.out == {"gpu09"}
+
+
+def _clocked(tmp: Path, now: list[float], **overrides: object):
+    """An engine whose clock (guards, audit, memory) is ``now[0]``."""
+    sched = RecordingAdapter("slurm", NODES)
+    notes = RecordingAdapter("webhook")
+    base = {"dry_run": False, "actions_per_minute": 10_000, "max_nodes_out": 5,
+            "max_fraction_out": 1.0, "approval": ()}  # fmt: skip
+    engine = Engine(
+        POLICIES,
+        {"slurm": sched, "webhook": notes},
+        AuditLog(tmp / "audit.jsonl"),
+        EngineSettings(**(base | overrides)),  # type: ignore[arg-type]
+        clock=lambda: now[0],
+    )
+    return engine, sched, notes
+
+
+def _xid(node: str, bucket: int) -> Finding:
+    return xid(node, 1_790_000_000_000_000_000 + bucket * 300_000_000_000)
+
+
+def _healthy(node: str, bucket: int) -> Finding:
+    return Finding(
+        kind="node_healthy",
+        subject={"node": node},
+        severity=Severity.INFO,
+        time_ns=1_790_000_000_000_000_000 + bucket * 300_000_000_000,
+        summary=f"{node} repaired",
+    )
+
+
+def test_a_node_that_breaks_right_after_it_returns_comes_out_again(tmp_path: Path) -> None:
+    """Returning a node must not start the cooldown: it did before, so an XID minutes after a
+    repair only notified, and Slurm put the requeued job back on the broken node."""
+    now = [1_790_000_000.0]
+    engine, sched, _ = _clocked(tmp_path, now, cooldown_s=1800.0)
+    assert engine.submit(_xid("gpu03", 1)).verdict == "act"
+    assert engine.wait(10) and "gpu03" in sched.out
+    now[0] += 2000.0  # repaired after the cooldown
+    assert engine.submit(_healthy("gpu03", 1)).verdict == "act"
+    assert engine.wait(10) and "gpu03" not in sched.out
+    now[0] += 60.0  # breaks again a minute later
+    again = engine.submit(_xid("gpu03", 2))
+    assert again.verdict == "act", again.why
+    assert engine.wait(10) and "gpu03" in sched.out
+    engine.close()
+
+
+def test_a_lemon_stays_out_until_an_operator_returns_it(tmp_path: Path) -> None:
+    now = [1_790_000_000.0]
+    engine, sched, notes = _clocked(
+        tmp_path, now, cooldown_s=0.0, lemon_count=3, lemon_window_s=86400.0
+    )
+    for i in range(3):
+        assert engine.submit(_xid("gpu04", i + 1)).verdict == "act"
+        assert engine.wait(10) and "gpu04" in sched.out
+        now[0] += 600.0
+        back = engine.submit(_healthy("gpu04", i + 1))
+        if i < 2:  # twice: it comes back by itself
+            assert back.verdict == "act", back.why
+            assert engine.wait(10) and "gpu04" not in sched.out
+        now[0] += 600.0
+    # the third time it is a lemon: it stays out, a person is told its history
+    assert back.verdict == "lemon"
+    assert "taken out 3 times in 1 days" in back.why and "XID 79 on gpu04" in back.why
+    assert back.why.count("Z ") == 3  # when, each time
+    assert engine.wait(10) and "gpu04" in sched.out
+    assert any("needs a human (lemon)" in a.reason for a in notes.calls)
+    assert [p["node"] for p in engine.pending()] == ["gpu04"]
+    # another node taken out once is no lemon
+    assert engine.submit(_xid("gpu05", 9)).verdict == "act"
+    assert engine.wait(10)
+    now[0] += 600.0
+    assert engine.submit(_healthy("gpu05", 9)).verdict == "act"
+    # the operator returns the lemon
+    assert engine.approve(back.finding_id, by="test").verdict == "act"
+    assert engine.wait(10) and "gpu04" not in sched.out
+    # a day later the window has passed: no longer a lemon
+    assert engine.guards.lemon("gpu04") != []
+    now[0] += 86400.0
+    assert engine.guards.lemon("gpu04") == []
+    engine.close()
+    # the history survives a restart (rebuilt from the audit log)
+    again, _, _ = _clocked(tmp_path, now, lemon_count=3, lemon_window_s=10 * 86400.0)
+    assert len(again.memory.taken_out_at["gpu04"]) == 3
+    again.close()

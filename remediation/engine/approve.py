@@ -25,7 +25,7 @@ class Pending:
 
 
 #: verdicts whose plans wait here, and those of them that free themselves (tick)
-WAITING = ("approval", "blast_radius", "rate_limited")
+WAITING = ("approval", "lemon", "blast_radius", "rate_limited")
 SELF_RELEASING = ("blast_radius", "rate_limited")
 
 

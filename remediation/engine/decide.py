@@ -23,6 +23,8 @@ class EngineSettings:
     max_fraction_out: float = 0.1
     cooldown_s: float = 1800.0
     actions_per_minute: int = 20
+    lemon_count: int = 3
+    lemon_window_s: float = 7 * 86400.0
     approval: tuple[str, ...] = ("uncordon",)
     notify_adapter: str = "webhook"
     checkpoint_adapter: str = "slurm"
@@ -35,7 +37,8 @@ class Decision:
     finding_id: str
     verdict: str
     """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
-    ``approval``, ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
+    ``approval``, ``lemon`` (a node taken out too often waits for an operator to return it),
+    ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
     policy: str = ""
     actions: tuple[Action, ...] = ()
     why: str = ""

@@ -4,21 +4,26 @@ The checks, in order (de-duplication by finding id happens before, in the engine
 
 1. **not ours**: a plan whose only change is ``uncordon`` touches only nodes gpuwarden took
    out itself; an admin's maintenance drain is the admin's to end;
-2. **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
-3. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
-   (putting a repaired node back is exempt: it disrupts nothing);
-4. **blast radius**: taking a node out when ``max_nodes_out`` nodes (or ``max_fraction_out``
+2. **lemon**: a node gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` does
+   not come back by itself: its ``uncordon`` waits for an operator, who is told the node's
+   history (when and why each time);
+3. **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
+4. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
+   (putting a repaired node back is exempt: it disrupts nothing; nor does it start the
+   cooldown: a node that breaks again right after it returns comes out again at once);
+5. **blast radius**: taking a node out when ``max_nodes_out`` nodes (or ``max_fraction_out``
    of its partition) are already out (by anyone: the scheduler's own view, plus the nodes
    plans in flight are taking out) waits;
-5. **rate limit**: at most ``actions_per_minute`` target-changing actions a minute;
-6. **dry run** (the default): the plan runs, but no adapter is asked to change anything.
+6. **rate limit**: at most ``actions_per_minute`` target-changing actions a minute;
+7. **dry run** (the default): the plan runs, but no adapter is asked to change anything.
 
-An approved plan skips 1-3: the operator has decided.
+An approved plan skips 1-4: the operator has decided.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
@@ -67,6 +72,13 @@ class Guards:
         if undo_only and not approved and node not in self.memory.taken_out:
             why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
             return Decision(d.finding_id, "not_ours", d.policy, notify_only, why)
+        if undo_only and not approved and (history := self.lemon(node)):
+            why = (
+                f"{node} is a lemon: taken out {len(history)} times in "
+                f"{s.lemon_window_s / 86400:g} days ({'; '.join(history)}); it returns when an "
+                f"operator approves: gpuwarden remediate approve {d.plan_id}"
+            )
+            return Decision(d.finding_id, "lemon", d.policy, d.actions, why)
         if not approved and any(str(a.kind) in s.approval for a in mutating):
             kinds = [str(a.kind) for a in mutating]
             why = (
@@ -91,6 +103,25 @@ class Guards:
             why = f"more than {s.actions_per_minute} actions a minute"
             return Decision(d.finding_id, "rate_limited", d.policy, d.actions, why)
         return Decision(d.finding_id, "dry_run" if s.dry_run else "act", d.policy, d.actions)
+
+    def lemon(self, node: str) -> list[str]:
+        """When and why ``node`` was taken out within the lemon window, if that is
+        ``lemon_count`` times or more (else empty)."""
+        s = self.settings
+        if s.lemon_count < 1 or s.lemon_window_s <= 0:
+            return []
+        now = self.clock()
+        recent = [
+            (t, why)
+            for t, why in self.memory.taken_out_at.get(node, [])
+            if now - t <= s.lemon_window_s
+        ]
+        if len(recent) < s.lemon_count:
+            return []
+        return [
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t))}Z {why[:80]}"
+            for t, why in recent
+        ]
 
     def inventory(self) -> Inventory:
         adapter = self.adapters.get(self.settings.node_adapter)
