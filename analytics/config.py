@@ -45,6 +45,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "drift": asdict(DriftConfig()),
     "hangs": asdict(HangConfig()),
     "findings": {"url": "", "token_file": "", "hmac_secret_file": ""},
+    "cadence": {
+        "lookback_s": 30 * 86400.0,
+        "merge_s": 600.0,
+        "prior_faults": 5.0,
+        "prior_scale": 1.0,
+        "restart_s": 600.0,
+        "min_interval_s": 60.0,
+        "min_gain": 0.01,
+    },
     "predictor": {
         # a model trained by `gpuwarden analyze train`; empty: no online failure-risk scoring
         "model": "",

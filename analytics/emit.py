@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from analytics.cadence import Advice
 from analytics.runner import Analysis
 from analytics.tasks import CONGESTION_FIELDS, JobResult
 from core.finding import Finding, Severity
@@ -116,6 +117,40 @@ def _silence_findings(a: Analysis) -> list[Finding]:
     ]
 
 
+def _advice_fields(v: Advice) -> dict[str, float]:
+    return {
+        "advised_interval_s": round(v.advised_s, 1),
+        "current_interval_s": round(v.current_s, 1),
+        "save_s": round(v.cost_s, 3),
+        "mtbf_s": round(v.mtbf_s, 1),
+        "waste_current_ratio": round(v.waste_current, 5),
+        "waste_advised_ratio": round(v.waste_advised, 5),
+        "history_weight_ratio": round(v.history_weight, 4),
+    }
+
+
+def _advice_findings(a: Analysis) -> list[Finding]:
+    """A finding for each job whose advised interval would give back at least ``min_gain`` of
+    its wall time (the measurement is written for every job that reports its saves)."""
+    cluster = {j.job: j.cluster for j in a.jobs}
+    return [
+        Finding(
+            kind="checkpoint_advice",
+            subject={
+                k: v for k, v in {"cluster": cluster.get(v.job, ""), "job": v.job}.items() if v
+            },
+            severity=Severity.INFO,
+            time_ns=a.end_ns,
+            evidence={**_advice_fields(v), "nodes": v.nodes},
+            confidence=1.0,
+            summary=v.describe(),
+            source=SOURCE,
+        )
+        for v in a.advice
+        if v.gain >= a.advice_min_gain
+    ]
+
+
 def _job_mix_findings(a: Analysis) -> list[Finding]:
     out = []
     for m in a.job_mix:
@@ -195,6 +230,7 @@ def findings(a: Analysis) -> list[Finding]:
     out += _drift_findings(a)
     out += _job_mix_findings(a)
     out += _silence_findings(a)
+    out += _advice_findings(a)
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     behind: dict[str, dict[str, list[str]]] = {}  # switch -> job -> slow ranks it explains
     for job in a.jobs:
@@ -248,6 +284,11 @@ def points(a: Analysis, found: list[Finding]) -> list[Point]:
     t = a.end_ns
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     out: list[Point] = []
+    clusters = {j.job: j.cluster for j in a.jobs}
+    for v in a.advice:
+        tags = {"cluster": clusters.get(v.job, ""), "job": v.job}
+        out.append(Point("checkpoint_advice", {k: x for k, x in tags.items() if x},
+                         _advice_fields(v), t))  # fmt: skip
     for job in a.jobs:
         base = {"cluster": job.cluster, "job": job.job, "source": SOURCE}
         if job.mfu is not None and job.shape is not None:

@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from analytics.cadence import Advice, fleet_failure_rate, job_advice
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
 from analytics.drift import Drift, JobMix
@@ -163,6 +164,10 @@ class Analysis:
     """GPUs with a ``gpu_info`` report (0: no agent sends it, drift was not checked)."""
     silent: list[Silence] = field(default_factory=list)
     """Nodes whose agent reported in the window, then stopped (:mod:`analytics.silence`)."""
+    advice: list[Advice] = field(default_factory=list)
+    """Checkpoint-interval advice per job that reports its saves (:mod:`analytics.cadence`)."""
+    advice_min_gain: float = 0.01
+    """A ``checkpoint_advice`` finding only when the advice gives back this share of wall time."""
     timings_s: dict[str, float] = field(default_factory=dict)
 
     def job(self, name: str) -> JobResult:
@@ -217,6 +222,28 @@ def _blame_network(out: Analysis) -> None:
                     evidence["nodes_under_switch"] = sorted(under)
                     out.attributions[key] = ("nic", evidence)
                     break
+
+
+def _advise(
+    cfg: AnalyticsConfig,
+    jobs: Sequence[JobResult],
+    start_ns: int,
+    end_ns: int,
+    where: Mapping[str, str] | None,
+) -> list[Advice]:
+    """Two small queries per job, in the driver: the fleet's fault history and the job's
+    reported checkpoint saves."""
+    if not jobs:
+        return []
+    c = cfg["cadence"]
+    reader = InfluxReader(**cfg.reader_kwargs())
+    try:
+        rate = fleet_failure_rate(reader, end_ns - int(c["lookback_s"] * 1e9), end_ns, c, where)
+        found = (job_advice(reader, j.job, len(j.nodes), rate, start_ns, end_ns, c, where)
+                 for j in jobs)  # fmt: skip
+        return [a for a in found if a is not None]
+    finally:
+        reader.close()
 
 
 def analyse(
@@ -308,5 +335,7 @@ def analyse(
             for rank, cause in res.items():
                 out.attributions[(job_name, rank)] = cause
     _blame_network(out)
+    out.advice = _advise(cfg, out.jobs, start_ns, end_ns, where)
+    out.advice_min_gain = float(cfg["cadence"]["min_gain"])
     out.timings_s["total"] = time.perf_counter() - t0
     return out

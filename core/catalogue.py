@@ -452,6 +452,18 @@ _m(
     ],
 )
 _m(
+    "job_checkpoint",
+    R,
+    "one point per checkpoint a rank saves, from the training-side reporter: what a save "
+    "costs the job and how often it saves, from which analytics advises the interval",
+    ("cluster", "node", "job", "rank"),
+    [
+        _f("step_index", I, "", ST, "the step the checkpoint holds"),
+        _f("save_s", F, "s", G, "training time the save held up (the blocking part of it)"),
+        _f("interval_s", F, "s", G, "the job's checkpoint interval at the time"),
+    ],
+)
+_m(
     "job_model",
     R,
     "the model shape of a job, reported once at start; MFU is computed from it",
@@ -597,6 +609,22 @@ _m(
         _f("threshold_ratio", F, "", G, "the model's operating threshold for alerts"),
         _f("alert_active", B, "", ST, "the probability is at or above the threshold"),
         _f("model_version", S, "", IN, "the model that scored it"),
+    ],
+)
+_m(
+    "checkpoint_advice",
+    AN,
+    "per job that reports its checkpoint saves: the interval that minimises its expected "
+    "waste (Young/Daly) from its save time and the fleet's failure rate, against its own",
+    ("cluster", "job"),
+    [
+        _f("advised_interval_s", F, "s", G, "checkpoint interval advised"),
+        _f("current_interval_s", F, "s", G, "the job's interval now"),
+        _f("save_s", F, "s", G, "median training time a save holds up"),
+        _f("mtbf_s", F, "s", G, "the job's mean time between failures (its nodes, the fleet)"),
+        _f("waste_current_ratio", F, "", G, "expected share of wall time lost at the current"),
+        _f("waste_advised_ratio", F, "", G, "expected share of wall time lost at the advised"),
+        _f("history_weight_ratio", F, "", G, "how much of the rate is fleet history, not prior"),
     ],
 )
 _m(

@@ -11,6 +11,13 @@ Three ways to ask, one way to answer each:
   key ``<prefix>/ack/<request_id>`` (PyTorch elastic);
 * **a signal** (Slurm: ``scancel --full -s USR1 <job>``), answered through the file, if any.
 
+A job can also be asked to change its checkpoint *interval* (``analyze``'s checkpoint advice):
+the file ``<directory>/<job>.interval`` or the key ``<prefix>/interval`` holds
+``{"request_id", "interval_s", "reason", "time"}``; the job answers ``<job>.interval.ack`` or
+``<prefix>/interval/ack/<request_id>`` with ``{"request_id", "interval_s", "time"}`` once it
+checkpoints at the new interval. A job whose hook predates this never answers: the engine
+then only notifies.
+
 A request is JSON ``{"request_id", "reason", "time"}`` (a file request also names its
 ``job``); an acknowledgement is ``{"step", "time", "job", "request_id"}``, ``step`` being the
 step whose checkpoint is saved. Files are written whole (write, then rename), so a reader never
@@ -50,6 +57,36 @@ def request_key(prefix: str = PREFIX) -> str:
 
 def ack_key(request_id: str, prefix: str = PREFIX) -> str:
     return f"{prefix}/ack/{request_id}"
+
+
+def interval_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.interval"
+
+
+def interval_ack_path(directory: str | Path, job: str) -> Path:
+    return Path(directory) / f"{job}.interval.ack"
+
+
+def interval_key(prefix: str = PREFIX) -> str:
+    return f"{prefix}/interval"
+
+
+def interval_ack_key(request_id: str, prefix: str = PREFIX) -> str:
+    return f"{prefix}/interval/ack/{request_id}"
+
+
+def interval_request(
+    request_id: str, interval_s: float, reason: str, t: float | None = None
+) -> dict[str, Any]:
+    """An interval request's JSON object; ``interval_s`` must be a positive number."""
+    if not interval_s > 0:
+        raise ValueError(f"a checkpoint interval must be > 0 s, not {interval_s!r}")
+    return {
+        "request_id": request_id,
+        "interval_s": float(interval_s),
+        "reason": reason,
+        "time": time.time() if t is None else t,
+    }
 
 
 def request(request_id: str, reason: str, t: float | None = None) -> dict[str, Any]:

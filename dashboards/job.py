@@ -127,6 +127,32 @@ def build() -> model.Dashboard:
             alias="rank $tag_rank",
             w=24,
         ),
+        graph(
+            "Checkpoint interval: the job's and the advised",
+            "From analytics (checkpoint_advice): the interval that minimises the job's "
+            "expected waste (Young/Daly) from what its saves cost (job_checkpoint) and its "
+            "nodes' failure rate (the fleet's faults over the StepFun prior), against the "
+            "interval it checkpoints at",
+            S(
+                "checkpoint_advice",
+                agg("last", "current_interval_s", "advised_interval_s", "save_s"),
+                group_tags=("job",),
+            ),
+            unit="s",
+            alias="$tag_job $col",
+        ),
+        graph(
+            "Expected waste at each interval",
+            "Share of wall time the job is expected to lose to saving, recomputation and "
+            "restarts at its interval and at the advised one",
+            S(
+                "checkpoint_advice",
+                agg("last", "waste_current_ratio", "waste_advised_ratio"),
+                group_tags=("job",),
+            ),
+            unit="percentunit",
+            alias="$tag_job $col",
+        ),
         grid(
             "Stragglers",
             "What analytics flagged: the rank, node or stage, how much slower than its "

@@ -41,6 +41,10 @@ from core.checkpoint import (
     ack,
     ack_key,
     ack_path,
+    interval_ack_key,
+    interval_ack_path,
+    interval_key,
+    interval_path,
     read_ack,
     read_json,
     request_key,
@@ -64,6 +68,7 @@ class CheckpointRequests:
         self.store = store
         self.prefix = prefix
         self.done: set[str] = set()
+        self.intervals_done: set[str] = set()
         self._signalled = False
         for signum in signals:
             signal.signal(signum, self._on_signal)
@@ -113,3 +118,43 @@ class CheckpointRequests:
                 write_json_atomic(ack_path(self.directory, self.job), saved | {"request_id": rid})
             self.done.add(rid)
         self._signalled = False
+
+    # -- interval requests ----------------------------------------------------------------
+
+    def _interval_requests(self) -> list[dict[str, object]]:
+        found: list[dict[str, object]] = []
+        if self.store is not None and self.store.check([interval_key(self.prefix)]):
+            try:
+                data = json.loads(self.store.get(interval_key(self.prefix)))
+            except ValueError:
+                data = None
+            if isinstance(data, dict):
+                found.append(data)
+        if self.directory is not None and self.job:
+            data = read_json(interval_path(self.directory, self.job))
+            if data is not None:
+                found.append(data)
+        return found
+
+    def interval_request(self) -> tuple[str, float] | None:
+        """``(request_id, interval_s)`` of an interval request not yet applied, or None. A
+        request whose ``interval_s`` is not a positive number is ignored (and never applied)."""
+        for data in self._interval_requests():
+            rid = str(data.get("request_id", ""))
+            value = data.get("interval_s")
+            if not rid or rid in self.intervals_done:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                self.intervals_done.add(rid)
+                continue
+            return rid, float(value)
+        return None
+
+    def interval_applied(self, request_id: str, interval_s: float) -> None:
+        """Tell the engine the job now checkpoints every ``interval_s`` seconds."""
+        answer = {"request_id": request_id, "interval_s": float(interval_s), "job": self.job}
+        if self.store is not None:
+            self.store.set(interval_ack_key(request_id, self.prefix), json.dumps(answer))
+        if self.directory is not None and self.job:
+            write_json_atomic(interval_ack_path(self.directory, self.job), answer)
+        self.intervals_done.add(request_id)

@@ -13,12 +13,15 @@ so any training script can import it::
     for step in range(start, steps):
         with rep.timed_step(step, tokens=tokens_per_rank, samples=batch):
             train_step()
+        if saved:                         # after each checkpoint: what the save cost
+            rep.checkpoint(step, save_seconds, interval_s)
     rep.close()
 
 It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default
-(``http://127.0.0.1:9465``, which spools through outages) or InfluxDB itself. Sending happens on
-a background thread; a training step never waits on the network. If the queue is full (the
-agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
+(``http://127.0.0.1:9465``, which spools through outages; ``GPUWARDEN_REPORTER_URL``) or
+InfluxDB itself (database ``GPUWARDEN_REPORTER_DATABASE``, default ``gpuwarden``). Sending
+happens on a background thread; a training step never waits on the network. If the queue is
+full (the agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
 
 From the first report on, the same thread also sends a ``job_heartbeat`` every ``heartbeat_s``
 (30 s; 0 turns it off): the last step, the time since it, and whether the rank is inside a
@@ -76,7 +79,7 @@ class Reporter:
         rank: int | None = None,
         *,
         url: str | None = None,
-        database: str = "gpuwarden",
+        database: str | None = None,
         cluster: str | None = None,
         node: str | None = None,
         token: str | None = None,
@@ -88,7 +91,7 @@ class Reporter:
         self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
         self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
-        self.database = database
+        self.database = database or env.get("GPUWARDEN_REPORTER_DATABASE") or "gpuwarden"
         self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
         # the node as the agent names it: GPUWARDEN_NODE if set, else Slurm's own name for it
         # (in a job, SLURMD_NODENAME: the hostname can be an FQDN the agent does not use)
@@ -170,6 +173,19 @@ class Reporter:
             fields["loss_ratio"] = float(loss)
         self._last_step, self._last_step_at = step_index, time.monotonic()
         self._put(Point("job_step", self._rank_tags(), fields, time_ns or time.time_ns()))
+
+    def checkpoint(
+        self, step_index: int, save_s: float, interval_s: float, time_ns: int | None = None
+    ) -> None:
+        """A checkpoint saved: how long the save held training up (``save_s``: the blocking
+        part, for an asynchronous save the copy to host memory) and the interval the job
+        checkpoints at now. ``gpuwarden analyze`` advises the interval from these."""
+        fields = {
+            "step_index": step_index,
+            "save_s": float(save_s),
+            "interval_s": float(interval_s),
+        }
+        self._put(Point("job_checkpoint", self._rank_tags(), fields, time_ns or time.time_ns()))
 
     @contextmanager
     def timed_step(self, step_index: int, tokens: int, samples: int) -> Iterator[None]:

@@ -8,14 +8,17 @@ what a production job does with gpuwarden:
   relay's address in ``GPUWARDEN_REPORTER_URL``);
 * checkpoints with a real :func:`torch.save` every ``GW_CKPT_EVERY_S`` seconds, and at once
   when the engine asks through the checkpoint hook (request files in ``GW_REQUEST_DIR``);
-  every rank agrees first (an all-reduce of the flags), rank 0 writes;
+  every rank agrees first (an all-reduce of the flags), rank 0 writes and reports how long the
+  save held training up (``Reporter.checkpoint``: analytics advises the interval from it);
+* checkpoints at a new interval when asked (``<job>.interval`` request files, answered once
+  applied; rank 0 alone decides when a save is due, so it alone applies it);
 * starts from the newest checkpoint in ``GW_CKPT_DIR`` (after a requeue: the last save);
 * dies when its process on a broken GPU is killed, or, on the other ranks, when the
   all-reduce finds that peer gone: srun then ends the step and the batch script exits 42,
   which Slurm's ``RequeueExit`` requeues, as a production setup would.
 
 Rank 0 appends one JSON line per event to ``GW_STEPLOG`` (``start``, ``step``, ``save``,
-``done``) with the wall-clock time: the job's own log, from which work lost is read.
+``interval``, ``done``) with the wall-clock time: the job's own log, from which work lost is read.
 """
 
 from __future__ import annotations
@@ -119,12 +122,18 @@ def main() -> None:
             time.sleep(max(0.0, step_s - (time.monotonic() - t0)))
         log.write("step", step=step, loss=round(float(loss.detach()), 4))
         asked = hook.pending() is not None
+        if rank == 0 and (change := hook.interval_request()) is not None:
+            every_s = change[1]  # rank 0 alone decides when a save is due
+            hook.interval_applied(*change)
+            log.write("interval", every_s=every_s, request=change[0])
         due = rank == 0 and time.monotonic() - saved_at >= every_s
         flags = torch.tensor([int(asked), int(due)])
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every rank saves at the same step
         if flags.any():
             if rank == 0:
+                t_save = time.monotonic()
                 save(ckpt_dir, step, model, opt)
+                rep.checkpoint(step, time.monotonic() - t_save, every_s)
                 log.write("save", step=step, why="request" if flags[0] else "cadence")
             dist.barrier()
             hook.acknowledge(step)

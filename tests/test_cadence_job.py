@@ -1,0 +1,149 @@
+"""Checkpoint cadence on a REAL PyTorch job (torchrun, gloo, CPU: ``testbed/jobs/train_job.py``):
+the job reports what its saves cost, analytics advises an interval from that (REAL influxd), and
+an interval request through the checkpoint protocol changes the job's cadence while it keeps
+running. The hook's handling of bad requests is checked without torch."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from analytics.cadence import optimal_interval_s, stepfun_rate_per_node_s
+from analytics.config import load_config, with_overrides
+from analytics.emit import findings, points
+from analytics.runner import Analysis, LocalExecutor, analyse
+from collector.jobside.checkpoint_hook import CheckpointRequests
+from core.catalogue import check_point
+from core.checkpoint import interval_ack_path, interval_path, interval_request, write_json_atomic
+from testbed.influxd import free_port
+from tests.remediation_util import poll
+
+S = 1_000_000_000
+
+
+def test_the_hook_applies_an_interval_once_and_ignores_bad_ones(tmp_path: Path) -> None:
+    hook = CheckpointRequests(job="j1", directory=tmp_path, signals=())
+    assert hook.interval_request() is None
+    write_json_atomic(interval_path(tmp_path, "j1"), interval_request("r1", 600, "advice"))
+    assert hook.interval_request() == ("r1", 600.0)
+    hook.interval_applied("r1", 600.0)
+    assert hook.interval_request() is None  # applied: not again
+    ack = json.loads(interval_ack_path(tmp_path, "j1").read_text())
+    assert ack == {"request_id": "r1", "interval_s": 600.0, "job": "j1"}
+    for bad in (0, -5, "600", True, None):
+        data = {"request_id": f"bad-{bad}", "interval_s": bad}
+        write_json_atomic(interval_path(tmp_path, "j1"), data)
+        assert hook.interval_request() is None, bad
+    (tmp_path / "j1.interval").write_text("{half a req")
+    assert hook.interval_request() is None
+    with pytest.raises(ValueError):
+        interval_request("r2", 0, "advice")
+
+
+torch = pytest.importorskip("torch", reason="scripts/bootstrap.sh installs the CPU build of torch")
+
+
+def _events(log: Path) -> list[dict]:
+    if not log.exists():
+        return []
+    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+
+
+def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
+    influxd, influx_db, tmp_path: Path
+) -> None:
+    steplog, requests = tmp_path / "steps.jsonl", tmp_path / "requests"
+    requests.mkdir()
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(Path(__file__).resolve().parent.parent),
+        "SLURM_JOB_ID": "cad-1",
+        "GPUWARDEN_CLUSTER": "test",
+        "GPUWARDEN_NODE": "host-0",
+        "GPUWARDEN_REPORTER_URL": influxd.url,
+        "GPUWARDEN_REPORTER_DATABASE": influx_db,
+        "GW_STEP_S": "0.2",
+        "GW_CKPT_EVERY_S": "2",
+        "GW_CKPT_DIR": str(tmp_path / "ckpt"),
+        "GW_REQUEST_DIR": str(requests),
+        "GW_STEPLOG": str(steplog),
+    }
+    port = free_port()
+    argv = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
+        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+        "-m", "testbed.jobs.train_job",
+    ]  # fmt: skip
+    out = (tmp_path / "torchrun.log").open("w")
+    proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
+    t_start = time.time_ns()
+
+    def saves(at_least: int) -> list[dict] | None:
+        assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
+        found = [e for e in _events(steplog) if e["event"] == "save"]
+        return found if len(found) >= at_least else None
+
+    try:
+        before = poll(lambda: saves(3), 180, "three saves at the 2 s interval", every_s=0.5)
+        write_json_atomic(interval_path(requests, "cad-1"), interval_request("r1", 0.6, "test"))
+        acked = interval_ack_path(requests, "cad-1")
+        ack = poll(
+            lambda: json.loads(acked.read_text()) if acked.exists() else None,
+            60,
+            "the job to apply the interval",
+            every_s=0.2,
+        )
+        n = len(saves(0) or [])
+        after = poll(lambda: saves(n + 4), 60, "four saves at the new interval", every_s=0.2)
+        assert proc.poll() is None  # the job kept running
+        steps_now = max(e["step"] for e in _events(steplog) if e["event"] == "step")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    assert ack["interval_s"] == 0.6 and ack["job"] == "cad-1"
+    gap = [b["step"] - a["step"] for a, b in itertools.pairwise(before)]
+    new_gap = [b["step"] - a["step"] for a, b in zip(after[n:], after[n + 1 :], strict=False)]
+    # 0.2 s steps: about 10 steps between saves at 2 s, about 3 at 0.6 s
+    assert min(gap) >= 8 and max(new_gap) <= 5, (gap, new_gap)
+    assert steps_now > after[-1]["step"] - 1
+
+    cfg = with_overrides(
+        load_config(environ={}),
+        influxdb={"url": influxd.url, "database": influx_db},
+        analysis={"spool_dir": str(tmp_path / "aspool")},
+        cadence={"min_gain": 0.0},
+    )
+    end = time.time_ns() + S
+
+    def advised() -> Analysis | None:
+        x = analyse(cfg, t_start, end, LocalExecutor())
+        return x if x.advice else None
+
+    a = poll(advised, 30, "the job's checkpoint points in InfluxDB", every_s=1.0)
+    (advice,) = a.advice
+    assert advice.job == "cad-1" and advice.nodes == 1
+    assert advice.current_s == 0.6  # its latest reported interval
+    assert 0 < advice.cost_s < 5  # a torch.save of a tiny model: well under a second, typically
+    assert advice.history_weight == 0.0  # no faults in this database: the StepFun prior
+    (f,) = [f for f in findings(a) if f.kind == "checkpoint_advice"]
+    assert f.subject == {"cluster": "test", "job": "cad-1"}
+    assert f.evidence["current_interval_s"] == 0.6
+    # Young/Daly from its own save time and the prior MTBF of one node (about 240 days)
+    assert advice.advised_s == max(60.0, optimal_interval_s(advice.cost_s, advice.mtbf_s))
+    assert advice.mtbf_s == pytest.approx(1 / stepfun_rate_per_node_s())
+    assert f.evidence["advised_interval_s"] == round(advice.advised_s, 1)
+    for p in points(a, [f]):
+        if p.measurement == "checkpoint_advice":
+            assert check_point(p.measurement, p.tags, p.fields) == []
