@@ -63,6 +63,8 @@ def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
             cause, attr = a.attributions.get((job.job, s.worker), ("unknown", {}))
             evidence["attribution"] = attr
         evidence["cause"] = cause
+        if s.worker in job.straggler_cost_s:  # what fixing it would give back, in job time
+            evidence["fix_gain_s"] = round(job.straggler_cost_s[s.worker], 3)
         severity = Severity.WARNING if cause in ("gpu", "pcie", "nic", "link") else Severity.INFO
         out.append(
             Finding(
@@ -119,13 +121,13 @@ def _silence_findings(a: Analysis) -> list[Finding]:
 
 def _advice_fields(v: Advice) -> dict[str, float]:
     return {
-        "advised_interval_s": round(v.advised_s, 1),
-        "current_interval_s": round(v.current_s, 1),
-        "save_s": round(v.cost_s, 3),
-        "mtbf_s": round(v.mtbf_s, 1),
-        "waste_current_ratio": round(v.waste_current, 5),
-        "waste_advised_ratio": round(v.waste_advised, 5),
-        "history_weight_ratio": round(v.history_weight, 4),
+        "advised_interval_s": round(float(v.advised_s), 1),
+        "current_interval_s": round(float(v.current_s), 1),
+        "save_s": round(float(v.cost_s), 3),
+        "mtbf_s": round(float(v.mtbf_s), 1),
+        "waste_current_ratio": round(float(v.waste_current), 5),
+        "waste_advised_ratio": round(float(v.waste_advised), 5),
+        "history_weight_ratio": round(float(v.history_weight), 4),
     }
 
 
@@ -285,6 +287,12 @@ def points(a: Analysis, found: list[Finding]) -> list[Point]:
     cluster = next((j.cluster for j in a.jobs if j.cluster), "")
     out: list[Point] = []
     clusters = {j.job: j.cluster for j in a.jobs}
+    for name, b in a.badput.items():
+        tags = {"cluster": clusters.get(name, ""), "job": name, "source": SOURCE}
+        fields = {"elapsed_s": round(b.elapsed_s, 3), "productive_s": round(b.productive_s, 3)}
+        # float() always: a sum of nothing is the int 0, and InfluxDB types a field once
+        fields |= {f"{c}_s": round(float(v), 3) for c, v in b.seconds().items()}
+        out.append(Point("badput", {k: x for k, x in tags.items() if x}, fields, t))
     for v in a.advice:
         tags = {"cluster": clusters.get(v.job, ""), "job": v.job}
         out.append(Point("checkpoint_advice", {k: x for k, x in tags.items() if x},

@@ -32,6 +32,7 @@ from typing import Any
 
 import polars as pl
 
+from analytics.badput import Badput, badput
 from analytics.cadence import Advice, fleet_failure_rate, job_advice
 from analytics.config import AnalyticsConfig
 from analytics.congestion import SwitchReport, job_impact, rank_switches
@@ -166,6 +167,8 @@ class Analysis:
     """Nodes whose agent reported in the window, then stopped (:mod:`analytics.silence`)."""
     advice: list[Advice] = field(default_factory=list)
     """Checkpoint-interval advice per job that reports its saves (:mod:`analytics.cadence`)."""
+    badput: dict[str, Badput] = field(default_factory=dict)
+    """Per job: the time it lost in the window, by cause (:mod:`analytics.badput`)."""
     advice_min_gain: float = 0.01
     """A ``checkpoint_advice`` finding only when the advice gives back this share of wall time."""
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -335,6 +338,18 @@ def analyse(
             for rank, cause in res.items():
                 out.attributions[(job_name, rank)] = cause
     _blame_network(out)
+    drifted = {d.node for d in out.drift}
+    for j in out.jobs:
+        if j.throughput is not None:
+            out.badput[j.job] = badput(
+                j.job,
+                j.throughput,
+                saves_s=j.saves_s,
+                hang_s=j.hang.quiet.silent_s if j.hang is not None else 0.0,
+                straggler_s=j.straggler_cost_s,
+                worker_node=j.rank_node,
+                drifted=drifted,
+            )
     out.advice = _advise(cfg, out.jobs, start_ns, end_ns, where)
     out.advice_min_gain = float(cfg["cadence"]["min_gain"])
     out.timings_s["total"] = time.perf_counter() - t0

@@ -20,6 +20,7 @@ from typing import Any
 import polars as pl
 
 from analytics.attribution import attribute
+from analytics.badput import straggler_cost_s
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
 from analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
@@ -81,6 +82,10 @@ class JobResult:
     stage_nodes: dict[int, list[str]] = field(default_factory=dict)
     hang: Hang | None = None
     """Set when the job stopped stepping but still holds its GPUs."""
+    saves_s: float = 0.0
+    """Training time the job's checkpoint saves held up in the window (``job_checkpoint``)."""
+    straggler_cost_s: dict[str, float] = field(default_factory=dict)
+    """Per straggling rank: what fixing it would give back (:mod:`analytics.badput`)."""
 
 
 def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]) -> pl.DataFrame:
@@ -162,10 +167,21 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             where=_where(cfg, job=job),
         )
         hang = _hang(reader, cfg, job, steps, end_ns)
+        saves = reader.read(
+            "job_checkpoint",
+            start_ns,
+            end_ns,
+            fields=["step_index", "save_s"],
+            where=_where(cfg, job=job),
+        ).drop_nulls(["step_index", "save_s"])
     finally:
         reader.close()
     cluster = str(steps["cluster"].drop_nulls()[0]) if steps.height else ""
     result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"], hang=hang)
+    if saves.height:  # every rank may report its save: a save holds the job up once
+        result.saves_s = float(
+            saves.group_by("step_index").agg(pl.col("save_s").max())["save_s"].sum()
+        )
     model = models.sort("time").row(-1, named=True) if models.height else {}
     if model and model.get("params_count") is not None:
         try:
@@ -204,6 +220,13 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             .rename({"rank": "worker", "sample": "step", "step_time_s": "time_s"})
         )
         result.stragglers = detect(timings, cfg.stragglers)
+        weights = ex.select(pl.col("sample").alias("step"), "steps")
+        weighted = timings.join(weights, on="step")
+        for s in result.stragglers:
+            if s.kind == "worker" and s.worker is not None:
+                result.straggler_cost_s[s.worker] = straggler_cost_s(
+                    weighted, s.worker, s.onset_step, s.last_step
+                )
         if "stage" in timings.columns:
             per_stage = timings.group_by("stage").agg(pl.col("node").unique().sort())
             result.stage_nodes = {

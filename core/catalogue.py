@@ -612,6 +612,23 @@ _m(
     ],
 )
 _m(
+    "badput",
+    AN,
+    "per job and analysis window: the time that did not train the model, by cause "
+    "(analytics.badput); straggler and mixed_config are inside the productive steps' time",
+    ("cluster", "job", "source"),
+    [
+        _f("elapsed_s", F, "s", G, "the job's first step to its last in the window"),
+        _f("productive_s", F, "s", G, "time of the steps it kept"),
+        _f("checkpoint_s", F, "s", G, "training time its checkpoint saves held up"),
+        _f("recompute_s", F, "s", G, "steps run again after a restart rolled them back"),
+        _f("restart_s", F, "s", G, "no step at all: failures, requeue, start-up, loading"),
+        _f("hang_s", F, "s", G, "hung at the window's end: its silence so far"),
+        _f("straggler_s", F, "s", G, "steps slowed by a straggling rank: what fixing it gives"),
+        _f("mixed_config_s", F, "s", G, "the same, for ranks on nodes set up unlike the fleet"),
+    ],
+)
+_m(
     "checkpoint_advice",
     AN,
     "per job that reports its checkpoint saves: the interval that minimises its expected "

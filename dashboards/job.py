@@ -128,6 +128,29 @@ def build() -> model.Dashboard:
             w=24,
         ),
         graph(
+            "Badput by cause",
+            "From analytics (badput), per analysis window: the time that did not train the "
+            "model, by cause. checkpoint, recompute, restart and hang are outside the kept "
+            "steps; straggler and mixed_config are inside them (what fixing the slow rank, "
+            "or its node's setting, would give back)",
+            S(
+                "badput",
+                agg(
+                    "sum",
+                    "checkpoint_s",
+                    "recompute_s",
+                    "restart_s",
+                    "hang_s",
+                    "straggler_s",
+                    "mixed_config_s",
+                ),
+                group_tags=("job",),
+            ),
+            unit="s",
+            alias="$tag_job $col",
+            w=24,
+        ),
+        graph(
             "Checkpoint interval: the job's and the advised",
             "From analytics (checkpoint_advice): the interval that minimises the job's "
             "expected waste (Young/Daly) from what its saves cost (job_checkpoint) and its "

@@ -157,11 +157,14 @@ def _agent_points(tmp: Path, sink: InfluxSink, cluster: str, start_ns: int) -> N
 
 def _reporter_steps(url: str, database: str, cluster: str, start_ns: int) -> None:
     """A small job on the agent's node reporting through the real training-side reporter,
-    with its loss (the scenario's jobs do not report one)."""
+    with its loss (the scenario's jobs do not report one) and its checkpoint saves (every
+    10 steps, each holding it up 20 s: analytics advises its interval from them)."""
     rep = Reporter("tiny-run", 0, url=url, database=database, cluster=cluster, node=AGENT_NODE)
     for i in range(120):
         t = start_ns + (30 * i + 5) * 10**9
         rep.step(i, 0.9 + 0.01 * (i % 7), 4096, 2, loss=4.0 * 0.99**i, time_ns=t)
+        if i % 10 == 9:
+            rep.checkpoint(i, 20.0, 300.0, time_ns=t + 10**9)
     assert rep.close(timeout_s=30) and rep.dropped == 0, rep.last_error
 
 

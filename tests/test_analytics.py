@@ -295,3 +295,42 @@ def test_goodput_counts_every_step_when_only_every_nth_is_reported():
     restarted = rows(range(10, 101, 10), 0) + rows(range(60, 201, 10), 2000 * 10**9)
     r = throughput(pl.DataFrame(restarted))
     assert r is not None and r.redone_s == pytest.approx(50.0)
+
+
+def test_badput_splits_a_restart_and_a_straggler_by_cause(influxd, influx_db, tmp_path):
+    """xid79-mid-run: the lost time is the steps run twice and the restart, nothing else.
+    slow-gpu: a GPU 25 % slow for the whole run costs about 25 % of a step per step (less the
+    jitter of the slowest other rank), and says so as what fixing it would give back."""
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "xid79-mid-run")
+    a = analyse(cfg, start, end, LocalExecutor())
+    b, tp = a.badput["llm-13b"], a.job("llm-13b").throughput
+    assert tp is not None
+    assert b.recompute_s == tp.redone_s > 0
+    assert b.restart_s == pytest.approx(gen.spec.jobs[0].restart_s, rel=0.1)
+    assert b.checkpoint_s == b.hang_s == b.straggler_s == b.mixed_config_s == 0.0
+    assert b.productive_s + b.recompute_s + b.restart_s == pytest.approx(b.elapsed_s)
+    assert [p.fields for p in points(a, []) if p.measurement == "badput"] == [
+        {"elapsed_s": round(b.elapsed_s, 3), "productive_s": round(b.productive_s, 3),
+         **{f"{c}_s": round(v, 3) for c, v in b.seconds().items()}}
+    ]  # fmt: skip
+
+    slow_db = f"{influx_db}_slow"
+    influxd.create_database(slow_db)
+    gen, _, cfg, (start, end) = _load(
+        influxd, slow_db, tmp_path / "slow", "slow-gpu", duration_s=2400
+    )
+    a = analyse(cfg, start, end, LocalExecutor())
+    job = a.job("llm-13b")
+    (s,) = job.stragglers
+    b = a.badput["llm-13b"]
+    fault, js = gen.spec.faults[0], gen.spec.jobs[0]
+    steps = job.walls.height  # executed samples in the window
+    flagged = sum(1 for k in job.step_times if s.onset_step <= k <= s.last_step)
+    per_step = fault.severity * js.step_time_s
+    assert flagged > steps / 2
+    # each flagged sample stands for report_every_steps steps
+    expected = per_step * flagged * js.report_every_steps
+    assert 0.5 * expected < b.straggler_s < expected, (b.straggler_s, expected)
+    assert b.mixed_config_s == 0.0
+    (f,) = [f for f in findings(a) if f.kind == "straggler"]
+    assert f.evidence["fix_gain_s"] == pytest.approx(b.straggler_s, abs=0.01)
