@@ -289,10 +289,11 @@ def points(a: Analysis, found: list[Finding]) -> list[Point]:
     clusters = {j.job: j.cluster for j in a.jobs}
     for name, b in a.badput.items():
         tags = {"cluster": clusters.get(name, ""), "job": name, "source": SOURCE}
-        fields = {"elapsed_s": round(b.elapsed_s, 3), "productive_s": round(b.productive_s, 3)}
+        lost: dict[str, Any] = {"elapsed_s": round(b.elapsed_s, 3),
+                                "productive_s": round(b.productive_s, 3)}  # fmt: skip
         # float() always: a sum of nothing is the int 0, and InfluxDB types a field once
-        fields |= {f"{c}_s": round(float(v), 3) for c, v in b.seconds().items()}
-        out.append(Point("badput", {k: x for k, x in tags.items() if x}, fields, t))
+        lost |= {f"{c}_s": round(float(v), 3) for c, v in b.seconds().items()}
+        out.append(Point("badput", {k: x for k, x in tags.items() if x}, lost, t))
     for v in a.advice:
         tags = {"cluster": clusters.get(v.job, ""), "job": v.job}
         out.append(Point("checkpoint_advice", {k: x for k, x in tags.items() if x},

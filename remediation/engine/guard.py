@@ -119,8 +119,7 @@ class Guards:
         if len(recent) < s.lemon_count:
             return []
         return [
-            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t))}Z {why[:80]}"
-            for t, why in recent
+            f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime(t))}Z {why[:80]}" for t, why in recent
         ]
 
     def inventory(self) -> Inventory:
