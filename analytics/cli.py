@@ -32,6 +32,7 @@ from analytics.importers import (
 from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
 from analytics.silence import Confirmed
 from analytics.stragglers import Straggler, detect
+from analytics.whatif import job_slowdown
 from core.config import ConfigError
 from core.errors import GpuwardenError
 from core.timeparse import duration_arg, parse_when
@@ -46,7 +47,7 @@ def _stragglers(args: argparse.Namespace) -> int:
     try:
         if args.whatif_trace:
             timings, ctx = read_whatif_trace(path)
-            context = {k: v for k, v in ctx.items() if k != "per_op"}
+            context = {k: v for k, v in ctx.items() if k not in ("per_op", "ops")}
             fmt = "whatif"
         else:
             timings, fmt = read_minibatch_csv(path), "minibatch"
@@ -61,12 +62,32 @@ def _stragglers(args: argparse.Namespace) -> int:
         if fmt == "whatif" and s.kind == "stage" and s.stage is not None:
             item["compute_op_slowdown"] = optype_slowdowns(ctx["per_op"], s.stage)
         items.append(item)
+    whatif = None
+    if fmt == "whatif":
+        try:
+            whatif = job_slowdown(ctx["ops"])
+        except ValueError as exc:
+            print(f"gpuwarden analyze: {path}: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         doc: dict[str, Any] = {"input": str(path), "format": fmt, "source": source}
+        if whatif is not None:
+            doc["job_slowdown"] = round(whatif.job_slowdown, 4)
+            doc["whatif"] = {
+                "steps": whatif.steps,
+                "actual_step_s": round(whatif.actual_s, 4),
+                "ideal_step_s": round(whatif.ideal_s, 4),
+                "method": "1F1B replay per step; every forward and backward at its step's mean",
+            }
         doc.update(context=context, findings=items)
         print(json.dumps(doc, indent=2))
     else:
         print(f"input: {path} ({fmt}); source: {source}")
+        if whatif is not None:
+            print(
+                f"job slowdown {whatif.job_slowdown:.3f} (simulated step {whatif.actual_s:.3f} s "
+                f"as traced, {whatif.ideal_s:.3f} s with every compute at its step's mean)"
+            )
         if not found:
             print("no persistent straggler")
         for s, item in zip(found, items, strict=True):

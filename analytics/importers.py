@@ -23,7 +23,7 @@ import polars as pl
 from analytics.errors import AnalyticsError
 
 COMPUTE_OPS = ("forward-compute", "backward-compute")
-_WHATIF_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "duration")
+_WHATIF_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "mb_id", "duration")
 _MINIBATCH_COLUMNS = ("worker", "time", "batch_time_norm")
 
 # The published files this project was checked against, recognised by content so the output
@@ -88,6 +88,7 @@ def read_whatif_trace(path: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
         "stages": int(timings["stage"].n_unique()),
         "dp_size": int(timings["dp_rank"].n_unique()),
         "per_op": per_op,
+        "ops": ops,
     }
     return timings, context
 

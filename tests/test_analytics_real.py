@@ -28,6 +28,7 @@ from analytics.mfu import (
     peak_flops,
 )
 from analytics.stragglers import detect
+from analytics.whatif import job_slowdown, makespan, one_f_one_b
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if not DATA.exists():
@@ -55,6 +56,36 @@ def test_bytedance_last_stage_is_the_straggler_and_no_worker_is_blamed(capsys):
     ref = json.loads((ST.parent / "result-ST.json").read_text())["blocking_decompose_by_stage"]
     assert max(ref, key=ref.get) == "3"
     assert set(stage["compute_op_slowdown"]) == {"forward-compute", "backward-compute"}
+
+
+@needs_data
+def test_bytedance_job_slowdown_is_within_two_percent_of_the_published_what_if(capsys):
+    """REAL: the ST trace's published what-if analysis (``ms-ST.json``) simulates 2.173 s per
+    step as traced and 1.843 s with no straggler: a job slowdown of 1.179. Ours replays 1F1B
+    per step (analytics.whatif)."""
+    doc = _cli_json(capsys, "--whatif-trace", str(ST))
+    ref = json.loads((ST.parent / "ms-ST.json").read_text())
+    published = ref["tori"] / ref["tideal"]
+    assert published == pytest.approx(1.1787, abs=1e-4)
+    assert doc["job_slowdown"] == pytest.approx(published, rel=0.02)  # 1.161: 1.5 % under
+    assert doc["whatif"]["actual_step_s"] == pytest.approx(ref["tori"], rel=0.01)
+    assert doc["whatif"]["ideal_step_s"] == pytest.approx(ref["tideal"], rel=0.02)
+    assert doc["whatif"]["steps"] == doc["context"]["steps"] == 32
+
+
+def test_one_f_one_b_by_hand():
+    """Two stages, two micro-batches, forward 1 s and backward 2 s everywhere, no hop: stage 0
+    F0 [0,1] F1 [1,2]; stage 1 F0 [1,2] B0 [2,4] F1 [4,5] B1 [5,7]; stage 0 B0 [4,6] B1
+    [7,9]: 9 s. A slow last stage (forward 3 s) stretches it to 13 s."""
+    assert one_f_one_b(0, 2, 2) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
+    assert one_f_one_b(1, 2, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1)]
+    assert makespan([[1, 1], [1, 1]], [[2, 2], [2, 2]], 0.0) == 9.0
+    assert makespan([[1, 1], [3, 3]], [[2, 2], [2, 2]], 0.0) == 13.0
+    with pytest.raises(ValueError, match="no compute time traced"):
+        job_slowdown(
+            pl.DataFrame({"dp_rank": [0], "stage": [0], "rank": [0], "step": [1],
+                          "optype": ["forward-compute"], "mb_id": [0], "duration": [1.0]})
+        )  # fmt: skip
 
 
 @needs_data
