@@ -32,6 +32,9 @@ class ActionKind(StrEnum):
     """Put the node's jobs back in the queue, so they run elsewhere (Slurm)."""
     UNCORDON = "uncordon"
     """Undo: the node takes work again (Slurm: resume; Kubernetes: uncordon, untaint)."""
+    CHECKPOINT_INTERVAL = "checkpoint_interval"
+    """Ask a job to checkpoint at a new interval (analytics' ``checkpoint_advice``), and wait for
+    it to say it does; a job whose hook does not take such requests never answers."""
 
 
 # actions that take a node out of service: the blast-radius limit applies to these

@@ -192,6 +192,15 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": [],
         "actions": ["notify"],
     },
+    # analytics' checkpoint advice: ask the job to checkpoint at the interval that minimises
+    # its expected waste; a job whose hook does not take interval requests times out, and the
+    # notification has told people
+    {
+        "name": "checkpoint-cadence",
+        "kinds": ["checkpoint_advice"],
+        "requires": ["job"],
+        "actions": ["notify", "checkpoint_interval"],
+    },
     {
         "name": "healthy-again",
         "kinds": ["node_healthy"],

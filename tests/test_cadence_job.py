@@ -22,6 +22,12 @@ from analytics.runner import Analysis, LocalExecutor, analyse
 from collector.jobside.checkpoint_hook import CheckpointRequests
 from core.catalogue import check_point
 from core.checkpoint import interval_ack_path, interval_path, interval_request, write_json_atomic
+from core.finding import Finding, Severity
+from remediation.adapters.slurm import SlurmAdapter
+from remediation.adapters.webhook import WebhookAdapter
+from remediation.audit import AuditLog, read_records
+from remediation.engine import Engine, EngineSettings
+from remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
 
@@ -59,6 +65,10 @@ def _events(log: Path) -> list[dict]:
 def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
     influxd, influx_db, tmp_path: Path
 ) -> None:
+    """The whole lever on a real job: its saves reach InfluxDB, analytics advises, the engine's
+    ``checkpoint-cadence`` policy asks through the Slurm adapter's request files, the job
+    answers and checkpoints at the advised interval; then a shorter interval, asked by hand,
+    visibly changes how often it saves, and the job keeps running throughout."""
     steplog, requests = tmp_path / "steps.jsonl", tmp_path / "requests"
     requests.mkdir()
     env = {
@@ -86,64 +96,114 @@ def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
     out = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     t_start = time.time_ns()
-
-    def saves(at_least: int) -> list[dict] | None:
-        assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
-        found = [e for e in _events(steplog) if e["event"] == "save"]
-        return found if len(found) >= at_least else None
-
-    try:
-        before = poll(lambda: saves(3), 180, "three saves at the 2 s interval", every_s=0.5)
-        write_json_atomic(interval_path(requests, "cad-1"), interval_request("r1", 0.6, "test"))
-        acked = interval_ack_path(requests, "cad-1")
-        ack = poll(
-            lambda: json.loads(acked.read_text()) if acked.exists() else None,
-            60,
-            "the job to apply the interval",
-            every_s=0.2,
-        )
-        n = len(saves(0) or [])
-        after = poll(lambda: saves(n + 4), 60, "four saves at the new interval", every_s=0.2)
-        assert proc.poll() is None  # the job kept running
-        steps_now = max(e["step"] for e in _events(steplog) if e["event"] == "step")
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-    assert ack["interval_s"] == 0.6 and ack["job"] == "cad-1"
-    gap = [b["step"] - a["step"] for a, b in itertools.pairwise(before)]
-    new_gap = [b["step"] - a["step"] for a, b in zip(after[n:], after[n + 1 :], strict=False)]
-    # 0.2 s steps: about 10 steps between saves at 2 s, about 3 at 0.6 s
-    assert min(gap) >= 8 and max(new_gap) <= 5, (gap, new_gap)
-    assert steps_now > after[-1]["step"] - 1
-
     cfg = with_overrides(
         load_config(environ={}),
         influxdb={"url": influxd.url, "database": influx_db},
         analysis={"spool_dir": str(tmp_path / "aspool")},
         cadence={"min_gain": 0.0},
     )
-    end = time.time_ns() + S
+
+    def events(kind: str, at_least: int = 1) -> list[dict] | None:
+        assert proc.poll() is None, (tmp_path / "torchrun.log").read_text()[-3000:]
+        found = [e for e in _events(steplog) if e["event"] == kind]
+        return found if len(found) >= at_least else None
 
     def advised() -> Analysis | None:
-        x = analyse(cfg, t_start, end, LocalExecutor())
+        x = analyse(cfg, t_start, time.time_ns() + S, LocalExecutor())
         return x if x.advice else None
 
-    a = poll(advised, 30, "the job's checkpoint points in InfluxDB", every_s=1.0)
+    adapter = SlurmAdapter(checkpoint_dir=str(requests), checkpoint_timeout_s=60)
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"slurm": adapter, "webhook": WebhookAdapter()},
+        AuditLog(tmp_path / "audit.jsonl"),
+        EngineSettings(dry_run=False, approval=()),
+    )
+    try:
+        before = poll(lambda: events("save", 3), 180, "three saves at 2 s", every_s=0.5)
+        a = poll(advised, 30, "the job's checkpoint points in InfluxDB", every_s=1.0)
+        (f,) = [f for f in findings(a) if f.kind == "checkpoint_advice"]
+        assert engine.submit(f).verdict == "act"
+        assert engine.wait(90)
+        (applied,) = poll(lambda: events("interval"), 30, "the job to take the advice")
+        n = len(events("save", 0) or [])
+        write_json_atomic(interval_path(requests, "cad-1"), interval_request("r1", 0.6, "test"))
+        acked = interval_ack_path(requests, "cad-1")
+        ack = poll(
+            lambda: a if (a := json.loads(acked.read_text())).get("request_id") == "r1" else None,
+            60,
+            "the job to apply the interval",
+            every_s=0.2,
+        )
+        after = poll(lambda: events("save", n + 4), 60, "four saves at 0.6 s", every_s=0.2)
+        assert proc.poll() is None  # the job kept running
+        steps_now = max(e["step"] for e in _events(steplog) if e["event"] == "step")
+    finally:
+        engine.close()
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     (advice,) = a.advice
     assert advice.job == "cad-1" and advice.nodes == 1
-    assert advice.current_s == 0.6  # its latest reported interval
+    assert advice.current_s == 2.0  # its reported interval
     assert 0 < advice.cost_s < 5  # a torch.save of a tiny model: well under a second, typically
     assert advice.history_weight == 0.0  # no faults in this database: the StepFun prior
-    (f,) = [f for f in findings(a) if f.kind == "checkpoint_advice"]
-    assert f.subject == {"cluster": "test", "job": "cad-1"}
-    assert f.evidence["current_interval_s"] == 0.6
     # Young/Daly from its own save time and the prior MTBF of one node (about 240 days)
     assert advice.advised_s == max(60.0, optimal_interval_s(advice.cost_s, advice.mtbf_s))
     assert advice.mtbf_s == pytest.approx(1 / stepfun_rate_per_node_s())
-    assert f.evidence["advised_interval_s"] == round(advice.advised_s, 1)
+    assert f.subject == {"cluster": "test", "job": "cad-1"}
+    assert f.evidence["current_interval_s"] == 2.0
+    assert applied["every_s"] == f.evidence["advised_interval_s"] == round(advice.advised_s, 1)
     for p in points(a, [f]):
         if p.measurement == "checkpoint_advice":
             assert check_point(p.measurement, p.tags, p.fields) == []
+    records = [r for r in read_records(tmp_path / "audit.jsonl") if r.get("event") == "action"]
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("notify", "ok"),
+        ("checkpoint_interval", "ok"),
+    ]
+    assert ack["interval_s"] == 0.6 and ack["job"] == "cad-1"
+    gap = [b["step"] - a["step"] for a, b in itertools.pairwise(before)]
+    new_gap = [b["step"] - a["step"] for a, b in itertools.pairwise(after[n:])]
+    # 0.2 s steps: about 10 steps between saves at 2 s, about 3 at 0.6 s
+    assert min(gap) >= 8 and max(new_gap) <= 5, (gap, new_gap)
+    assert steps_now >= after[-1]["step"]
+
+
+def test_a_job_that_does_not_take_interval_requests_is_only_notified(tmp_path: Path) -> None:
+    adapter = SlurmAdapter(checkpoint_dir=str(tmp_path), checkpoint_timeout_s=0.5)
+    notes = []
+
+    class Notes(WebhookAdapter):
+        def perform(self, action):  # type: ignore[no-untyped-def]
+            notes.append(action)
+            return super().perform(action)
+
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"slurm": adapter, "webhook": Notes()},
+        AuditLog(tmp_path / "audit.jsonl"),
+        EngineSettings(dry_run=False, approval=()),
+    )
+    advice = Finding(
+        kind="checkpoint_advice",
+        subject={"cluster": "test", "job": "4242"},
+        severity=Severity.INFO,
+        time_ns=time.time_ns(),
+        evidence={"advised_interval_s": 1500.0, "current_interval_s": 3600.0},
+        summary="job 4242: checkpoint every 25 min instead of 60 min",
+        source="analytics",
+    )
+    assert engine.submit(advice).verdict == "act"
+    assert engine.wait(30)
+    engine.close()
+    records = [r for r in read_records(tmp_path / "audit.jsonl") if r.get("event") == "action"]
+    assert [(r["action"], r["outcome"]) for r in records] == [
+        ("notify", "ok"),
+        ("checkpoint_interval", "timeout"),
+    ]
+    assert "may not support interval requests" in records[-1]["message"]
+    assert json.loads((tmp_path / "4242.interval").read_text())["interval_s"] == 1500.0
+    assert [a.job for a in notes] == ["4242"]

@@ -30,7 +30,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import ack_path, read_ack, request, request_path, write_json_atomic
+from core.checkpoint import (
+    ack_path,
+    interval_ack_path,
+    interval_path,
+    interval_request,
+    read_ack,
+    request,
+    request_path,
+    write_json_atomic,
+)
 from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
 
 # node states and flags that mean "takes no new work"
@@ -47,6 +56,7 @@ class SlurmAdapter:
             ActionKind.DRAIN,
             ActionKind.REQUEUE,
             ActionKind.UNCORDON,
+            ActionKind.CHECKPOINT_INTERVAL,
         }
     )
 
@@ -157,9 +167,13 @@ class SlurmAdapter:
             ActionKind.DRAIN: f"drain {node} (reason {action.reason!r})",
             ActionKind.REQUEUE: f"requeue the jobs running on {node}",
             ActionKind.UNCORDON: f"resume {node}",
+            ActionKind.CHECKPOINT_INTERVAL: f"ask job {action.job} to checkpoint every "
+            f"{action.params.get('interval_s')} s",
         }.get(action.kind, f"{action.kind} {node}")
 
     def perform(self, action: Action) -> Outcome:
+        if action.kind is ActionKind.CHECKPOINT_INTERVAL:
+            return self._interval(action)
         if not action.node:
             raise AdapterError(f"{action.kind} needs a node; the finding named none")
         if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
@@ -206,6 +220,37 @@ class SlurmAdapter:
             msg = f"requeued {done}; jobs {refused} do not allow requeue (left running)"
             return Outcome(Status.FAILED, msg, details)
         return Outcome(Status.OK, f"requeued {done or 'no jobs'} from {action.node}", details)
+
+    def _interval(self, action: Action) -> Outcome:
+        """Write the job's interval request (``<job>.interval``) and wait for its answer."""
+        value = action.params.get("interval_s")
+        if not action.job or not isinstance(value, int | float) or isinstance(value, bool):
+            raise AdapterError(f"checkpoint_interval needs a job and an interval, got {action}")
+        if not self.checkpoint_dir:
+            raise AdapterError("set slurm.checkpoint_dir: interval requests go through it")
+        try:
+            asked = interval_request(action.id, float(value), action.reason)
+        except ValueError as exc:
+            raise AdapterError(str(exc)) from None
+        Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
+        write_json_atomic(
+            interval_path(self.checkpoint_dir, action.job), asked | {"job": action.job}
+        )
+        started = time.monotonic()
+        while time.monotonic() - started < self.checkpoint_timeout_s:
+            answer = read_ack(interval_ack_path(self.checkpoint_dir, action.job), action.id)
+            if answer is not None:
+                return Outcome(
+                    Status.OK,
+                    f"job {action.job} checkpoints every {answer.get('interval_s')} s",
+                    {"ack_s": round(time.monotonic() - started, 3)},
+                )
+            time.sleep(self.poll_s)
+        return Outcome(
+            Status.TIMEOUT,
+            f"job {action.job} did not take the interval within {self.checkpoint_timeout_s:.0f} s "
+            "(its checkpoint hook may not support interval requests): people were notified",
+        )
 
     def _checkpoint(self, action: Action) -> Outcome:
         jobs = [str(j["job_id"]) for j in self.jobs_on(action.node)]

@@ -51,7 +51,14 @@ class Decision:
 def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> Action:
     """One action of a plan for ``finding``, addressed to the adapter that does ``kind``."""
     s = settings
-    adapter = {ActionKind.NOTIFY: s.notify_adapter, ActionKind.CHECKPOINT: s.checkpoint_adapter}
+    adapter = {
+        ActionKind.NOTIFY: s.notify_adapter,
+        ActionKind.CHECKPOINT: s.checkpoint_adapter,
+        ActionKind.CHECKPOINT_INTERVAL: s.checkpoint_adapter,
+    }
+    params: dict[str, object] = {"kind": finding.kind, "subject": dict(finding.subject)}
+    if kind is ActionKind.CHECKPOINT_INTERVAL and "advised_interval_s" in finding.evidence:
+        params["interval_s"] = finding.evidence["advised_interval_s"]
     return Action(
         kind=kind,
         adapter=adapter.get(kind, s.node_adapter),
@@ -61,7 +68,7 @@ def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> 
         finding_id=finding.id,
         reason=f"gpuwarden: {finding.summary or finding.kind} [{finding.id[:12]}]",
         severity=str(finding.severity),
-        params={"kind": finding.kind, "subject": dict(finding.subject)},
+        params=params,
     )
 
 
