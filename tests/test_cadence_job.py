@@ -27,6 +27,7 @@ from remediation.adapters.slurm import SlurmAdapter
 from remediation.adapters.webhook import WebhookAdapter
 from remediation.audit import AuditLog, read_records
 from remediation.engine import Engine, EngineSettings
+from remediation.model import Action, Outcome
 from remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
@@ -130,7 +131,7 @@ def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
         write_json_atomic(interval_path(requests, "cad-1"), interval_request("r1", 0.6, "test"))
         acked = interval_ack_path(requests, "cad-1")
         ack = poll(
-            lambda: a if (a := json.loads(acked.read_text())).get("request_id") == "r1" else None,
+            lambda: d if (d := json.loads(acked.read_text())).get("request_id") == "r1" else None,
             60,
             "the job to apply the interval",
             every_s=0.2,
@@ -165,8 +166,8 @@ def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
         ("checkpoint_interval", "ok"),
     ]
     assert ack["interval_s"] == 0.6 and ack["job"] == "cad-1"
-    gap = [b["step"] - a["step"] for a, b in itertools.pairwise(before)]
-    new_gap = [b["step"] - a["step"] for a, b in itertools.pairwise(after[n:])]
+    gap = [y["step"] - x["step"] for x, y in itertools.pairwise(before)]
+    new_gap = [y["step"] - x["step"] for x, y in itertools.pairwise(after[n:])]
     # 0.2 s steps: about 10 steps between saves at 2 s, about 3 at 0.6 s
     assert min(gap) >= 8 and max(new_gap) <= 5, (gap, new_gap)
     assert steps_now >= after[-1]["step"]
@@ -174,10 +175,10 @@ def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
 
 def test_a_job_that_does_not_take_interval_requests_is_only_notified(tmp_path: Path) -> None:
     adapter = SlurmAdapter(checkpoint_dir=str(tmp_path), checkpoint_timeout_s=0.5)
-    notes = []
+    notes: list[Action] = []
 
     class Notes(WebhookAdapter):
-        def perform(self, action):  # type: ignore[no-untyped-def]
+        def perform(self, action: Action) -> Outcome:
             notes.append(action)
             return super().perform(action)
 
