@@ -1,0 +1,302 @@
+"""Goodput levers over a SIMULATED day: a MODEL of one job's lost time, lever by lever.
+
+The backtest's accounting (:mod:`demo.accounting`) credits one lever, prediction. This model
+replays the same trace for a job with any set of levers switched on, and splits what the job
+loses into its causes. Everything it reads is either the scenario's faults (SIMULATED: when a
+node breaks and when it is repaired) or the product's own output on that scenario (the
+failure-risk alerts of the shipped model, scored by the production scorer); the levers'
+decisions are the product's rules (:mod:`analytics.cadence` for the interval, the engine's
+blast-radius cap on how many nodes may be out). What it is not: a run of the engine. The
+live loop (``gpuwarden demo``) is where the product acts for real.
+
+The job needs ``job_nodes`` nodes from a pool; Slurm places it on the first usable nodes in
+pool order (node weights), as the backtest's Slurm does. It checkpoints every interval, each
+save costing ``cost_s`` of training, and restarts ``restart_s`` after a stop from its last
+checkpoint.
+
+*Reactive* (no lever) is Slurm on its own: a node whose slurmd is gone (``node_down``) is
+DOWN and skipped; a node whose GPU broke (an XID 79, an uncorrectable ECC error, an NVLink or
+InfiniBand failure) still looks idle to Slurm, so the requeued job lands on it again and fails
+at start, until the node is repaired. No prediction, the configured cadence.
+
+The levers, each on or off:
+
+* ``prediction``: a failure-risk alert on one of the job's nodes checkpoints the job and moves
+  it off the node before the fault (one restart, nothing recomputed);
+* ``cadence``: at each start the job checkpoints at the interval :func:`analytics.cadence.advise`
+  gives for the failure rate seen so far (the fleet's faults, the StepFun prior scaled to the
+  scenario's time compression);
+* ``isolation``: the fast path drains a node whose GPU broke within seconds, so no restart
+  lands on it until it is repaired;
+* ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
+  gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` stays out for the rest of
+  the day (until an operator returns it).
+
+The engine's guards hold in every arm that acts: at most ``max_out`` nodes out at once, and no
+second action on a node within ``cooldown_s`` of the last (a risk alert then only notifies).
+The model leaves out hot spares (the pool's idle nodes are free in every arm) and whatever a
+restart costs beyond ``restart_s``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from analytics.cadence import advise, failure_rate, stepfun_rate_per_node_s
+from simulation.faulttypes import Fault, of
+
+LEVERS = ("prediction", "cadence", "isolation", "lemon")
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A node broken from ``at_s`` until ``until_s`` (repaired); ``slurm_sees`` when its slurmd
+    is gone, so that Slurm marks it DOWN by itself."""
+
+    node: str
+    at_s: float
+    until_s: float
+    cause: str
+    slurm_sees: bool
+
+
+@dataclass(frozen=True)
+class Alert:
+    node: str
+    at_s: float
+
+
+@dataclass(frozen=True)
+class Levers:
+    prediction: bool = False
+    cadence: bool = False
+    isolation: bool = False
+    lemon: bool = False
+
+    @classmethod
+    def all(cls) -> Levers:
+        return cls(**dict.fromkeys(LEVERS, True))
+
+    def without(self, lever: str) -> Levers:
+        return dataclasses.replace(self, **{lever: False})
+
+    def describe(self) -> str:
+        on = [n for n in LEVERS if getattr(self, n)]
+        return "+".join(on) if on else "reactive"
+
+
+@dataclass(frozen=True)
+class Setup:
+    pool: tuple[str, ...]
+    job_nodes: int
+    day_s: float
+    interval_s: float = 3600.0
+    cost_s: float = 280.0
+    restart_s: float = 600.0
+    horizon_s: float = 7200.0
+    prior_scale: float = 150.0
+    prior_faults: float = 5.0
+    max_out: int = 3
+    cooldown_s: float = 1800.0
+    min_gain: float = 0.01
+    lemon_count: int = 3
+    lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
+    slurmd_timeout_s: float = 300.0
+    silence_s: float = 120.0
+
+
+@dataclass
+class Badput:
+    """Seconds of the job's wall time lost, by cause."""
+
+    checkpoint_s: float = 0.0
+    recompute_s: float = 0.0
+    restart_s: float = 0.0
+    stops: int = 0
+    failed_starts: int = 0
+    moves: int = 0
+    intervals: list[float] = field(default_factory=list)
+
+    @property
+    def total_s(self) -> float:
+        return self.checkpoint_s + self.recompute_s + self.restart_s
+
+    def shares(self) -> dict[str, float]:
+        return {
+            "checkpoint": self.checkpoint_s,
+            "recompute": self.recompute_s,
+            "restart": self.restart_s,
+        }
+
+
+def saved_pct(reactive: Badput, other: Badput) -> float:
+    r = reactive.total_s
+    return 100.0 * (r - other.total_s) / r if r > 0 else 0.0
+
+
+class _Day:
+    """One job's day under one set of levers."""
+
+    def __init__(
+        self, outages: Sequence[Outage], alerts: Sequence[Alert], s: Setup, levers: Levers
+    ) -> None:
+        self.outages = sorted(outages, key=lambda o: o.at_s)
+        self.alerts = sorted(alerts, key=lambda a: a.at_s) if levers.prediction else []
+        self.s, self.levers = s, levers
+        self.out_until: dict[str, float] = {}  # drained by gpuwarden, until then (inf: lemon)
+        self.taken_out: dict[str, list[float]] = {}  # when gpuwarden took each node out
+        self.trace: list[tuple[float, str, float, float, list[str]]] = []
+
+    def broken(self, node: str, t: float) -> Outage | None:
+        return next((o for o in self.outages if o.node == node and o.at_s <= t < o.until_s), None)
+
+    def drained(self, node: str, t: float) -> bool:
+        return self.out_until.get(node, -math.inf) > t
+
+    def usable(self, node: str, t: float) -> bool:
+        o = self.broken(node, t)
+        if o is not None and o.slurm_sees:
+            return False
+        return not self.drained(node, t)
+
+    def may_act(self, node: str, t: float) -> bool:
+        """Whether the engine's guards let a risk alert take ``node`` out: not within
+        ``cooldown_s`` of the last time, and not past the blast-radius cap."""
+        if any(0 <= t - x < self.s.cooldown_s for x in self.taken_out.get(node, [])):
+            return False
+        return len({n for n in self.s.pool if self.drained(n, t)}) < self.s.max_out
+
+    def drain(self, node: str, t: float, until_s: float) -> bool:
+        """Take ``node`` out until ``until_s`` (its repair), within the engine's blast-radius
+        cap (no more than ``max_out`` nodes out at once); a lemon stays out for good."""
+        out = {n for n in self.s.pool if self.drained(n, t)}
+        if node not in out and len(out) >= self.s.max_out:
+            return False
+        if node not in out:
+            self.taken_out.setdefault(node, []).append(t)
+        times = [x for x in self.taken_out.get(node, []) if t - x <= self.s.lemon_window_s]
+        if self.levers.lemon and len(times) >= self.s.lemon_count:
+            until_s = math.inf
+        self.out_until[node] = max(self.out_until.get(node, -math.inf), until_s)
+        return True
+
+    def place(self, t: float) -> tuple[list[str], float]:
+        """The first usable nodes in pool order at ``t``, waiting for nodes if too few."""
+        while True:
+            nodes = [n for n in self.s.pool if self.usable(n, t)][: self.s.job_nodes]
+            if len(nodes) == self.s.job_nodes or t >= self.s.day_s:
+                return nodes, t
+            later = [o.until_s for o in self.outages if o.until_s > t]
+            later += [u for u in self.out_until.values() if u > t]
+            t = min(later, default=self.s.day_s)
+
+    def interval(self, t: float, nodes: int) -> float:
+        if not self.levers.cadence:
+            return self.s.interval_s
+        seen = sum(1 for o in self.outages if o.at_s < t)
+        rate = failure_rate(
+            seen,
+            len(self.s.pool) * t,
+            prior_per_node_s=stepfun_rate_per_node_s() * self.s.prior_scale,
+            prior_faults=self.s.prior_faults,
+        )
+        a = advise("job", nodes, self.s.cost_s, self.s.interval_s, rate)
+        return a.advised_s if a.gain >= self.s.min_gain else self.s.interval_s
+
+    def detect_s(self, nodes: list[str], t: float) -> float:
+        """From a stop to the job being requeued. A GPU that breaks kills its rank at once
+        (a CUDA error; ``srun --kill-on-bad-exit`` ends the step). A node that vanishes is
+        noticed by Slurm after ``SlurmdTimeout`` (300 s by default); with isolation, by the
+        analyze service's ``node_silent`` (two analyses) and drained and requeued then."""
+        vanished = any(
+            (o := self.broken(n, t)) is not None and o.slurm_sees and o.at_s == t for n in nodes
+        )
+        if not vanished:
+            return 0.0
+        return self.s.silence_s if self.levers.isolation else self.s.slurmd_timeout_s
+
+    def isolate_as_they_break(self, t0: float, t1: float) -> None:
+        """The fast path drains each node whose hardware breaks, job node or spare."""
+        if not self.levers.isolation:
+            return
+        for o in self.outages:
+            if t0 <= o.at_s < t1:
+                self.drain(o.node, o.at_s, o.until_s)
+
+    def run(self) -> Badput:
+        s, b = self.s, Badput()
+        t, seen_until = 0.0, 0.0
+        nodes, t = self.place(0.0)
+        while t < s.day_s:
+            tau = self.interval(t, len(nodes))
+            b.intervals.append(tau)
+            dead = [o for n in nodes if (o := self.broken(n, t)) is not None]
+            if dead:  # landed on a node that is still broken: fails as it starts
+                b.failed_starts += 1
+                stop, alert = t, None
+            else:
+                stop = min(
+                    (o.at_s for o in self.outages if o.node in nodes and o.at_s > t),
+                    default=s.day_s,
+                )
+                alert = next(
+                    (
+                        a
+                        for a in self.alerts
+                        if a.node in nodes and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
+                    ),
+                    None,
+                )
+            end = min(stop, alert.at_s if alert else stop, s.day_s)
+            saves = math.floor((end - t) / (tau + s.cost_s))
+            last_save = t + saves * (tau + s.cost_s)
+            b.checkpoint_s += saves * s.cost_s
+            self.isolate_as_they_break(seen_until, end + 1e-9)
+            seen_until = end + 1e-9
+            if end >= s.day_s:
+                break
+            if alert is not None and not dead:
+                b.moves += 1
+                b.checkpoint_s += s.cost_s  # the engine's checkpoint request
+                follows = [o for o in self.outages if o.node == alert.node and o.at_s >= end]
+                until = (
+                    follows[0].until_s
+                    if follows and follows[0].at_s < end + s.horizon_s
+                    else (end + s.horizon_s)
+                )
+                self.drain(alert.node, end, until)
+                lost_from = down_at = end + s.cost_s
+            else:
+                if not dead:
+                    b.stops += 1
+                b.recompute_s += end - last_save
+                lost_from, down_at = end, end + self.detect_s(nodes, end)
+            nodes, t = self.place(down_at + s.restart_s)
+            self.trace.append((end, "move" if alert and not dead else "stop", down_at, t, nodes))
+            b.restart_s += min(t, s.day_s) - lost_from
+        return b
+
+
+def simulate(
+    outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup, levers: Levers
+) -> Badput:
+    return _Day(outages, alerts, setup, levers).run()
+
+
+def ablation(outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup) -> dict[str, Badput]:
+    """Reactive, every lever, and every lever but one, in turn."""
+    arms = {"reactive": Levers(), "all": Levers.all()}
+    arms |= {f"no-{lever}": Levers.all().without(lever) for lever in LEVERS}
+    return {name: simulate(outages, alerts, setup, lv) for name, lv in arms.items()}
+
+
+def outages_of(faults: Iterable[Fault], names: Sequence[str]) -> list[Outage]:
+    """The scenario's fatal faults as outages (SIMULATED ground truth: the model's hardware)."""
+    return [
+        Outage(names[f.node], f.onset_s, f.end_s, f.type, slurm_sees=f.type == "node_down")
+        for f in faults
+        if f.fatal and of(f).downs_node(f)
+    ]

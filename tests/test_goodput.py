@@ -1,0 +1,161 @@
+"""Checkpoint cadence (analytics.cadence) and the levers model (demo.goodput).
+
+CONSTRUCTED outages and alerts, with numbers worked by hand in each test."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from analytics.cadence import (
+    advise,
+    expected_waste,
+    failure_rate,
+    optimal_interval_s,
+    stepfun_rate_per_node_s,
+)
+from demo.goodput import Alert, Levers, Outage, Setup, _Day, ablation, saved_pct, simulate
+
+
+def test_stepfun_prior_is_one_fault_per_server_every_eight_months() -> None:
+    # 584 faults on 400 servers over 349 days
+    assert stepfun_rate_per_node_s() * 86_400 * 349 * 400 == pytest.approx(584)
+
+
+def test_young_and_daly() -> None:
+    # C << M: Daly's estimate tends to Young's sqrt(2CM)
+    assert optimal_interval_s(1.0, 1e6) == pytest.approx(math.sqrt(2e6), rel=1e-3)
+    # C = 300 s, M = 3 h: sqrt(2CM) (1 + sqrt(C/2M)/3 + C/18M) - C, by hand:
+    # 2545.58 * (1 + 0.039284 + 0.001543) - 300 = 2349.5 s
+    assert optimal_interval_s(300.0, 10_800.0) == pytest.approx(2349.5, abs=0.1)
+    assert optimal_interval_s(5_000.0, 2_000.0) == 2_000.0  # C >= 2M: the MTBF itself
+    assert optimal_interval_s(0.0, 100.0) == 0.0
+    with pytest.raises(ValueError):
+        optimal_interval_s(10.0, 0.0)
+
+
+def test_the_advised_interval_minimises_the_waste() -> None:
+    c, m = 276.0, 3 * 3600.0
+    best = optimal_interval_s(c, m)
+    w = expected_waste(best, c, m)
+    for other in (0.5 * best, 0.8 * best, 1.25 * best, 2 * best, 3600.0):
+        assert expected_waste(other, c, m) > w
+    # by hand: hourly saves cost 276/3600; recompute (3600+276)/21600
+    assert expected_waste(3600.0, c, m) == pytest.approx(276 / 3600 + 3876 / 21600)
+    assert expected_waste(3600.0, c, m, restart_s=600.0) == pytest.approx(
+        276 / 3600 + 3876 / 21600 + 600 / 10_800
+    )
+
+
+def test_failure_rate_moves_from_prior_to_history() -> None:
+    prior = 1e-6
+    none = failure_rate(0, 0.0, prior_per_node_s=prior)
+    assert none.per_node_s == pytest.approx(prior) and none.history_weight == 0.0
+    # 1000 faults over 1e8 node-seconds (1e-5) outweigh 5 prior faults at 1e-6
+    lots = failure_rate(1000, 1e8, prior_per_node_s=prior)
+    assert lots.per_node_s == pytest.approx(1005 / (5e6 + 1e8))
+    assert lots.history_weight > 0.99
+    assert lots.mtbf_s(10) == pytest.approx(1 / (10 * lots.per_node_s))
+    with pytest.raises(ValueError):
+        failure_rate(-1, 10.0)
+    with pytest.raises(ValueError):
+        failure_rate(1, 10.0, prior_faults=0)
+
+
+def test_advice_says_what_it_gains() -> None:
+    rate = failure_rate(0, 0.0, prior_per_node_s=1 / (12 * 3 * 3600.0))  # 12 nodes: M = 3 h
+    a = advise("llm", 12, 276.0, 3600.0, rate)
+    assert a.mtbf_s == pytest.approx(3 * 3600.0)
+    assert a.advised_s == pytest.approx(optimal_interval_s(276.0, 3 * 3600.0))
+    assert a.waste_advised < a.waste_current and a.gain > 0
+    assert "checkpoint every 38 min instead of 60 min" in a.describe()
+    # a save every few seconds is advice no one takes
+    assert advise("llm", 12, 0.01, 3600.0, rate, min_interval_s=60.0).advised_s == 60.0
+
+
+def _setup(**kw: float) -> Setup:
+    base = dict(pool=("n0", "n1", "n2", "n3"), job_nodes=2, day_s=20_000.0, interval_s=3600.0,
+                cost_s=100.0, restart_s=600.0, horizon_s=3600.0, max_out=2)  # fmt: skip
+    return Setup(**(base | kw))  # type: ignore[arg-type]
+
+
+XID79 = Outage("n1", 5000.0, 6500.0, "xid79", slurm_sees=False)
+
+
+def test_reactive_relands_on_a_broken_gpu_and_isolation_does_not() -> None:
+    s = _setup()
+    r = simulate([XID79], [], s, Levers())
+    # stop at 5000 (last save done at 3700): recompute 1300; restart at 5600 on n0,n1 (Slurm
+    # sees n1 idle): fails at once; again at 6200; at 6800 n1 is repaired
+    assert r.stops == 1 and r.failed_starts == 2
+    assert r.recompute_s == pytest.approx(1300.0)
+    assert r.restart_s == pytest.approx(1800.0)
+    iso = simulate([XID79], [], s, Levers(isolation=True))
+    assert iso.failed_starts == 0 and iso.restart_s == pytest.approx(600.0)
+    assert saved_pct(r, iso) > 0
+
+
+def test_a_vanished_node_waits_for_slurm_unless_isolated() -> None:
+    gone = Outage("n0", 5000.0, 9000.0, "node_down", slurm_sees=True)
+    s = _setup()
+    r = simulate([gone], [], s, Levers())
+    assert r.failed_starts == 0  # Slurm saw it DOWN and placed the job elsewhere
+    assert r.restart_s == pytest.approx(300.0 + 600.0)  # SlurmdTimeout, then the restart
+    iso = simulate([gone], [], s, Levers(isolation=True))
+    assert iso.restart_s == pytest.approx(120.0 + 600.0)  # node_silent: two analyses
+
+
+def test_prediction_moves_the_job_before_the_fault() -> None:
+    s = _setup()
+    warned = simulate([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True))
+    assert warned.moves == 1 and warned.stops == 0
+    assert warned.recompute_s == 0.0  # it checkpointed on the alert
+    assert warned.restart_s == pytest.approx(600.0)
+    # an alert on a node the job is not on costs nothing
+    idle = simulate([], [Alert("n3", 4000.0)], s, Levers(prediction=True))
+    assert idle.moves == 0 and idle.total_s == simulate([], [], s, Levers()).total_s
+
+
+def test_cadence_saves_more_often_when_faults_are_frequent() -> None:
+    s = _setup(prior_scale=1e5)  # a fleet that fails every few hours per node
+    flat = simulate([XID79], [], s, Levers())
+    tuned = simulate([XID79], [], s, Levers(cadence=True))
+    assert max(tuned.intervals) < 3600.0
+    assert tuned.checkpoint_s > flat.checkpoint_s  # more saves ...
+    assert tuned.recompute_s < flat.recompute_s  # ... and less to recompute
+
+
+def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
+    twice = [
+        Outage("n1", 2000.0, 2100.0, "xid79", slurm_sees=False),
+        Outage("n1", 4000.0, 4100.0, "xid79", slurm_sees=False),
+        Outage("n1", 9000.0, 9100.0, "xid79", slurm_sees=False),
+    ]
+    s = _setup(lemon_count=2, lemon_window_s=4 * 3600.0)
+    lemon = simulate(twice, [], s, Levers(isolation=True, lemon=True))
+    plain = simulate(twice, [], s, Levers(isolation=True))
+    assert plain.stops == 3 and lemon.stops == 2  # n1 out after its second failure
+    # with no room under the cap, a lemon is not drained
+    capped = simulate(
+        twice, [], _setup(max_out=0, lemon_count=2), Levers(isolation=True, lemon=True)
+    )
+    assert capped.stops == 3
+
+
+def test_ablation_has_every_arm() -> None:
+    arms = ablation([XID79], [Alert("n1", 4000.0)], _setup())
+    assert set(arms) == {"reactive", "all", "no-prediction", "no-cadence", "no-isolation",
+                         "no-lemon"}  # fmt: skip
+    assert arms["all"].total_s < arms["reactive"].total_s
+
+
+def test_the_engine_guards_hold_for_risk_alerts() -> None:
+    day = _Day([XID79], [], _setup(max_out=2), Levers(prediction=True, isolation=True))
+    assert day.drain("n1", 5000.0, 6500.0)
+    assert not day.may_act("n1", 5000.0 + 1799.0)  # cooldown (1800 s): only a notification
+    assert day.may_act("n1", 5000.0 + 1801.0)
+    assert day.drain("n2", 5000.0, 6000.0)
+    assert not day.may_act("n3", 5500.0)  # two out: the cap (max_out=2)
+    assert not day.drain("n3", 5500.0, 6000.0)
+    assert day.may_act("n3", 6200.0)  # n2 back at 6000
