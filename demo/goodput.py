@@ -41,6 +41,7 @@ restart costs beyond ``restart_s``.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -106,6 +107,9 @@ class Setup:
     lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
     slurmd_timeout_s: float = 300.0
     silence_s: float = 120.0
+    operator_s: float = math.inf
+    """Without isolation: a person drains the node that stopped the job this long after the
+    stop (inf: nobody does, Slurm alone; a sensitivity, not the reactive arm)."""
 
 
 @dataclass
@@ -148,6 +152,7 @@ class _Day:
         self.s, self.levers = s, levers
         self.out_until: dict[str, float] = {}  # drained by gpuwarden, until then (inf: lemon)
         self.taken_out: dict[str, list[float]] = {}  # when gpuwarden took each node out
+        self.by_hand: dict[str, tuple[float, float]] = {}  # a person's drain: from, until
         self.trace: list[tuple[float, str, float, float, list[str]]] = []
 
     def broken(self, node: str, t: float) -> Outage | None:
@@ -159,6 +164,9 @@ class _Day:
     def usable(self, node: str, t: float) -> bool:
         o = self.broken(node, t)
         if o is not None and o.slurm_sees:
+            return False
+        by_hand = self.by_hand.get(node)
+        if by_hand is not None and by_hand[0] <= t < by_hand[1]:
             return False
         return not self.drained(node, t)
 
@@ -191,6 +199,7 @@ class _Day:
                 return nodes, t
             later = [o.until_s for o in self.outages if o.until_s > t]
             later += [u for u in self.out_until.values() if u > t]
+            later += [u for _, u in self.by_hand.values() if u > t]
             t = min(later, default=self.s.day_s)
 
     def interval(self, t: float, nodes: int) -> float:
@@ -272,6 +281,10 @@ class _Day:
             else:
                 if not dead:
                     b.stops += 1
+                    if not self.levers.isolation and math.isfinite(s.operator_s):
+                        for o in self.outages:
+                            if o.node in nodes and o.at_s == end and not o.slurm_sees:
+                                self.by_hand[o.node] = (end + s.operator_s, o.until_s)
                 b.recompute_s += end - last_save
                 lost_from, down_at = end, end + self.detect_s(nodes, end)
             nodes, t = self.place(down_at + s.restart_s)
@@ -291,6 +304,34 @@ def ablation(outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup) -
     arms = {"reactive": Levers(), "all": Levers.all()}
     arms |= {f"no-{lever}": Levers.all().without(lever) for lever in LEVERS}
     return {name: simulate(outages, alerts, setup, lv) for name, lv in arms.items()}
+
+
+def shapley(
+    outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup
+) -> tuple[Badput, Badput, dict[str, float]]:
+    """Reactive, every lever, and each lever's Shapley share of the seconds saved: its marginal
+    saving averaged over every order of switching the levers on (levers that stand in for each
+    other, such as prediction and isolation both keeping a job off a broken node, share the
+    saving instead of each showing none). The shares add up to the whole saving."""
+    n = len(LEVERS)
+    lost: dict[frozenset[str], float] = {}
+    runs: dict[frozenset[str], Badput] = {}
+    for k in range(n + 1):
+        for on in itertools.combinations(LEVERS, k):
+            key = frozenset(on)
+            runs[key] = simulate(outages, alerts, setup, Levers(**dict.fromkeys(on, True)))
+            lost[key] = runs[key].total_s
+    share = {}
+    for lever in LEVERS:
+        others = [x for x in LEVERS if x != lever]
+        total = 0.0
+        for k in range(n):
+            weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
+            for on in itertools.combinations(others, k):
+                key = frozenset(on)
+                total += weight * (lost[key] - lost[key | {lever}])
+        share[lever] = total
+    return runs[frozenset()], runs[frozenset(LEVERS)], share
 
 
 def outages_of(faults: Iterable[Fault], names: Sequence[str]) -> list[Outage]:

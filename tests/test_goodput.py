@@ -15,7 +15,17 @@ from analytics.cadence import (
     optimal_interval_s,
     stepfun_rate_per_node_s,
 )
-from demo.goodput import Alert, Levers, Outage, Setup, _Day, ablation, saved_pct, simulate
+from demo.goodput import (
+    Alert,
+    Levers,
+    Outage,
+    Setup,
+    _Day,
+    ablation,
+    saved_pct,
+    shapley,
+    simulate,
+)
 
 
 def test_stepfun_prior_is_one_fault_per_server_every_eight_months() -> None:
@@ -159,3 +169,26 @@ def test_the_engine_guards_hold_for_risk_alerts() -> None:
     assert not day.may_act("n3", 5500.0)  # two out: the cap (max_out=2)
     assert not day.drain("n3", 5500.0, 6000.0)
     assert day.may_act("n3", 6200.0)  # n2 back at 6000
+
+
+def test_shapley_shares_add_up_to_the_saving() -> None:
+    outages = [XID79, Outage("n0", 12_000.0, 15_000.0, "node_down", slurm_sees=True)]
+    alerts = [Alert("n1", 4000.0)]
+    reactive, every, share = shapley(outages, alerts, _setup())
+    assert set(share) == {"prediction", "cadence", "isolation", "lemon"}
+    assert sum(share.values()) == pytest.approx(reactive.total_s - every.total_s)
+    assert share["lemon"] == pytest.approx(0.0)  # no node taken out three times
+    assert share["prediction"] > 0 and share["isolation"] > 0
+
+
+def test_a_person_who_drains_the_broken_node_shortens_the_reactive_loss() -> None:
+    s = _setup()
+    alone = simulate([XID79], [], s, Levers())
+    helped = simulate([XID79], [], _setup(operator_s=900.0), Levers())
+    # Slurm alone re-lands on n1 twice (5600, 6200); a person drains n1 at 5900: one failed start
+    assert (alone.failed_starts, helped.failed_starts) == (2, 1)
+    assert helped.total_s < alone.total_s
+    # with isolation, nobody needs to
+    assert (
+        simulate([XID79], [], _setup(operator_s=900.0), Levers(isolation=True)).failed_starts == 0
+    )
