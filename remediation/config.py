@@ -44,6 +44,7 @@ ENGINE = {
     "node_adapter": "slurm",
     "approval": ["uncordon"],
     "workers": 4,
+    "spares": 0,
     "tick_s": 5.0,
     "max_body_bytes": 1 << 20,
     "max_findings_per_request": 1000,
@@ -99,6 +100,7 @@ class RemediationConfig:
             checkpoint_adapter=e["checkpoint_adapter"],
             node_adapter=e["node_adapter"],
             workers=e["workers"],
+            spares=e["spares"],
         )
 
     def adapter_names(self) -> list[str]:
@@ -126,4 +128,6 @@ def load_config(
         raise ConfigError("guards.max_nodes_out must be >= 0, max_fraction_out within [0, 1]")
     if e["max_body_bytes"] < 1024 or e["workers"] < 1 or e["tick_s"] <= 0:
         raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
+    if e["spares"] < 0 or g["lemon_count"] < 0 or g["lemon_window_s"] < 0:
+        raise ConfigError("engine.spares, guards.lemon_count and lemon_window_s must be >= 0")
     return config

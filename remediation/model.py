@@ -107,6 +107,10 @@ class Inventory:
 
     partitions: Mapping[str, str]
     out: frozenset[str]
+    spares: frozenset[str] = frozenset()
+    """Nodes held out as hot spares by gpuwarden (within ``out``, not broken)."""
+    idle: frozenset[str] = frozenset()
+    """Nodes in service with no work on them (candidates for the spare pool)."""
 
     def partition_size(self, partition: str) -> int:
         return sum(1 for p in self.partitions.values() if p == partition)
@@ -133,3 +137,11 @@ class Scheduler(Adapter, Protocol):
     """An adapter that owns nodes (Slurm, Kubernetes): it can say which are out of service."""
 
     def inventory(self) -> Inventory: ...
+
+
+@runtime_checkable
+class SparePool(Scheduler, Protocol):
+    """A scheduler that can hold idle nodes as hot spares (:mod:`remediation.engine.spares`)."""
+
+    def hold_spare(self, node: str) -> None: ...
+    def release_spare(self, node: str) -> None: ...

@@ -45,6 +45,7 @@ from remediation.model import Action, ActionKind, AdapterError, Inventory, Outco
 # node states and flags that mean "takes no new work"
 OUT_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "future", "maint"})
 OUT_FLAGS = frozenset({"DRAIN", "DOWN", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED"})
+SPARE_REASON = "gpuwarden: hot spare"
 
 
 class SlurmAdapter:
@@ -127,15 +128,27 @@ class SlurmAdapter:
 
     def inventory(self) -> Inventory:
         partitions: dict[str, str] = {}
-        out = set()
+        out, spares, idle = set(), set(), set()
         for n in self.nodes():
             name = str(n.get("name", ""))
             parts = n.get("partitions") or [""]
             partitions[name] = str(parts[0])
             flags = {str(f).upper() for f in n.get("state_flags") or []}
-            if str(n.get("state", "")).lower() in OUT_STATES or flags & OUT_FLAGS:
+            state = str(n.get("state", "")).lower()
+            if state in OUT_STATES or flags & OUT_FLAGS:
                 out.add(name)
-        return Inventory(partitions, frozenset(out))
+                if "DRAIN" in flags and str(n.get("reason", "")).startswith(SPARE_REASON):
+                    spares.add(name)
+            elif state == "idle":
+                idle.add(name)
+        return Inventory(partitions, frozenset(out), frozenset(spares), frozenset(idle))
+
+    def hold_spare(self, node: str) -> None:
+        """Keep ``node`` out of the general pool as a hot spare (drained, marked as ours)."""
+        self._run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={SPARE_REASON}")
+
+    def release_spare(self, node: str) -> None:
+        self._run("scontrol", "update", f"NodeName={node}", "State=RESUME")
 
     def node(self, name: str) -> dict[str, Any]:
         for n in self.nodes():

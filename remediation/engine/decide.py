@@ -23,6 +23,8 @@ class EngineSettings:
     max_fraction_out: float = 0.1
     cooldown_s: float = 1800.0
     actions_per_minute: int = 20
+    spares: int = 0
+    """Hot spares to hold (:mod:`.spares`); 0: none."""
     lemon_count: int = 3
     lemon_window_s: float = 7 * 86400.0
     approval: tuple[str, ...] = ("uncordon",)

@@ -16,6 +16,7 @@ from remediation.engine.approve import WAITING, PendingPlans
 from remediation.engine.decide import Decision, EngineSettings, action_for, escalation, plan
 from remediation.engine.execute import Executor, OnAction, Stats
 from remediation.engine.guard import Guards
+from remediation.engine.spares import Spares
 from remediation.errors import RemediationError
 from remediation.model import ActionKind, Adapter
 from remediation.policy import Policy
@@ -61,7 +62,9 @@ class Engine:
             workers=self.settings.workers,
             clock=clock,
             on_action=on_action,
+            before_requeue=self._release_spare,
         )
+        self.spares = Spares(self.settings, self.adapters, self.memory, audit, clock)
 
     # -- deciding -----------------------------------------------------------------------------
 
@@ -181,8 +184,13 @@ class Engine:
             )
             return self._decide(finding, d, self.clock())
 
+    def _release_spare(self, node: str) -> object:
+        return self.spares.release_for(node)
+
     def tick(self) -> list[Decision]:
-        """Release queued plans the blast radius or the rate limit now allows (oldest first)."""
+        """Release queued plans the blast radius or the rate limit now allows (oldest first);
+        top up the hot-spare pool."""
+        self.spares.refill()
         released = []
         with self._lock:
             self._require_open()

@@ -19,7 +19,16 @@ from typing import Any
 
 from remediation.audit import AuditLog, Memory
 from remediation.engine.decide import Decision
-from remediation.model import MUTATING, REMOVING, Action, Adapter, AdapterError, Outcome, Status
+from remediation.model import (
+    MUTATING,
+    REMOVING,
+    Action,
+    ActionKind,
+    Adapter,
+    AdapterError,
+    Outcome,
+    Status,
+)
 
 log = logging.getLogger("remediation.engine")
 
@@ -45,8 +54,10 @@ class Executor:
         workers: int,
         clock: Callable[[], float],
         on_action: OnAction | None = None,
+        before_requeue: Callable[[str], object] | None = None,
     ) -> None:
         self.adapters = adapters
+        self.before_requeue = before_requeue
         self.audit = audit
         self.memory = memory
         self.stats = stats
@@ -96,6 +107,8 @@ class Executor:
         elif dry_run and action.kind in MUTATING:
             outcome = Outcome(Status.DRY_RUN, "would " + adapter.describe(action))
         else:
+            if action.kind is ActionKind.REQUEUE and self.before_requeue is not None:
+                self.before_requeue(action.node)  # a hot spare back in service first
             try:
                 outcome = adapter.perform(action)
             except AdapterError as exc:

@@ -138,7 +138,8 @@ class Guards:
             inv = self.inventory()
         except AdapterError as exc:
             return f"cannot tell how many nodes are out ({exc}); not taking {node} out blind"
-        out = set(inv.out) | {n for n, c in self.reserved.items() if c > 0}
+        # hot spares are held, not broken: they do not count against the limit
+        out = (set(inv.out) - set(inv.spares)) | {n for n, c in self.reserved.items() if c > 0}
         if node in out:
             return ""
         s = self.settings
