@@ -40,19 +40,6 @@ from testbed.slurm import LocalSlurm
 WEIGHTS = {"gpu01": 1, "gpu02": 2, "gpu03": 3, "gpu04": 4}
 
 
-def sbatch(slurm: LocalSlurm, tmp: Path, name: str, nodes: int, command: str) -> str:
-    script = tmp / f"{name}.sh"
-    script.write_text(f"#!/bin/bash\n{command}\n")
-    out = slurm.run("sbatch", "--parsable", "--requeue", "--exclusive", f"-N{nodes}", "-J", name,
-                    "-o", f"{tmp}/{name}-%j.out", str(script))  # fmt: skip
-    return out.strip().split(";")[0]
-
-
-def where(slurm: LocalSlurm, job: str) -> tuple[str, str]:
-    line = slurm.run("squeue", "-h", "-j", job, "-o", "%T %N").split()
-    return (line[0], line[1]) if len(line) == 2 else (line[0] if line else "", "")
-
-
 def trial(root: Path, spares: int, filler_s: float) -> float:
     with LocalSlurm(root / "slurm", weights=WEIGHTS) as slurm:
         adapter = SlurmAdapter(conf=str(slurm.conf), checkpoint_dir=str(root / "ckpt"))
@@ -63,14 +50,14 @@ def trial(root: Path, spares: int, filler_s: float) -> float:
             load_policies(DEFAULT_POLICIES), adapters, AuditLog(root / "audit.jsonl"), settings
         )
         engine.tick()  # holds the spare, if any
-        job = sbatch(slurm, root, "train", 2,
+        job = slurm.sbatch(root, "train", 2,
                      f"exec {sys.executable} -m testbed.jobs.sim_job --state-dir {root}/state "
                      f"--checkpoint-dir {root}/ckpt --step-s 0.1")  # fmt: skip
-        fillers = [sbatch(slurm, root, f"filler{i}", 1, f"sleep {filler_s}")
+        fillers = [slurm.sbatch(root, f"filler{i}", 1, f"sleep {filler_s}")
                    for i in range(2 - spares)]  # fmt: skip
-        wait_for(lambda: where(slurm, job) == ("RUNNING", "gpu[01-02]"), 60)
+        wait_for(lambda: slurm.where(job) == ("RUNNING", "gpu[01-02]"), 60)
         for f in fillers:
-            wait_for(lambda f=f: where(slurm, f)[0] == "RUNNING", 60)  # type: ignore[misc]
+            wait_for(lambda f=f: slurm.where(f)[0] == "RUNNING", 60)  # type: ignore[misc]
         finding = Finding(
             kind="gpu_xid",
             subject={"cluster": "bench", "node": "gpu02", "gpu": "3"},
@@ -84,7 +71,7 @@ def trial(root: Path, spares: int, filler_s: float) -> float:
         t0 = time.monotonic()
         engine.submit(finding)
         ran = wait_for(
-            lambda: (w := where(slurm, job))[0] == "RUNNING" and w[1] != "gpu[01-02]",
+            lambda: (w := slurm.where(job))[0] == "RUNNING" and w[1] != "gpu[01-02]",
             filler_s + 120,
         )
         engine.close()

@@ -212,6 +212,20 @@ class LocalSlurm:
             raise SlurmError(f"{' '.join(argv)}: rc={res.returncode}: {res.stderr.strip()}")
         return res.stdout
 
+    def sbatch(self, workdir: Path, name: str, nodes: int, command: str) -> str:
+        """Submit ``command`` as a requeueable, exclusive batch job on ``nodes`` nodes; its id.
+        The script and its output go to ``workdir``."""
+        script = workdir / f"{name}.sh"
+        script.write_text(f"#!/bin/bash\n{command}\n")
+        out = self.run("sbatch", "--parsable", "--requeue", "--exclusive", f"-N{nodes}",
+                       "-J", name, "-o", f"{workdir}/{name}-%j.out", str(script))  # fmt: skip
+        return out.strip().split(";")[0]
+
+    def where(self, job: str) -> tuple[str, str]:
+        """A job's state and node list (``"", ""`` once Slurm has forgotten it)."""
+        line = self.run("squeue", "-h", "-j", job, "-o", "%T %N").split()
+        return (line[0], line[1]) if len(line) == 2 else (line[0] if line else "", "")
+
     def stop(self) -> None:
         # Jobs run under slurmstepd in sessions of their own: cancel them first, or they
         # outlive the daemons (and a job that loops forever runs on for hours).

@@ -31,19 +31,6 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalSlurm]:
         yield s
 
 
-def sbatch(slurm: LocalSlurm, tmp: Path, name: str, nodes: int, command: str) -> str:
-    script = tmp / f"{name}.sh"
-    script.write_text(f"#!/bin/bash\n{command}\n")
-    out = slurm.run("sbatch", "--parsable", "--requeue", "--exclusive", f"-N{nodes}", "-J", name,
-                    "-o", f"{tmp}/{name}-%j.out", str(script))  # fmt: skip
-    return out.strip().split(";")[0]
-
-
-def where(slurm: LocalSlurm, job: str) -> tuple[str, str]:
-    line = slurm.run("squeue", "-h", "-j", job, "-o", "%T %N").split()
-    return (line[0], line[1]) if len(line) == 2 else (line[0] if line else "", "")
-
-
 def xid(node: str) -> Finding:
     return Finding(
         kind="gpu_xid",
@@ -76,19 +63,19 @@ def test_a_requeued_job_starts_on_a_hot_spare_and_the_pool_refills(
     assert SPARE_REASON in slurm.run("sinfo", "-h", "-R", "-n", "gpu04", "-o", "%E")
     assert engine.spares.refill() == []  # full
 
-    job = sbatch(slurm, tmp_path, "train", 2,
+    job = slurm.sbatch(tmp_path, "train", 2,
                  f"exec {sys.executable} -m testbed.jobs.sim_job --state-dir {tmp_path}/state "
                  f"--checkpoint-dir {tmp_path}/ckpt --step-s 0.1")  # fmt: skip
-    filler = sbatch(slurm, tmp_path, "filler", 1, "sleep 600")
-    poll(lambda: where(slurm, job) == ("RUNNING", "gpu[01-02]"), 30, "the job on gpu01-02")
-    poll(lambda: where(slurm, filler) == ("RUNNING", "gpu03"), 30, "the filler on gpu03")
+    filler = slurm.sbatch(tmp_path, "filler", 1, "sleep 600")
+    poll(lambda: slurm.where(job) == ("RUNNING", "gpu[01-02]"), 30, "the job on gpu01-02")
+    poll(lambda: slurm.where(filler) == ("RUNNING", "gpu03"), 30, "the filler on gpu03")
 
     # gpu02's GPU falls off the bus: drain it, put the spare back, requeue (max_nodes_out=1
     # and the spare is out already: a spare does not count against the limit)
     decision = engine.submit(xid("gpu02"))
     assert decision.verdict == "act", decision.why
     assert engine.wait(60)
-    moved = poll(lambda: (w := where(slurm, job))[0] == "RUNNING" and w[1] != "gpu[01-02]" and w,
+    moved = poll(lambda: (w := slurm.where(job))[0] == "RUNNING" and w[1] != "gpu[01-02]" and w,
                  60, "the job running again")  # fmt: skip
     assert moved == ("RUNNING", "gpu[01,04]")  # on the spare, not queued behind the filler
     spare_events = [
