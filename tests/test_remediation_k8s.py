@@ -155,3 +155,29 @@ def test_label_selector_semantics() -> None:
     assert matches_labels({"a": "1", "b": "2"}, "a=1,b!=3,b")
     assert not matches_labels({"a": "1"}, "a=2")
     assert not matches_labels({"a": "1"}, "!a")
+
+
+def test_hot_spares_are_a_label_in_kubernetes(fake: FakeKubernetes, tmp_path: Path) -> None:
+    """The engine's spare pool on the Kubernetes adapter: idle nodes (no pods but DaemonSets)
+    held cordoned and labelled ``gpuwarden.io/state=spare``; one put back before a requeue."""
+    k8s = adapter(fake, tmp_path)
+    inv = k8s.inventory()
+    assert inv.idle == {"gpu01", "gpu04"} and inv.spares == frozenset()  # gpu02-03 run pods
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"kubernetes": k8s, "webhook": RecordingAdapter("webhook")},
+        AuditLog(tmp_path / "audit.jsonl"),
+        EngineSettings(dry_run=False, spares=1, node_adapter="kubernetes",
+                       checkpoint_adapter="kubernetes", max_nodes_out=1, max_fraction_out=0.5),
+    )  # fmt: skip
+    assert engine.spares.refill() == ["gpu04"]
+    node = fake.nodes["gpu04"]
+    assert node["spec"]["unschedulable"] is True
+    assert node["metadata"]["labels"]["gpuwarden.io/state"] == "spare"
+    assert k8s.inventory().spares == {"gpu04"}
+    # the spare does not count against max_nodes_out=1: gpu03 may still be taken out
+    assert engine.guards.blast_radius("gpu03") == ""
+    assert engine.spares.release_for("gpu03") == "gpu04"
+    assert not fake.nodes["gpu04"]["spec"].get("unschedulable")
+    assert "gpuwarden.io/state" not in fake.nodes["gpu04"]["metadata"]["labels"]
+    engine.close()

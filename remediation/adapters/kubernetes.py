@@ -100,16 +100,44 @@ class KubernetesAdapter:
 
     def inventory(self) -> Inventory:
         nodes = self._call("list nodes", self.core.list_node).items
-        partitions, out = {}, set()
+        partitions, out, spares, candidates = {}, set(), set(), set()
         for n in nodes:
             name = n.metadata.name
-            partitions[name] = (n.metadata.labels or {}).get(self.pool_label, "default")
+            labels = n.metadata.labels or {}
+            partitions[name] = labels.get(self.pool_label, "default")
             ready = any(
                 c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])
             )
             if n.spec.unschedulable or not ready:
                 out.add(name)
-        return Inventory(partitions, frozenset(out))
+                if labels.get(STATE_LABEL) == "spare":
+                    spares.add(name)
+            else:
+                candidates.add(name)
+        idle: frozenset[str] = frozenset()
+        if candidates:  # in service and running nothing but DaemonSets
+            pods = self._call("list pods", self.core.list_pod_for_all_namespaces).items
+            busy = {
+                p.spec.node_name
+                for p in pods
+                if p.spec.node_name
+                and (p.status.phase or "") in ("Pending", "Running")
+                and not any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])
+            }
+            idle = frozenset(candidates - busy)
+        return Inventory(partitions, frozenset(out), frozenset(spares), idle)
+
+    def hold_spare(self, node: str) -> None:
+        """Keep ``node`` as a hot spare: cordoned and tainted like a node gpuwarden took out,
+        labelled ``gpuwarden.io/state=spare``."""
+        self._cordon(
+            Action(ActionKind.CORDON, self.name, node=node, finding_id="hot-spare",
+                   reason="gpuwarden: hot spare"),
+            state="spare",
+        )  # fmt: skip
+
+    def release_spare(self, node: str) -> None:
+        self._uncordon(Action(ActionKind.UNCORDON, self.name, node=node))
 
     def describe(self, action: Action) -> str:
         return {
@@ -149,21 +177,27 @@ class KubernetesAdapter:
                     ) from None
         raise AdapterError(f"node {name}: still conflicting after {self.conflict_attempts} tries")
 
-    def _cordon(self, action: Action) -> Outcome:
+    def _cordon(self, action: Action, state: str = "cordoned") -> Outcome:
         client = self._client
 
         def change(node: Any) -> bool:
             taints = list(node.spec.taints or [])
             has_taint = any(t.key == self.taint_key for t in taints)
             annotations = node.metadata.annotations or {}
-            if node.spec.unschedulable and has_taint and f"{ANNOTATION}/finding" in annotations:
+            labels = node.metadata.labels or {}
+            if (
+                node.spec.unschedulable
+                and has_taint
+                and f"{ANNOTATION}/finding" in annotations
+                and labels.get(STATE_LABEL) == state
+            ):
                 return False
             if not has_taint:
                 taints.append(client.V1Taint(key=self.taint_key, value="true", effect="NoSchedule"))
             node.spec.taints = taints
             node.spec.unschedulable = True
             # a label, so that `kubectl get nodes -l gpuwarden.io/state=cordoned` lists them
-            node.metadata.labels = {**(node.metadata.labels or {}), STATE_LABEL: "cordoned"}
+            node.metadata.labels = {**labels, STATE_LABEL: state}
             node.metadata.annotations = {
                 **annotations,
                 f"{ANNOTATION}/finding": action.finding_id,

@@ -4,7 +4,8 @@ free up.
 
 The pool is the node adapter's (:class:`remediation.model.SparePool`; Slurm: a spare is a
 node drained with the reason ``gpuwarden: hot spare``, so the pool survives an engine restart
-and an operator sees it in ``sinfo -R``). The engine
+and an operator sees it in ``sinfo -R``; Kubernetes: cordoned, tainted and labelled
+``gpuwarden.io/state=spare``). The engine
 
 * **refills** the pool on every tick from the idle nodes, last in the scheduler's order
   first (Slurm allocates the first ones), never one gpuwarden or anyone else took out;
