@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from analytics.congestion import CongestionConfig
+from analytics.culprit import StopConfig
 from analytics.drift import DriftConfig
 from analytics.drift import config_from as drift_config
 from analytics.hangs import HangConfig
@@ -44,6 +45,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "congestion": asdict(CongestionConfig()),
     "drift": asdict(DriftConfig()),
     "hangs": asdict(HangConfig()),
+    "stops": asdict(StopConfig()),
     "findings": {"url": "", "token_file": "", "hmac_secret_file": ""},
     "cadence": {
         "lookback_s": 30 * 86400.0,
@@ -103,6 +105,10 @@ class AnalyticsConfig:
         return drift_config(self.sections["drift"])
 
     @property
+    def stops(self) -> StopConfig:
+        return StopConfig(**self.sections["stops"])
+
+    @property
     def hangs(self) -> HangConfig:
         return hang_config(self.sections["hangs"])
 
@@ -130,6 +136,7 @@ def load_config(
     try:
         config.drift  # noqa: B018  (validates [drift] now, not at the first analysis)
         config.hangs  # noqa: B018
+        config.stops  # noqa: B018
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return config

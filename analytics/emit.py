@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from analytics.cadence import Advice
+from analytics.culprit import Stop
 from analytics.runner import Analysis
 from analytics.tasks import CONGESTION_FIELDS, JobResult
 from core.finding import Finding, Severity
@@ -222,6 +223,28 @@ def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
     )
 
 
+def _stop_finding(job: JobResult, s: Stop, end_ns: int) -> Finding:
+    evidence = {
+        **s.evidence,
+        "method": s.method,
+        "last_step_index": s.last_step,
+        "last_step_time_ns": s.last_step_ns,
+        "stopped_s": round(s.stopped_s, 1),
+    }
+    return Finding(
+        kind="job_stopped",
+        subject={
+            k: v for k, v in {"cluster": job.cluster, "job": job.job, "node": s.node}.items() if v
+        },
+        severity=Severity.CRITICAL,
+        time_ns=end_ns,
+        evidence=evidence,
+        confidence=1.0 if s.method == "finding" else 0.7,
+        summary=s.describe(),
+        source=SOURCE,
+    )
+
+
 def findings(a: Analysis) -> list[Finding]:
     out: list[Finding] = []
     for job in a.jobs:
@@ -229,6 +252,8 @@ def findings(a: Analysis) -> list[Finding]:
         hang = _hang_finding(job, a.end_ns)
         if hang is not None:
             out.append(hang)
+        if job.stop is not None:
+            out.append(_stop_finding(job, job.stop, a.end_ns))
     out += _drift_findings(a)
     out += _job_mix_findings(a)
     out += _silence_findings(a)

@@ -23,6 +23,7 @@ from analytics.attribution import attribute
 from analytics.badput import straggler_cost_s
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
+from analytics.culprit import Stop, find_stop
 from analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
 from analytics.hangs import Hang, find_hang, silence
 from analytics.mfu import (
@@ -82,6 +83,8 @@ class JobResult:
     stage_nodes: dict[int, list[str]] = field(default_factory=dict)
     hang: Hang | None = None
     """Set when the job stopped stepping but still holds its GPUs."""
+    stop: Stop | None = None
+    """Set when the job stopped in the window and one node is to blame (analytics.culprit)."""
     saves_s: float = 0.0
     """Training time the job's checkpoint saves held up in the window (``job_checkpoint``)."""
     straggler_cost_s: dict[str, float] = field(default_factory=dict)
@@ -102,22 +105,77 @@ def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]
     )
 
 
-def _hang(
-    reader: InfluxReader, cfg: AnalyticsConfig, job: str, steps: pl.DataFrame, end_ns: int
-) -> Hang | None:
-    """Whether the job is hung at the window's end (:mod:`analytics.hangs`): each rank's last
-    step (one grouped ``last()``, not its points), and only when that is long ago, its GPUs'
-    and its reporters' heartbeats' last few minutes."""
-    hc = cfg.hangs
-    last = reader.aggregate(
+def _last_steps(reader: InfluxReader, cfg: AnalyticsConfig, job: str, end_ns: int) -> pl.DataFrame:
+    """Each rank's last step in the hang lookback (one grouped ``last()``, not its points)."""
+    return reader.aggregate(
         "job_step",
         {"step_index": "last:step_index"},
-        end_ns - int(hc.lookback_s * 1e9),
+        end_ns - int(cfg.hangs.lookback_s * 1e9),
         end_ns,
         every_s=None,
         group_tags=["rank", "node"],
         where=_where(cfg, job=job),
     ).filter(pl.col("rank").is_not_null() & (pl.col("rank") != ""))
+
+
+def _stop(
+    reader: InfluxReader,
+    cfg: AnalyticsConfig,
+    job: str,
+    last: pl.DataFrame,
+    start_ns: int,
+    end_ns: int,
+) -> Stop | None:
+    """The node that stopped the job (:mod:`analytics.culprit`), read only for a job whose
+    steps stopped in the window: its ranks' last heartbeats and the critical findings near."""
+    sc = cfg.stops
+    if last.is_empty():
+        return None
+    last_ns = int(last["time"].dt.epoch("ns").max())  # type: ignore[arg-type]
+    if (end_ns - last_ns) / 1e9 < sc.stop_after_s or last_ns < start_ns:
+        return None
+    beats = reader.aggregate(
+        "job_heartbeat",
+        {"since_step_s": "last:since_step_s"},
+        last_ns - int(cfg.hangs.lookback_s * 1e9),
+        end_ns,
+        every_s=None,
+        group_tags=["rank", "node"],
+        where=_where(cfg, job=job),
+    ).filter(pl.col("rank").is_not_null() & (pl.col("rank") != ""))
+    signs = [last.select("rank", "node", "time", "step_index")]
+    if beats.height:
+        signs.append(beats.select("rank", "node", "time").with_columns(
+            pl.lit(None, pl.Int64).alias("step_index")))  # fmt: skip
+    ranks = (
+        pl.concat([s.with_columns(pl.col("step_index").cast(pl.Int64)) for s in signs])
+        .sort("time")
+        .group_by("rank")
+        .agg(pl.col("node").last(), pl.col("time").max(), pl.col("step_index").max())
+    )
+    found = reader.read(
+        "finding",
+        last_ns - int(sc.before_s * 1e9),
+        end_ns,
+        fields=["finding_id"],
+        tags=["node", "kind"],
+        where={**_where(cfg), "severity": "critical"},
+    ).drop_nulls("node")
+    return find_stop(job, ranks, found, start_ns, end_ns, sc)
+
+
+def _hang(
+    reader: InfluxReader,
+    cfg: AnalyticsConfig,
+    job: str,
+    steps: pl.DataFrame,
+    end_ns: int,
+    last: pl.DataFrame,
+) -> Hang | None:
+    """Whether the job is hung at the window's end (:mod:`analytics.hangs`): given each rank's
+    last step, and only when that is long ago, its GPUs' and its reporters' heartbeats' last
+    few minutes."""
+    hc = cfg.hangs
     quiet = silence(last, steps, end_ns, hc)
     if quiet is None:
         return None
@@ -166,7 +224,9 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             group_tags=["node", "gpu"],
             where=_where(cfg, job=job),
         )
-        hang = _hang(reader, cfg, job, steps, end_ns)
+        last = _last_steps(reader, cfg, job, end_ns)
+        hang = _hang(reader, cfg, job, steps, end_ns, last)
+        stop = None if hang is not None else _stop(reader, cfg, job, last, start_ns, end_ns)
         saves = reader.read(
             "job_checkpoint",
             start_ns,
@@ -177,7 +237,7 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
     finally:
         reader.close()
     cluster = str(steps["cluster"].drop_nulls()[0]) if steps.height else ""
-    result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"], hang=hang)
+    result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"], hang=hang, stop=stop)
     if saves.height:  # every rank may report its save: a save holds the job up once
         result.saves_s = float(
             saves.group_by("step_index").agg(pl.col("save_s").max())["save_s"].sum()

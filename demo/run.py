@@ -18,6 +18,7 @@ file's placement), ``--arms``, ``--out``
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 import tempfile
 import time
@@ -43,6 +44,10 @@ SIMULATED = (
 )
 
 
+def _terminate(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden demo", description=__doc__.split("\n")[0])
     ap.add_argument("--scenario", default="live-loop")
@@ -56,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     if set(arms) - {"reactive", "proactive"}:
         ap.error("--arms: reactive and/or proactive")
     spec = placed(load_spec(args.scenario), args.seed)
+    # SIGTERM (a CI timeout, `kill`) unwinds like Ctrl-C, so every part started is stopped:
+    # Python's default for it ends the process at once and leaves Slurm, influxd and the
+    # agents running
+    signal.signal(signal.SIGTERM, _terminate)
     model = "" if args.model == "none" else args.model
     settings = Settings(model=model, predictor=tuple(LIVE_PREDICTOR.items()))
     t0 = time.monotonic()

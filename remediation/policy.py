@@ -143,6 +143,16 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": ["node", "job"],
         "actions": ["notify", "drain", "requeue"],
     },
+    # a job whose processes are gone, and one node to blame: a hardware finding on it around
+    # the stop, or its ranks went silent first. Take it out and requeue the job, so that the
+    # restart does not land on it again (the job is usually down already: no checkpoint)
+    {
+        "name": "job-stopped-culprit",
+        "kinds": ["job_stopped"],
+        "min_severity": "critical",
+        "requires": ["node", "job"],
+        "actions": ["notify", "drain", "requeue"],
+    },
     {
         "name": "job-hang",
         "kinds": ["job_hang"],
