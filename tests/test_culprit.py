@@ -111,7 +111,7 @@ def test_through_influxdb_a_rank_that_died_first_and_a_lost_gpu(influxd, influx_
     lost = Finding(kind="gpu_lost", subject={"cluster": "t", "node": "node-b", "gpu": "1"},
                    severity=Severity.CRITICAL, time_ns=t0 + 99 * S, source="agent")  # fmt: skip
     tags, fields = lost.to_point()
-    points.append(Point("finding", tags, fields, lost.time_ns))  # type: ignore[arg-type]
+    points.append(Point("finding", tags, fields, lost.time_ns))
     sink.write_points(points)
     assert sink.close(timeout_s=60)
     cfg = with_overrides(
