@@ -14,6 +14,8 @@ from typing import Any
 
 import matplotlib
 
+from analytics.badput import CAUSES
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
@@ -290,6 +292,16 @@ def write_report(
         for r in c.reactive.rows
     ]
     false_alarms = sum(1 for r in c.proactive.rows if r.get("false_alarm"))
+    badput = [
+        (
+            f"{(a.start_ns / 1e9 - t0) / H:.0f}-{(a.end_ns / 1e9 - t0) / H:.0f} h",
+            name,
+            f"{b.elapsed_s / 60:.0f}",
+            *(f"{v / 60:.1f}" for v in b.seconds().values()),
+        )
+        for a in analyses
+        for name, b in a.badput.items()
+    ]
     figs = "".join(f"<h2>{html.escape(k)}</h2><img src='{v}'>" for k, v in pngs.items())
     page = f"""<!doctype html><html><head><meta charset="utf-8"><title>gpuwarden demo</title>
 <style>{STYLE}</style></head><body>
@@ -323,6 +335,8 @@ the engine's clock was the scenario's.</p>
 {figs}
 <h2>Job stops and what each cost (minutes)</h2>
 {_table(stops, ["when", "node", "cause", "reactive", "proactive", "engine moved the job"])}
+<h2>Badput by cause, per job and analysis window (minutes; analytics, from the job's steps)</h2>
+{_table(badput, ["window", "job", "elapsed", *CAUSES]) if badput else "<p>none</p>"}
 <h2>Stragglers found by analytics</h2>
 {
         _table(stragglers, ["window", "kind", "where", "slowdown", "persistence"])

@@ -92,6 +92,13 @@ def test_the_backtest_gives_the_figures_the_readme_quotes(
         return
     page = (out / "index.html").read_text()
     assert "SIMULATED" in page and "work_saved_pct=" in page
+    # badput by cause: the day's restarts show as recomputed steps and restart time
+    badput = page.split("Badput by cause", 1)[1].split("</table>", 1)[0]
+    rows = [r for r in badput.split("<tr>")[2:] if "llm-13b" in r]
+    assert len(rows) == 4  # one per analytics window
+    cells = [[c.split("</td>")[0] for c in r.split("<td>")[1:]] for r in rows]
+    assert sum(float(c[4]) for c in cells) > 0  # recompute, minutes
+    assert sum(float(c[5]) for c in cells) > 0  # restart, minutes
     for png in (
         "fleet-health",
         "mfu-goodput",
