@@ -105,12 +105,21 @@ def _layout(steps: pl.DataFrame, shape: ModelShape | None, model: dict[str, Any]
     )
 
 
-def _last_steps(reader: InfluxReader, cfg: AnalyticsConfig, job: str, end_ns: int) -> pl.DataFrame:
-    """Each rank's last step in the hang lookback (one grouped ``last()``, not its points)."""
+def _last_per_rank(
+    reader: InfluxReader,
+    cfg: AnalyticsConfig,
+    job: str,
+    measurement: str,
+    field: str,
+    since_ns: int,
+    end_ns: int,
+) -> pl.DataFrame:
+    """Each rank's last ``field`` point (and its time) since ``since_ns``: one grouped
+    ``last()``, not its points."""
     return reader.aggregate(
-        "job_step",
-        {"step_index": "last:step_index"},
-        end_ns - int(cfg.hangs.lookback_s * 1e9),
+        measurement,
+        {field: f"last:{field}"},
+        since_ns,
         end_ns,
         every_s=None,
         group_tags=["rank", "node"],
@@ -134,15 +143,8 @@ def _stop(
     last_ns = int(last["time"].dt.epoch("ns").max())  # type: ignore[arg-type]
     if (end_ns - last_ns) / 1e9 < sc.stop_after_s or last_ns < start_ns:
         return None
-    beats = reader.aggregate(
-        "job_heartbeat",
-        {"since_step_s": "last:since_step_s"},
-        last_ns - int(cfg.hangs.lookback_s * 1e9),
-        end_ns,
-        every_s=None,
-        group_tags=["rank", "node"],
-        where=_where(cfg, job=job),
-    ).filter(pl.col("rank").is_not_null() & (pl.col("rank") != ""))
+    since = last_ns - int(cfg.hangs.lookback_s * 1e9)
+    beats = _last_per_rank(reader, cfg, job, "job_heartbeat", "since_step_s", since, end_ns)
     signs = [last.select("rank", "node", "time", "step_index")]
     if beats.height:
         signs.append(beats.select("rank", "node", "time").with_columns(
@@ -224,7 +226,8 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             group_tags=["node", "gpu"],
             where=_where(cfg, job=job),
         )
-        last = _last_steps(reader, cfg, job, end_ns)
+        since = end_ns - int(cfg.hangs.lookback_s * 1e9)
+        last = _last_per_rank(reader, cfg, job, "job_step", "step_index", since, end_ns)
         hang = _hang(reader, cfg, job, steps, end_ns, last)
         stop = None if hang is not None else _stop(reader, cfg, job, last, start_ns, end_ns)
         saves = reader.read(

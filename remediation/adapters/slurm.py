@@ -234,6 +234,21 @@ class SlurmAdapter:
             return Outcome(Status.FAILED, msg, details)
         return Outcome(Status.OK, f"requeued {done or 'no jobs'} from {action.node}", details)
 
+    def _await(self, paths: dict[str, Path], request_id: str) -> tuple[dict[str, Any], set[str]]:
+        """Poll each job's answer file for ``request_id`` until all have answered or
+        ``checkpoint_timeout_s`` has passed: the answers (with ``ack_s``), the jobs still silent."""
+        started = time.monotonic()
+        waiting, acks = set(paths), {}
+        while waiting and time.monotonic() - started < self.checkpoint_timeout_s:
+            for jid in sorted(waiting):
+                ack = read_ack(paths[jid], request_id)
+                if ack is not None:
+                    acks[jid] = ack | {"ack_s": round(time.monotonic() - started, 3)}
+                    waiting.discard(jid)
+            if waiting:
+                time.sleep(self.poll_s)
+        return acks, waiting
+
     def _interval(self, action: Action) -> Outcome:
         """Write the job's interval request (``<job>.interval``) and wait for its answer."""
         value = action.params.get("interval_s")
@@ -249,16 +264,16 @@ class SlurmAdapter:
         write_json_atomic(
             interval_path(self.checkpoint_dir, action.job), asked | {"job": action.job}
         )
-        started = time.monotonic()
-        while time.monotonic() - started < self.checkpoint_timeout_s:
-            answer = read_ack(interval_ack_path(self.checkpoint_dir, action.job), action.id)
-            if answer is not None:
-                return Outcome(
-                    Status.OK,
-                    f"job {action.job} checkpoints every {answer.get('interval_s')} s",
-                    {"ack_s": round(time.monotonic() - started, 3)},
-                )
-            time.sleep(self.poll_s)
+        acks, _ = self._await(
+            {action.job: interval_ack_path(self.checkpoint_dir, action.job)}, action.id
+        )
+        if acks:
+            answer = acks[action.job]
+            return Outcome(
+                Status.OK,
+                f"job {action.job} checkpoints every {answer.get('interval_s')} s",
+                {"ack_s": answer["ack_s"]},
+            )
         return Outcome(
             Status.TIMEOUT,
             f"job {action.job} did not take the interval within {self.checkpoint_timeout_s:.0f} s "
@@ -281,17 +296,9 @@ class SlurmAdapter:
             if not self.checkpoint_signal:
                 raise AdapterError("set slurm.checkpoint_dir and/or slurm.checkpoint_signal")
             return Outcome(Status.OK, f"signalled {jobs} (no checkpoint_dir: cannot wait)")
-        started = time.monotonic()
-        waiting = set(jobs)
-        acks: dict[str, Any] = {}
-        while waiting and time.monotonic() - started < self.checkpoint_timeout_s:
-            for jid in sorted(waiting):
-                ack = read_ack(ack_path(self.checkpoint_dir, jid), action.id)
-                if ack is not None:
-                    acks[jid] = ack | {"ack_s": round(time.monotonic() - started, 3)}
-                    waiting.discard(jid)
-            if waiting:
-                time.sleep(self.poll_s)
+        acks, waiting = self._await(
+            {jid: ack_path(self.checkpoint_dir, jid) for jid in jobs}, action.id
+        )
         details = {"jobs": jobs, "acks": acks, "missing": sorted(waiting)}
         if waiting:
             msg = f"no checkpoint from {sorted(waiting)} within {self.checkpoint_timeout_s:.0f} s"

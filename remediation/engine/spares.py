@@ -62,7 +62,7 @@ class Spares:
             log.error("spares: no inventory (%s); the pool is not refilled", exc)
             return []
         short = self.settings.spares - len(inv.spares)
-        idle = [n for n in inv.idle if n not in inv.out and n not in self.memory.taken_out]
+        idle = [n for n in inv.idle if n not in self.memory.taken_out]  # idle: never out
         taken = []
         for node in sorted(idle, reverse=True)[: max(0, short)]:
             self._do("hold", node, pool.hold_spare)
