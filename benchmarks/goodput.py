@@ -45,6 +45,7 @@ from demo.goodput import (
     Levers,
     Setup,
     ablation,
+    every_subset,
     outages_of,
     saved_pct,
     shapley,
@@ -111,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
                 horizon_s=model.meta.horizon_s,
             )  # fmt: skip
             outages = outages_of(gen.faults, gen.node_names)
-            arms = ablation(outages, alerts, setup)
+            runs = every_subset(outages, alerts, setup)
+            arms = ablation(runs)
             at_cost = {}
             for c in COSTS:
                 s = dataclasses.replace(setup, cost_s=c)
@@ -119,7 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                     simulate(outages, alerts, s, Levers()),
                     simulate(outages, alerts, s, Levers.all()),
                 )
-            _, _, share = shapley(outages, alerts, setup)
+            share = shapley(runs)
             by_hand = dataclasses.replace(setup, operator_s=OPERATOR_S)
             helped = saved_pct(
                 simulate(outages, alerts, by_hand, Levers()),

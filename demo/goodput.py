@@ -299,28 +299,30 @@ def simulate(
     return _Day(outages, alerts, setup, levers).run()
 
 
-def ablation(outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup) -> dict[str, Badput]:
-    """Reactive, every lever, and every lever but one, in turn."""
-    arms = {"reactive": Levers(), "all": Levers.all()}
-    arms |= {f"no-{lever}": Levers.all().without(lever) for lever in LEVERS}
-    return {name: simulate(outages, alerts, setup, lv) for name, lv in arms.items()}
-
-
-def shapley(
+def every_subset(
     outages: Sequence[Outage], alerts: Sequence[Alert], setup: Setup
-) -> tuple[Badput, Badput, dict[str, float]]:
-    """Reactive, every lever, and each lever's Shapley share of the seconds saved: its marginal
-    saving averaged over every order of switching the levers on (levers that stand in for each
-    other, such as prediction and isolation both keeping a job off a broken node, share the
-    saving instead of each showing none). The shares add up to the whole saving."""
+) -> dict[frozenset[str], Badput]:
+    """The day under every subset of the levers (16 runs), keyed by the levers on."""
+    return {
+        frozenset(on): simulate(outages, alerts, setup, Levers(**dict.fromkeys(on, True)))
+        for k in range(len(LEVERS) + 1)
+        for on in itertools.combinations(LEVERS, k)
+    }
+
+
+def ablation(runs: dict[frozenset[str], Badput]) -> dict[str, Badput]:
+    """Reactive, every lever, and every lever but one, in turn (from :func:`every_subset`)."""
+    every = frozenset(LEVERS)
+    arms = {"reactive": runs[frozenset()], "all": runs[every]}
+    return arms | {f"no-{lever}": runs[every - {lever}] for lever in LEVERS}
+
+
+def shapley(runs: dict[frozenset[str], Badput]) -> dict[str, float]:
+    """Each lever's Shapley share of the seconds saved (from :func:`every_subset`): its
+    marginal saving averaged over every order of switching the levers on (levers that stand in
+    for each other, such as prediction and isolation both keeping a job off a broken node,
+    share the saving instead of each showing none). The shares add up to the whole saving."""
     n = len(LEVERS)
-    lost: dict[frozenset[str], float] = {}
-    runs: dict[frozenset[str], Badput] = {}
-    for k in range(n + 1):
-        for on in itertools.combinations(LEVERS, k):
-            key = frozenset(on)
-            runs[key] = simulate(outages, alerts, setup, Levers(**dict.fromkeys(on, True)))
-            lost[key] = runs[key].total_s
     share = {}
     for lever in LEVERS:
         others = [x for x in LEVERS if x != lever]
@@ -329,9 +331,9 @@ def shapley(
             weight = math.factorial(k) * math.factorial(n - k - 1) / math.factorial(n)
             for on in itertools.combinations(others, k):
                 key = frozenset(on)
-                total += weight * (lost[key] - lost[key | {lever}])
+                total += weight * (runs[key].total_s - runs[key | {lever}].total_s)
         share[lever] = total
-    return runs[frozenset()], runs[frozenset(LEVERS)], share
+    return share
 
 
 def outages_of(faults: Iterable[Fault], names: Sequence[str]) -> list[Outage]:

@@ -16,12 +16,14 @@ from analytics.cadence import (
     stepfun_rate_per_node_s,
 )
 from demo.goodput import (
+    LEVERS,
     Alert,
     Levers,
     Outage,
     Setup,
     _Day,
     ablation,
+    every_subset,
     saved_pct,
     shapley,
     simulate,
@@ -154,7 +156,7 @@ def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
 
 
 def test_ablation_has_every_arm() -> None:
-    arms = ablation([XID79], [Alert("n1", 4000.0)], _setup())
+    arms = ablation(every_subset([XID79], [Alert("n1", 4000.0)], _setup()))
     assert set(arms) == {"reactive", "all", "no-prediction", "no-cadence", "no-isolation",
                          "no-lemon"}  # fmt: skip
     assert arms["all"].total_s < arms["reactive"].total_s
@@ -174,7 +176,8 @@ def test_the_engine_guards_hold_for_risk_alerts() -> None:
 def test_shapley_shares_add_up_to_the_saving() -> None:
     outages = [XID79, Outage("n0", 12_000.0, 15_000.0, "node_down", slurm_sees=True)]
     alerts = [Alert("n1", 4000.0)]
-    reactive, every, share = shapley(outages, alerts, _setup())
+    runs = every_subset(outages, alerts, _setup())
+    reactive, every, share = runs[frozenset()], runs[frozenset(LEVERS)], shapley(runs)
     assert set(share) == {"prediction", "cadence", "isolation", "lemon"}
     assert sum(share.values()) == pytest.approx(reactive.total_s - every.total_s)
     assert share["lemon"] == pytest.approx(0.0)  # no node taken out three times
