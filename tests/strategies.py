@@ -27,6 +27,7 @@ def representable(name: str) -> bool:
 
 names = _hostile_text.filter(representable)
 measurements = names.filter(lambda n: not n.startswith(("#", "\t", "\x00")))
+field_keys = names.filter(lambda n: not n.startswith(("\t", "\x00")))
 string_values = st.text(
     alphabet=st.one_of(st.sampled_from(HOSTILE + "\n"), st.characters(codec="utf-8")),
     min_size=1,

@@ -11,7 +11,8 @@ Some names have no representation at all, and the encoder raises :class:`LinePro
 for them rather than writing something that reads back different: an empty name, a newline
 in a name (it would end the line), a trailing backslash (it would escape the separator), a
 measurement starting with ``#`` (a comment line) or with a tab or NUL (InfluxDB skips them at
-the start of a line, so the name would lose them), and the key ``time``. An empty tag value
+the start of a line, so the name would lose them), a field key starting with a tab or NUL (it
+skips them before the field set too), and the key ``time``. An empty tag value
 means "no tag" and is left out.
 
 Values: ``int`` is written with the ``i`` suffix (and must fit in int64), ``bool`` as
@@ -110,6 +111,12 @@ def escape_measurement(name: str) -> str:
 
 def escape_key(name: str, what: str = "key") -> str:
     check_name(name, what)
+    if what == "field key" and name.startswith(("\t", "\x00")):
+        # the field set follows a space, and InfluxDB skips tabs and NULs after it too: the
+        # first field's key would lose them (it stores "\tx" as "x", "\t" as "")
+        raise LineProtocolError(
+            f"field key {name!r} starts with a tab or NUL, which InfluxDB skips before the fields"
+        )
     return name.translate(_KEY_ESCAPES)
 
 
