@@ -26,6 +26,8 @@ def representable(name: str) -> bool:
 
 
 names = _hostile_text.filter(representable)
+# the frame encoder refuses "*" and ^...$ (polars patterns; see core.store.lineprotocol.frame)
+names = names.filter(lambda n: n != "*" and not (n.startswith("^") and n.endswith("$")))
 measurements = names.filter(lambda n: not n.startswith(("#", "\t", "\x00")))
 field_keys = names.filter(lambda n: not n.startswith(("\t", "\x00")))
 string_values = st.text(

@@ -76,6 +76,11 @@ def encode_frame(
     ``fields`` defaults to every column that is neither a tag nor the time. When the
     measurement is in the catalogue, each field's dtype must match its declared type.
     """
+    for name in df.columns:
+        # pl.col() reads "*" as every column and ^...$ as a regex: such a column would be
+        # written as other columns' data (found by the property test); refuse it
+        if name == "*" or (name.startswith("^") and name.endswith("$")):
+            raise LineProtocolError(f"column {name!r} is a polars pattern; rename it")
     if stats is None:
         stats = EncodeStats()
     if df.height > CHUNK_ROWS:
