@@ -13,16 +13,17 @@ import itertools
 import json
 import logging
 import math
+import time
 
 import pytest
-from hypothesis import assume, given, settings
+from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
 from collector.relay import LOG_EVERY_S, MAX_BODY, ReporterRelay
 from core.catalogue import check_point
 from core.errors import LineProtocolError
 from core.store.lineprotocol import Point, encode_point
-from core.store.lineprotocol.strict import parse_lines
+from core.store.lineprotocol.strict import PRECISIONS, parse_lines
 from tests import strategies as hs
 
 NOW = 1_700_000_000_123_456_789
@@ -80,6 +81,55 @@ def test_the_reader_names_what_is_wrong_and_where(line, says):
     assert says in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [  # the cases InfluxDB's own tests (models/points_test.go) hold, which the reader got wrong
+        ("m v=1e400", "field 'v': 1e400 is out of a 64-bit float's range"),
+        ("m v=-1e400", "out of a 64-bit float's range"),
+        ("cpu,host=serverA,host=serverB value=1i 1000000000", "column 18: tag key 'host' appears"),
+        ("cpu value=1 -9223372036854775808", "out of InfluxDB's range"),
+        ("cpu value=1 -9223372036854775807", "out of InfluxDB's range"),
+        ("cpu value=1 9223372036854775807", "out of InfluxDB's range"),
+        ("m v=18446744073709551615u", "does not fit in a signed 64-bit integer"),
+        ("m v=18446744073709551616u", "18446744073709551616u does not fit in 64 bits"),
+    ],
+)
+def test_the_reader_refuses_what_influxdb_refuses(line, says):
+    with pytest.raises(LineProtocolError) as caught:
+        parse_lines(line, NOW)
+    assert says in str(caught.value)
+    assert "write 18446744073709551615i" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("line", "point"),
+    [
+        (
+            "cpu    value=1.0 1257894000000000000",
+            Point("cpu", {}, {"value": 1.0}, 1257894000000000000),
+        ),
+        ("cpu \t\x00 value=1 \t 5", Point("cpu", {}, {"value": 1.0}, 5)),
+        ("\x00cpu value=1 5", Point("cpu", {}, {"value": 1.0}, 5)),
+        ("\x00\t cpu,a=b value=1 5", Point("cpu", {"a": "b"}, {"value": 1.0}, 5)),
+        ("m v=1e-400 5", Point("m", {}, {"v": 0.0}, 5)),
+        ("m v=1 -9223372036854775806", Point("m", {}, {"v": 1.0}, -(2**63) + 2)),
+        ("m v=1 9223372036854775806", Point("m", {}, {"v": 1.0}, 2**63 - 2)),
+    ],
+)
+def test_the_reader_reads_what_influxdb_reads(line, point):
+    assert parse_lines(line, NOW) == [point]
+
+
+@pytest.mark.parametrize(
+    ("precision", "unit_ns"),
+    [("ns", 1), ("u", 10**3), ("ms", 10**6), ("s", 10**9), ("h", 3600 * 10**9)],
+)
+def test_a_line_without_a_timestamp_is_stamped_at_the_requests_precision(precision, unit_ns):
+    (point,) = parse_lines("m v=1", NOW, PRECISIONS[precision])
+    assert point.time_ns == NOW // unit_ns * unit_ns
+    assert NOW - unit_ns < point.time_ns <= NOW
+
+
 def test_blank_lines_comments_crlf_and_leading_spaces():
     text = '\n# a comment\n  m,t=a v=1i 5\r\n\n\tm s="two\nlines" 6\n'
     assert parse_lines(text, NOW) == [
@@ -122,6 +172,118 @@ def test_what_the_reader_accepts_influxdb_reads_the_same(influxd, influx_db, tem
             assert math.isclose(read, value) or (read == value == 0)
         else:
             assert read == value and type(read) is type(value), key
+
+
+# Pieces of lines that InfluxDB's parser treats specially: blanks it skips, numbers at and past
+# the edges of their types, reserved timestamps, repeated and reserved keys. A generated line
+# joins them with the separators InfluxDB is picky about.
+def _mostly(usual: list[str], odd: list[str]) -> st.SearchStrategy[str]:
+    """One of ``odd`` about a quarter of the time, else one of ``usual``: a line with three
+    or four pieces then reaches the database whole often enough to compare what it stored."""
+    return st.one_of(st.sampled_from(usual), st.sampled_from(usual), st.sampled_from(usual),
+                     st.sampled_from(odd))  # fmt: skip
+
+
+_BLANKS = _mostly([""], ["\t", "\x00", "  ", " \t\x00"])
+_TAG_KEYS = _mostly(["host", "a", "b", "h\\ st", "k\\=x"], ["host", "time", ""])
+_TAG_VALUES = _mostly(["x", "serverA", "v\\,w", "1"], ["", "t\\"])
+_FIELD_KEYS = _mostly(["v", "w", "x\\ y"], ["time", "v", ""])
+_VALUES = _mostly(
+    ["1", "-1", "1.5", ".5", "5.", "-0", "1e3", "1E+3", "1e-400", "4.9e-324",
+     "1.7976931348623157e308", "1i", "-9223372036854775808i", "9223372036854775807i", "t",
+     "FALSE", "True", '"s"', '"q\\"uote"'],
+    ["1e400", "-1e400", "1.8e308", "9223372036854775808i", "3u", "18446744073709551616u",
+     "nan", "inf", "1e", "1.2.3", "+1", "--1", "1x", ""],
+)  # fmt: skip
+_STAMPS = _mostly(
+    ["", "0", "5", "-5", "1257894000000000000", "-9223372036854775806", "9223372036854775806"],
+    ["-9223372036854775808", "-9223372036854775807", "9223372036854775807",
+     "9223372036854775808", "12x", "-", "1 2"],
+)  # fmt: skip
+_SEPARATORS = _mostly([" "], ["  ", " \t", " \x00 ", "\t", ""])
+_PRECISIONS = st.sampled_from(["ns", "u", "ms", "s"])
+# Where the reader is stricter than InfluxDB on purpose (see core.store.lineprotocol.strict):
+# InfluxDB 1.6.7 stores 'm v="s"\t0' as the string 's"\t', and takes "m \t=1" as a field with
+# no name (its check for a missing key looks for a space before "=", and the tab it skipped is
+# not one).
+STRICTER = (
+    "unsigned integer",
+    "appears twice",
+    "'time' is reserved",
+    "'nan' is not a number",
+    "'inf' is not a number",
+    "empty field key",
+    "after the closing quote",
+)
+
+
+@st.composite
+def hostile_lines(draw: st.DrawFn) -> tuple[str, str]:
+    tags = draw(st.lists(st.tuples(_TAG_KEYS, _TAG_VALUES), max_size=3))
+    fields = draw(st.lists(st.tuples(_FIELD_KEYS, _VALUES), min_size=1, max_size=3))
+    stamp = draw(_STAMPS)
+    line = draw(_BLANKS) + "fz{n}" + "".join(f",{k}={v}" for k, v in tags)
+    line += draw(_SEPARATORS) + ",".join(f"{k}={v}" for k, v in fields)
+    if stamp:
+        line += draw(_SEPARATORS) + stamp
+    return line + draw(st.sampled_from(["", " ", "  "])), draw(_PRECISIONS)
+
+
+@pytest.mark.influxdb
+@settings(
+    max_examples=400, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)  # every example writes a measurement of its own to the one database
+@given(case=hostile_lines())
+def test_what_the_reader_accepts_influxdb_stores_the_same_and_it_refuses_nothing_else(
+    influxd, influx_db, case
+):
+    """Differential fuzz against the real InfluxDB: a line the reader accepts, InfluxDB accepts
+    and stores exactly as read; a line the reader refuses, InfluxDB refuses too, unless the
+    reader says it is one of its deliberate strictnesses."""
+    template, precision = case
+    n = next(_seq)
+    line = template.format(n=n)
+    before = time.time_ns()
+    try:
+        points = parse_lines(line, before, PRECISIONS[precision])
+        refusal = ""
+    except LineProtocolError as e:
+        points, refusal = [], str(e)
+    conn = http.client.HTTPConnection("127.0.0.1", influxd.port, timeout=30)
+    conn.request("POST", f"/write?db={influx_db}&precision={precision}", line.encode())
+    answer = conn.getresponse()
+    said = answer.read().decode()
+    event(f"reader {'refuses' if refusal else 'accepts'}, InfluxDB answers {answer.status}")
+    if refusal:
+        assert answer.status == 400 or any(s in refusal for s in STRICTER), (refusal, said)
+        return
+    assert answer.status == 204, (line, said)
+    (point,) = points
+    result = json.loads(influxd.query(f'SELECT * FROM "{point.measurement}"', influx_db))
+    (series,) = result["results"][0]["series"]
+    (values,) = series["values"]
+    row = dict(zip(series["columns"], values, strict=True))
+    stored = row.pop("time")
+    if stamp_given(line):
+        assert stored == point.time_ns
+    else:  # stamped on arrival by each: both truncated to the precision
+        unit = PRECISIONS[precision]
+        assert stored % unit == 0 and point.time_ns % unit == 0
+    assert {k: row.pop(k) for k in point.tags} == dict(point.tags)
+    fields = {k: v for k, v in row.items() if v is not None}
+    assert set(fields) == set(point.fields), (line, row)
+    for key, value in point.fields.items():
+        read = fields[key]
+        if isinstance(value, float):
+            assert math.isclose(read, value) or (read == value == 0), (line, key)
+        else:
+            assert read == value and type(read) is type(value), (line, key)
+
+
+def stamp_given(line: str) -> bool:
+    """Whether the line ends in a timestamp (the generator's lines: a last token of digits)."""
+    last = line.rstrip(" ").rsplit(" ", 1)
+    return len(last) == 2 and last[1].lstrip("-").isdigit() and "=" not in last[1]
 
 
 # -- the relay -------------------------------------------------------------------------------
