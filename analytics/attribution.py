@@ -1,18 +1,31 @@
-"""Why is this rank slow? Its GPU, its NIC, or its links, from its node's own telemetry.
+"""Why is this rank slow? Its GPU, its PCIe link, its node's power, its links or its NIC, from
+its node's own telemetry.
 
 Called for each worker straggler with the node's ``gpu`` samples and port rates over the stretch
 the worker was slow. The suspect GPU is compared with the other GPUs of the same node (same
-job, same model, same cooling: the fairest peers there are):
+job, same model, same cooling, same switch: the fairest peers there are, and the ones that share
+every slowdown that is not the GPU's own, a congested switch included).
 
-Only samples where the GPUs are busy (utilisation at least 50 %) are compared, when the suspect
-has enough of them: idle GPUs park their clocks.
+Clocks are compared like with like: while GPUs are busy (utilisation at least 50 %), busy
+samples with busy peers' samples; a suspect busy in fewer than ``MIN_BUSY_SAMPLES`` samples is
+compared idle with its idle peers, because an idle GPU parks its clocks. Comparing an idle
+suspect's parked clock with busy peers' full clocks blamed GPUs under a congested switch on the
+analytics benchmark: a rank waiting on the network idles its GPU, and the parked clock read as
+a slow GPU.
 
-* **gpu**: its SM clock is lower than its node peers' (``clock_ratio`` below 0.95), or it spends
-  more time than they do in a hardware/thermal/power clock-event reason (power is reported as
-  evidence only);
+* **gpu**: its SM clock is lower than its busy node peers' (``clock_ratio`` below 0.95), or it
+  spends a larger share of its busy samples than they do (by more than 0.2) *both* in a
+  hardware/thermal/power clock-event reason *and* below their clock. A reason whose clock is
+  not lower (a GPU sitting at its software power cap at full clock, as busy GPUs do) slows
+  nothing and is reported as evidence only; that mistake blamed a GPU that merely drew more
+  power than its peers;
 * **pcie**: otherwise, the suspect GPU's PCIe link ran narrower than the GPU and its slot
   allow (``pcie_link_downtrained_active``) for at least half the stretch: its traffic to the
   NIC and the host is slower, though the GPU itself is fine;
+* **power**: otherwise, the whole node runs slow: its busy GPUs' median clock is below 95 % of
+  their maximum while a power-brake or hardware-slowdown reason (the board's or the rack's
+  power or cooling asserting it, not the driver's own power cap) is active in at least half of
+  their busy samples;
 * **link**: the node's ports show physical-layer errors (symbol errors, link recoveries, the
   link going down) during the stretch;
 * **nic**: the node's ports spend a noticeable share of time blocked (``xmit_wait``) or
@@ -36,8 +49,13 @@ SLOW_REASONS = (
     "hw_power_brake_slowdown",
     "sw_power_cap",
 )
+#: what the board or the rack asserts (not the driver's own power cap): a node-wide slowdown
+POWER_REASONS = ("hw_slowdown", "hw_power_brake_slowdown")
 BUSY_UTIL_PCT = 50.0
+MIN_BUSY_SAMPLES = 5
+CLOCK_RATIO = 0.95
 _SLOW_MASK = sum(CLOCK_EVENT_REASONS[r] for r in SLOW_REASONS)
+_POWER_MASK = sum(CLOCK_EVENT_REASONS[r] for r in POWER_REASONS)
 
 
 def _median(df: pl.DataFrame, col: str) -> float | None:
@@ -47,8 +65,84 @@ def _median(df: pl.DataFrame, col: str) -> float | None:
     return float(value) if isinstance(value, int | float) else None
 
 
+def _mean(df: pl.DataFrame, col: str) -> float | None:
+    if col not in df.columns or df.is_empty():
+        return None
+    return num(df[col].cast(pl.Float64).mean())
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
+
+
+def _gpu_cause(gpu: pl.DataFrame, suspect_gpu: str, evidence: dict[str, Any]) -> str:
+    """``gpu``, ``pcie``, ``power`` or ``unknown`` from the node's GPU samples; fills
+    ``evidence``."""
+    reasons = pl.col("clock_event_reasons_code").fill_null(0)
+    if "clock_event_reasons_code" in gpu.columns:
+        gpu = gpu.with_columns(
+            ((reasons & _SLOW_MASK) > 0).alias("_reason"),
+            ((reasons & _POWER_MASK) > 0).alias("_power"),
+        )
+    mine_all = gpu.filter(pl.col("gpu") == suspect_gpu)
+    busy = same = gpu
+    if "gpu_util_pct" in gpu.columns:
+        is_busy = pl.col("gpu_util_pct") >= BUSY_UTIL_PCT
+        busy = gpu.filter(is_busy)
+        evidence["busy_share"] = _mean(mine_all.with_columns(is_busy.alias("_b")), "_b")
+        same = busy
+        if busy.filter(pl.col("gpu") == suspect_gpu).height < MIN_BUSY_SAMPLES:
+            same = gpu.filter(~is_busy)  # idle with idle: a parked clock against parked clocks
+            evidence["compared_while"] = "idle"
+    mine = same.filter(pl.col("gpu") == suspect_gpu)
+    peers = same.filter(pl.col("gpu") != suspect_gpu)
+    evidence.update(
+        power_ratio=_ratio(_median(mine_all, "power_w"), _median(peers, "power_w")),
+        util_ratio=_ratio(
+            _median(mine_all, "gpu_util_pct"),
+            _median(gpu.filter(pl.col("gpu") != suspect_gpu), "gpu_util_pct"),
+        ),
+        temp_c=_median(mine_all, "gpu_temp_c"),
+        peers_temp_c=_median(peers, "gpu_temp_c"),
+    )
+    cause = "unknown"
+    peer_clock = _median(peers, "sm_clock_mhz")
+    if mine.height >= MIN_BUSY_SAMPLES:
+        clock = _ratio(_median(mine, "sm_clock_mhz"), peer_clock)
+        evidence["clock_ratio"] = clock
+        if "_reason" in gpu.columns and peer_clock and peers.height:
+            low = pl.col("sm_clock_mhz") < CLOCK_RATIO * peer_clock
+            slowed = _mean(mine.with_columns((pl.col("_reason") & low).alias("_s")), "_s")
+            peers_slowed = _mean(peers.with_columns((pl.col("_reason") & low).alias("_s")), "_s")
+            evidence.update(
+                throttled_share=_mean(mine, "_reason"),
+                peers_throttled_share=_mean(peers, "_reason"),
+                slowed_share=slowed,
+                peers_slowed_share=peers_slowed,
+            )
+            if (slowed or 0.0) - (peers_slowed or 0.0) > 0.2:
+                cause = "gpu"
+        if clock is not None and clock < CLOCK_RATIO:
+            cause = "gpu"
+    else:
+        evidence["note"] = "too few samples of the GPU to compare its clocks"
+    if cause == "unknown" and "pcie_link_downtrained_active" in mine_all.columns:
+        share = _mean(mine_all, "pcie_link_downtrained_active")
+        if share:
+            evidence.update(
+                pcie_downtrained_share=share,
+                pcie_link_width_count=_median(mine_all, "pcie_link_width_count"),
+                pcie_link_width_max_count=_median(mine_all, "pcie_link_width_max_count"),
+            )
+            if share >= 0.5:
+                cause = "pcie"
+    if cause == "unknown" and "_power" in busy.columns and busy.height >= MIN_BUSY_SAMPLES:
+        node_clock = _ratio(_median(busy, "sm_clock_mhz"), _median(busy, "sm_clock_max_mhz"))
+        braked = _mean(busy, "_power")
+        evidence.update(node_clock_ratio=node_clock, node_power_brake_share=braked)
+        if node_clock is not None and node_clock < CLOCK_RATIO and (braked or 0.0) >= 0.5:
+            cause = "power"
+    return cause
 
 
 def attribute(
@@ -59,53 +153,7 @@ def attribute(
     evidence: dict[str, Any] = {"gpu": suspect_gpu}
     cause = "unknown"
     if not gpu.is_empty() and "gpu" in gpu.columns:
-        if "clock_event_reasons_code" in gpu.columns:
-            gpu = gpu.with_columns(
-                ((pl.col("clock_event_reasons_code").fill_null(0) & _SLOW_MASK) > 0).alias(
-                    "_slowed"
-                )
-            )
-        if "gpu_util_pct" in gpu.columns:
-            # Clocks and power are only comparable while GPUs are busy: an idle GPU parks its
-            # clocks, and a busy one among idle peers would look "fast".
-            busy = gpu.filter(pl.col("gpu_util_pct") >= BUSY_UTIL_PCT)
-            if busy.filter(pl.col("gpu") == suspect_gpu).height >= 5:
-                gpu = busy
-        mine = gpu.filter(pl.col("gpu") == suspect_gpu)
-        peers = gpu.filter(pl.col("gpu") != suspect_gpu)
-        clock = _ratio(_median(mine, "sm_clock_mhz"), _median(peers, "sm_clock_mhz"))
-        power = _ratio(_median(mine, "power_w"), _median(peers, "power_w"))
-        util = _ratio(_median(mine, "gpu_util_pct"), _median(peers, "gpu_util_pct"))
-        slowed = peers_slowed = None
-        if "_slowed" in gpu.columns and mine.height and peers.height:
-            slowed = num(mine["_slowed"].mean())
-            peers_slowed = num(peers["_slowed"].mean())
-        evidence.update(
-            clock_ratio=clock,
-            power_ratio=power,
-            util_ratio=util,
-            throttled_share=slowed,
-            peers_throttled_share=peers_slowed,
-            temp_c=_median(mine, "gpu_temp_c"),
-            peers_temp_c=_median(peers, "gpu_temp_c"),
-        )
-        # Power is evidence, not a verdict: GPUs of one node differ in draw by 10-20 % at the
-        # same work, so a low draw alone blamed healthy GPUs (seen on the congested-ToR
-        # benchmark); clocks and clock-event reasons are what a slow GPU shows.
-        if (clock is not None and clock < 0.95) or (
-            slowed is not None and peers_slowed is not None and slowed - peers_slowed > 0.2
-        ):
-            cause = "gpu"
-        elif "pcie_link_downtrained_active" in mine.columns and mine.height:
-            share = num(mine["pcie_link_downtrained_active"].cast(pl.Float64).mean())
-            if share:
-                evidence.update(
-                    pcie_downtrained_share=share,
-                    pcie_link_width_count=_median(mine, "pcie_link_width_count"),
-                    pcie_link_width_max_count=_median(mine, "pcie_link_width_max_count"),
-                )
-                if share >= 0.5:
-                    cause = "pcie"
+        cause = _gpu_cause(gpu, suspect_gpu, evidence)
     if cause == "unknown" and not ports.is_empty():
         errors = sum(
             num(ports[c].drop_nulls().sum())

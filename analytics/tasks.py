@@ -355,6 +355,7 @@ def attribution_task(
             end_ns,
             fields=[
                 "sm_clock_mhz",
+                "sm_clock_max_mhz",
                 "power_w",
                 "gpu_util_pct",
                 "gpu_temp_c",
