@@ -129,6 +129,9 @@ class FaultType:
     drifts_config: ClassVar[bool] = False
     #: the scenario file must name the job it hits (``job = ...``)
     needs_job: ClassVar[bool] = False
+    #: what a straggler this fault slows should be blamed on (the attribution's vocabulary:
+    #: gpu, pcie, power, nic, stage); None for a fault that slows no rank
+    cause: ClassVar[str | None] = None
 
     def choose_xid(self, given: int, rng: np.random.Generator) -> int:
         """The XID the fault raises at onset (0: none); ``given`` is the scenario file's."""
@@ -262,6 +265,7 @@ class NvlinkCrcStorm(FaultType):
 @register
 class PcieReplay(FaultType):
     name = "pcie_replay"
+    cause = "pcie"
     defaults = FaultDefaults(
         3600,
         0,
@@ -283,6 +287,7 @@ class PcieReplay(FaultType):
 @register
 class ThermalSlowdown(FaultType):
     name = "thermal_slowdown"
+    cause = "gpu"
     defaults = FaultDefaults(
         1200,
         0,
@@ -307,6 +312,7 @@ class ThermalSlowdown(FaultType):
 @register
 class PowerBrake(FaultType):
     name = "power_brake"
+    cause = "power"
     defaults = FaultDefaults(
         0,
         0,
@@ -359,6 +365,7 @@ class IbFlap(FaultType):
 @register
 class TorCongestion(FaultType):
     name = "tor_congestion"
+    cause = "nic"
     defaults = FaultDefaults(
         0,
         0,
@@ -398,6 +405,7 @@ class TorCongestion(FaultType):
 @register
 class SlowGpu(FaultType):
     name = "slow_gpu"
+    cause = "gpu"
     defaults = FaultDefaults(
         0, 0, 0.25, False, "sm_clock_mhz and power_w down on one GPU; its rank's step_time_s up"
     )
@@ -414,6 +422,7 @@ class SlowGpu(FaultType):
 @register
 class SlowStage(FaultType):
     name = "slow_stage"
+    cause = "stage"
     defaults = FaultDefaults(
         0, 0, 0.3, False, "every rank of one pipeline stage: step_time_s up (no hardware cause)"
     )

@@ -478,6 +478,9 @@ class ScenarioGenerator:
             "remapped_rows_failure_active": failure.reshape(-1),
             "pcie_link_gen_code": np.full(T * G, prof.pcie_gen, dtype=np.int64),
             "pcie_link_width_count": width.reshape(-1),
+            # as the agent writes them: the most the GPU and its slot allow, asked once
+            "pcie_link_width_max_count": np.full(T * G, 16, dtype=np.int64),
+            "pcie_link_downtrained_active": (width < 16).reshape(-1),
             "process_count": (util > 0).astype(np.int64).reshape(-1),
         }
         if prof.gpm:

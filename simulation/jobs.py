@@ -124,14 +124,18 @@ class JobSchedule:
         world = js.nodes * self.spec.gpus_per_node
         return np.arange(world) // (world // js.pp)
 
-    def _rank_factors(self, js: JobSpec, nodes: list[int], t: float) -> NDArray[np.float64]:
+    def ranks(self, js: JobSpec, nodes: list[int]) -> Ranks:
+        """The node, GPU and pipeline stage of each rank of ``js`` running on ``nodes``."""
         g = self.spec.gpus_per_node
-        world = js.nodes * g
-        ranks = Ranks(
+        return Ranks(
             node=np.repeat(np.array(nodes), g),
             gpu=np.tile(np.arange(g), js.nodes),
             stage=self._stages(js),
         )
+
+    def _rank_factors(self, js: JobSpec, nodes: list[int], t: float) -> NDArray[np.float64]:
+        world = js.nodes * self.spec.gpus_per_node
+        ranks = self.ranks(js, nodes)
         factor = np.ones(world)
         for f in self.faults:
             if not f.active(t):

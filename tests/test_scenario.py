@@ -112,6 +112,17 @@ def test_every_fault_type_has_a_signature_test():
     assert set(DEFAULTS) == set(FAULT_TYPES)
 
 
+def test_every_fault_type_that_slows_ranks_names_their_cause():
+    """The ground truth the attribution is scored against (simulation.causes)."""
+    from simulation.causes import CAUSES
+    from simulation.faulttypes import REGISTRY, FaultType
+
+    slows = {n for n, t in REGISTRY.items() if type(t).slowdown is not FaultType.slowdown}
+    named = {n for n, t in REGISTRY.items() if t.cause is not None}
+    assert slows == named
+    assert {REGISTRY[n].cause for n in named} == set(CAUSES)
+
+
 def test_signature_xid79():
     gen, out = _run([{"type": "xid79", "at_s": 1800, "node": 1, "gpu": 2}])
     ev = out["gpu_event"]
@@ -192,6 +203,10 @@ def test_signature_pcie_replay():
     assert g["pcie_replay_total"].max() > 100
     assert g.filter(pl.col("t") >= 2400)["pcie_link_width_count"].unique().to_list() == [8]
     assert g.filter(pl.col("t") < 2400)["pcie_link_width_count"].unique().to_list() == [16]
+    # as the agent writes them: the widest link allowed, and whether this one runs narrower
+    assert g["pcie_link_width_max_count"].unique().to_list() == [16]
+    assert g.filter(pl.col("t") >= 2400)["pcie_link_downtrained_active"].all()
+    assert not g.filter(pl.col("t") < 2400)["pcie_link_downtrained_active"].any()
 
 
 def test_signature_thermal_slowdown():
