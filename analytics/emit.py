@@ -2,8 +2,9 @@
 
 Finding kinds (the remediation engine matches policies on them):
 
-* ``straggler``: one rank slower than its peers; ``evidence.cause`` says gpu, pcie, nic, link
-  or unknown (a gpu cause is actionable: the node can be drained; pcie names a link to check);
+* ``straggler``: one rank slower than its peers; ``evidence.cause`` says gpu, pcie, power,
+  nic, link or unknown (a gpu cause is actionable: the node can be drained; pcie names a link
+  to check; power, a node whose board or rack holds every GPU back);
 * ``pipeline_imbalance``: a pipeline stage slower than the others (a job layout matter, no
   machine to blame);
 * ``load_imbalance``: spread over all workers, the slowest one changing step to step;
@@ -66,7 +67,9 @@ def _job_findings(a: Analysis, job: JobResult) -> list[Finding]:
         evidence["cause"] = cause
         if s.worker in job.straggler_cost_s:  # what fixing it would give back, in job time
             evidence["fix_gain_s"] = round(job.straggler_cost_s[s.worker], 3)
-        severity = Severity.WARNING if cause in ("gpu", "pcie", "nic", "link") else Severity.INFO
+        severity = (
+            Severity.WARNING if cause in ("gpu", "pcie", "power", "nic", "link") else Severity.INFO
+        )
         out.append(
             Finding(
                 kind=KIND[s.kind],

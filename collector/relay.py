@@ -12,7 +12,8 @@ A request is taken whole or not at all: one bad line answers 400 naming its line
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
 ``job_model``) are accepted. A line without a timestamp is stamped when it arrives, truncated
 to the request's precision as InfluxDB does (not when the spool reaches the database, which
-may be hours later after an outage). A body over 1 MiB (after decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``).
+may be hours later after an outage). A body over 1 MiB (after decompression) answers 413.
+Listens on loopback by default (``agent.reporter_listen``).
 """
 
 from __future__ import annotations

@@ -173,6 +173,14 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": ["job"],
         "actions": ["notify"],
     },
+    # every GPU of a node below its maximum clock under a power brake or hardware slowdown
+    {
+        "name": "slow-node-power",
+        "kinds": ["straggler"],
+        "evidence": {"cause": "power"},
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
     # A GPU set up unlike its fleet (driver, VBIOS, ECC, persistence, MIG) or waiting for a
     # reset: someone has to look (a rollout in progress is not a fault), so tell, do not act
     {
