@@ -107,6 +107,7 @@ def serve(config: RemediationConfig) -> int:
         max_findings=e["max_findings_per_request"],
         max_finding_age_s=e["max_finding_age_s"],
         max_clock_skew_s=e["max_clock_skew_s"],
+        alerts_unsigned=e["alerts_unsigned"],
     )
     host, _, port = e["listen"].rpartition(":")
     server = make_server(endpoint, host or "127.0.0.1", int(port))

@@ -50,6 +50,7 @@ ENGINE = {
     "max_findings_per_request": 1000,
     "max_finding_age_s": 3600.0,
     "max_clock_skew_s": 300.0,
+    "alerts_unsigned": False,
 }
 GUARDS = {
     "max_nodes_out": 2,

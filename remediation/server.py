@@ -3,6 +3,7 @@
 =========================================  =========================================
 ``POST /v1/findings``                      one finding (``Finding.to_json()``) or a list
 ``POST /v1/alerts/grafana``                Grafana's webhook contact-point payload
+``POST /v1/alerts/alertmanager``           Alertmanager's webhook payload (``version: "4"``)
 ``GET  /v1/pending``                       plans waiting for approval or for room
 ``POST /v1/approve/<plan_id>``             run a plan that waits for approval
 ``POST /v1/undo/<node>``                   put a node gpuwarden took out back in service
@@ -18,6 +19,15 @@ when they are: unauthenticated (401), larger than ``max_body_bytes`` (413, read 
 without a length (411), not JSON or not findings (400/422), stale (a finding older than
 ``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
 finding in the request already received: 409).
+
+Alerts from Grafana and from Alertmanager become findings the same way (:func:`alert_finding`):
+the kind from the rule's ``kind`` label (else its ``alertname``), the subject from the
+``cluster``/``node``/``gpu``/... labels (Alertmanager's from Prometheus also from
+``Hostname``, dcgm-exporter's host label, or the host of ``instance``), the severity from
+``severity``. Resolved alerts are not findings: a repair is a node's own ``node_healthy``.
+Neither Grafana nor Alertmanager can sign a request as gpuwarden does, so with a shared secret
+set their posts are refused unless ``[engine] alerts_unsigned`` accepts them on the bearer
+token alone (and TLS, where the endpoint serves it).
 """
 
 from __future__ import annotations
@@ -25,6 +35,7 @@ from __future__ import annotations
 import hmac
 import json
 import logging
+import math
 import re
 import threading
 import time
@@ -68,6 +79,7 @@ class Endpoint:
         max_findings: int = 1000,
         max_finding_age_s: float = 3600.0,
         max_clock_skew_s: float = 300.0,
+        alerts_unsigned: bool = False,
     ) -> None:
         if not token:
             raise ValueError("the remediation endpoint needs a token (engine.token_file)")
@@ -78,6 +90,7 @@ class Endpoint:
         self.max_findings = max_findings
         self.max_finding_age_s = max_finding_age_s
         self.max_clock_skew_s = max_clock_skew_s
+        self.alerts_unsigned = alerts_unsigned
         self.rejected: dict[int, int] = {}
         self._signatures: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
@@ -92,11 +105,14 @@ class Endpoint:
         if not hmac.compare_digest(given.strip().encode(), self.token):
             raise RequestError(HTTPStatus.UNAUTHORIZED, "wrong token")
 
-    def check_signature(self, headers: Headers, body: bytes) -> str:
-        """The request's signature, verified and not seen before ("" with no secret set)."""
+    def check_signature(self, headers: Headers, body: bytes, path: str = "") -> str:
+        """The request's signature, verified and not seen before ("" with no secret set, and
+        for an unsigned alert webhook where ``alerts_unsigned`` allows one)."""
         if not self.secret:
             return ""
         header = headers.get(SIGNATURE_HEADER, "")
+        if not header and self.alerts_unsigned and path.startswith("/v1/alerts/"):
+            return ""
         if not header:
             raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {SIGNATURE_HEADER}")
         try:
@@ -191,16 +207,25 @@ class Endpoint:
             }
         return HTTPStatus.ACCEPTED, {"results": results}
 
-    def grafana(self, body: bytes, via: str = "http") -> tuple[HTTPStatus, dict[str, Any]]:
+    def alerts(
+        self, body: bytes, source: str, via: str = "http"
+    ) -> tuple[HTTPStatus, dict[str, Any]]:
+        """A Grafana or Alertmanager webhook payload: each firing alert a finding."""
         data = self._json(body)
+        name = "Grafana" if source == "grafana" else "Alertmanager"
         if not isinstance(data, dict) or not isinstance(data.get("alerts"), list):
-            raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, "not a Grafana webhook payload")
+            raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"not {name} webhook payload")
+        if source == "alertmanager" and str(data.get("version")) != "4":
+            raise RequestError(
+                HTTPStatus.UNPROCESSABLE_ENTITY,
+                f"Alertmanager webhook version {data.get('version')!r}; this endpoint reads '4'",
+            )
         findings = []
         for alert in data["alerts"]:
             if not isinstance(alert, dict) or alert.get("status") != "firing":
                 continue  # resolved alerts do not undo anything by themselves
             try:
-                findings.append(self._fresh(grafana_finding(alert)))
+                findings.append(self._fresh(alert_finding(alert, source)))
             except (FindingError, ValueError, TypeError) as exc:
                 raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"bad alert: {exc}") from None
         if not findings:
@@ -230,7 +255,7 @@ class Endpoint:
             if method != "POST":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
             body = read(self.body_length(headers))
-            signature = self.check_signature(headers, body)
+            signature = self.check_signature(headers, body, path)
             try:
                 status, payload = self._post(path, body, headers, signed=bool(signature))
             except EngineClosedError as exc:  # shutting down: the sender retries later
@@ -256,7 +281,9 @@ class Endpoint:
         if path == "/v1/findings":
             return self.findings(body, via)
         if path == "/v1/alerts/grafana":
-            return self.grafana(body, via)
+            return self.alerts(body, "grafana", via)
+        if path == "/v1/alerts/alertmanager":
+            return self.alerts(body, "alertmanager", via)
         if m := re.fullmatch(r"/v1/approve/([0-9a-f]{8,64})", path):
             try:
                 d = self.engine.approve(m.group(1), by=by)
@@ -273,42 +300,64 @@ class Endpoint:
         raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {path}")
 
 
-def grafana_finding(alert: Mapping[str, Any]) -> Finding:
-    """One firing Grafana alert as a finding: kind from the rule's ``kind`` label, subject from
-    the series labels, the reduced value as evidence (and as probability for risk alerts)."""
+def _subject(labels: Mapping[str, str], source: str) -> dict[str, str]:
+    subject = {k: labels[k] for k in SUBJECT_KEYS if labels.get(k)}
+    if "node" not in subject:  # Prometheus' own names for the host
+        host = labels.get("Hostname") or labels.get("hostname")
+        if not host and labels.get("instance"):
+            host = labels["instance"].rsplit(":", 1)[0] if ":" in labels["instance"] else ""
+        if host:
+            subject["node"] = host
+    if not subject:
+        subject = {"cluster": labels.get("grafana_folder") or labels.get("job") or source}
+    return subject
+
+
+def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
+    """One firing Grafana or Alertmanager alert as a finding: kind from the rule's ``kind``
+    label, subject from the series labels, evidence from its values (Grafana's reduced
+    expressions) or annotations, and for risk alerts the probability (Grafana's ``B``
+    expression, or a ``probability`` annotation)."""
     labels = {str(k): str(v) for k, v in dict(alert.get("labels") or {}).items()}
     kind = re.sub(
         r"[^a-z0-9_]", "_", labels.get("kind") or labels.get("alertname", "alert").lower()
     )
-    subject = {k: labels[k] for k in SUBJECT_KEYS if labels.get(k)}
     starts = str(alert.get("startsAt", ""))
     try:
         t_ns = int(parse_iso(starts).timestamp() * 1e9)
     except ValueError:
         raise ValueError(f"startsAt {starts!r} is not a time") from None
     values = {str(k): v for k, v in dict(alert.get("values") or {}).items()}
+    annotations = {str(k): str(v) for k, v in dict(alert.get("annotations") or {}).items()}
     probability = None
     if kind == "failure_risk":
-        reduced = values.get("B")
-        if isinstance(reduced, int | float) and 0.0 <= reduced <= 1.0:
-            probability = float(reduced)
+        reduced: Any = values.get("B", annotations.get("probability"))
+        try:
+            p = float(reduced)
+        except (TypeError, ValueError):
+            p = math.nan
+        if 0.0 <= p <= 1.0:
+            probability = p
     severity = labels.get("severity", "warning")
-    annotations = dict(alert.get("annotations") or {})
+    evidence: dict[str, Any] = {
+        "alertname": labels.get("alertname", ""),
+        "fingerprint": str(alert.get("fingerprint", "")),
+        "values": values,
+    }
+    if source != "grafana":
+        evidence["labels"] = labels
+        evidence["generator_url"] = str(alert.get("generatorURL", ""))
     return Finding(
         kind=kind,
-        subject=subject or {"cluster": labels.get("grafana_folder", "grafana")},
+        subject=_subject(labels, source),
         severity=Severity(severity)
         if severity in Severity.__members__.values()
         else Severity.WARNING,
         time_ns=t_ns,
-        evidence={
-            "alertname": labels.get("alertname", ""),
-            "fingerprint": alert.get("fingerprint", ""),
-            "values": values,
-        },
+        evidence=evidence,
         probability=probability,
-        summary=str(annotations.get("summary", labels.get("alertname", ""))),
-        source="grafana",
+        summary=annotations.get("summary", labels.get("alertname", "")),
+        source=source,
     )
 
 

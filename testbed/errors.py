@@ -14,3 +14,7 @@ class TestbedError(GpuwardenError):
 
 class InfluxdError(TestbedError):
     """A local influxd could not be started or did not become ready."""
+
+
+class AlertmanagerError(TestbedError):
+    """A local Alertmanager could not be started or did not become ready."""

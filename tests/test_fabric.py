@@ -119,7 +119,7 @@ def test_the_alert_cordons_the_node_through_the_default_policy():
     from dashboards.alerts import rules_file
     from dashboards.config import load_config
     from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
-    from remediation.server import grafana_finding
+    from remediation.server import alert_finding
 
     rules = rules_file(load_config(environ={}))["groups"][0]["rules"]
     rule = next(r for r in rules if r["uid"] == "gw-fabric-unregistered")
@@ -129,7 +129,7 @@ def test_the_alert_cordons_the_node_through_the_default_policy():
         "startsAt": "2026-11-22T10:00:00Z",
         "values": {"B": 5, "C": 1},
     }
-    finding = grafana_finding(alert)
+    finding = alert_finding(alert)
     assert finding.kind == "fabric_unregistered" and finding.subject["node"] == "gpu-17"
     policy = first_match(load_policies(DEFAULT_POLICIES), finding)
     assert policy is not None and policy.name == "nvlink-fabric-unregistered"
