@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +36,7 @@ from analytics.stragglers import Straggler, detect
 from analytics.whatif import job_slowdown
 from core.config import ConfigError
 from core.errors import GpuwardenError
+from core.metrics import Metric
 from core.timeparse import duration_arg, parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
@@ -206,6 +208,12 @@ def _run(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     failing = ""
     confirmed = Confirmed()  # a silence is named once two analyses running see it
+    counts = ServiceCounts()
+    metrics = None
+    if args.every and cfg["analysis"]["metrics_listen"]:
+        from core.metrics import serve_metrics
+
+        metrics = serve_metrics(cfg["analysis"]["metrics_listen"], counts.metrics)
     try:
         while True:
             tick = time.time()
@@ -229,8 +237,10 @@ def _run(args: argparse.Namespace) -> int:
                               "every %.0f s", time.strftime("%H:%M:%S", time.localtime(end / NS)),
                               why, args.every)  # fmt: skip
                 failing = why
+                counts.ran(time.time() - tick, ok=False)
                 print(f"analysis failed: {why}", flush=True)
             else:
+                counts.ran(time.time() - tick, ok=True, findings=n_found, points=n_points)
                 if failing:
                     log.warning("analysis works again")
                     failing = ""
@@ -244,7 +254,47 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 130
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         executor.close()
+
+
+@dataclass
+class ServiceCounts:
+    """What the analyze service's ``/metrics`` shows (``--every``)."""
+
+    runs: int = 0
+    failures: int = 0
+    findings: int = 0
+    points: int = 0
+    last_duration_s: float = 0.0
+    last_success_s: float = 0.0
+
+    def ran(self, duration_s: float, *, ok: bool, findings: int = 0, points: int = 0) -> None:
+        self.runs += 1
+        self.last_duration_s = duration_s
+        if ok:
+            self.findings += findings
+            self.points += points
+            self.last_success_s = time.time()
+        else:
+            self.failures += 1
+
+    def metrics(self) -> list[Metric]:
+        return [
+            Metric.one("gpuwarden_analyze_runs_total", "analyses run", self.runs, "counter"),
+            Metric.one("gpuwarden_analyze_run_failures_total", "analyses that failed",
+                       self.failures, "counter"),
+            Metric.one("gpuwarden_analyze_findings_total", "findings emitted", self.findings,
+                       "counter"),
+            Metric.one("gpuwarden_analyze_points_written_total",
+                       "derived points written back", self.points, "counter"),
+            Metric.one("gpuwarden_analyze_last_run_duration_seconds",
+                       "how long the last analysis took", self.last_duration_s),
+            Metric.one("gpuwarden_analyze_last_success_timestamp_seconds",
+                       "when the last analysis succeeded (Unix time; 0: none yet)",
+                       self.last_success_s),
+        ]  # fmt: skip
 
 
 def _risk(

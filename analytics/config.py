@@ -40,6 +40,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "spool_dir": "/var/lib/gpuwarden/analytics-spool",
         # a node whose agent reported in the window but not for this long: node_silent (0: off)
         "silent_after_s": 60.0,
+        # Prometheus /metrics of the running service (--every), e.g. "0.0.0.0:9471"; "" = off
+        "metrics_listen": "",
     },
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),

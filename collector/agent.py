@@ -82,6 +82,7 @@ class Agent:
         self.self_reports: list[Callable[[int], Point]] = []
         self.cycles = 0
         self.skipped_ticks = 0
+        self.last_points: list[Point] = []  # the sources' points of the last cycle (/metrics)
         self._hung: dict[str, threading.Thread] = {}
         self._current: tuple[str, float] | None = None
         self._owner: int | None = None
@@ -146,6 +147,7 @@ class Agent:
             sink_tags = {"cluster": self.cluster, "node": self.node, "sink": "influxdb"}
             own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))
         self.cycles += 1
+        self.last_points = points
         return points + own
 
     def _failed(self, name: str, exc: Exception) -> None:

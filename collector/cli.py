@@ -159,6 +159,16 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
         relay.start()
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
+    metrics = None
+    if config["agent"]["metrics_listen"] and not args.once:
+        from collector.metrics import agent_metrics
+        from core.metrics import serve_metrics
+
+        stats = (lambda: influx.stats().fields()) if influx else None
+        metrics = serve_metrics(
+            config["agent"]["metrics_listen"],
+            partial(agent_metrics, agent, stats, gpu=bool(config["agent"]["metrics_gpu"])),
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -166,6 +176,8 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     try:
         agent.run(stop, max_cycles=1 if args.once else args.cycles)
     finally:
+        if metrics is not None:
+            metrics.shutdown()
         if relay is not None:
             relay.close()
         if poster is not None:

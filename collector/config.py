@@ -35,6 +35,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # the engine's hmac_secret_file, shared: the fast path signs what it posts
         "remediation_hmac_secret_file": "",
         "reporter_listen": "127.0.0.1:9465",
+        "metrics_listen": "",
+        "metrics_gpu": True,
     },
     "nvml": {
         "backend": "pynvml",

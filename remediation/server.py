@@ -8,6 +8,7 @@
 ``POST /v1/approve/<plan_id>``             run a plan that waits for approval
 ``POST /v1/undo/<node>``                   put a node gpuwarden took out back in service
 ``GET  /v1/stats``                         counters
+``GET  /metrics``                          the same counters for Prometheus (text format)
 ``GET  /healthz``                          liveness (no authentication, no data)
 =========================================  =========================================
 
@@ -46,6 +47,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
 from core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from core.metrics import Metric, render
 from core.signing import SIGNATURE_HEADER, verify_signature
 from core.timeparse import parse_iso
 from remediation.engine import Engine, EngineClosedError
@@ -268,6 +270,36 @@ class Endpoint:
             self._count(method, path, exc.status, exc.message)
             return exc.status, {"error": exc.message}
 
+    def metrics(self, headers: Headers) -> tuple[HTTPStatus, bytes, str]:
+        """``GET /metrics``: ``(status, body, content type)``; the bearer token is required
+        (Prometheus sends it with ``authorization: {credentials_file: ...}``)."""
+        try:
+            self.authenticate(headers)
+        except RequestError as exc:
+            self._count("GET", "/metrics", exc.status, exc.message)
+            return exc.status, json.dumps({"error": exc.message}).encode(), "application/json"
+        s = self.engine.stats
+        with self._lock:
+            refused = dict(self.rejected)
+        body, content_type = render(
+            [
+                Metric.one("gpuwarden_engine_findings_total", "findings received", s.findings,
+                           "counter"),
+                Metric("gpuwarden_engine_decisions_total", "decisions, by verdict", "counter",
+                       [({"verdict": k}, v) for k, v in sorted(s.decisions.items())]),
+                Metric("gpuwarden_engine_actions_total", "actions run, by kind and outcome",
+                       "counter",
+                       [({"action": k.partition(":")[0], "outcome": k.partition(":")[2]}, v)
+                        for k, v in sorted(s.actions.items())]),
+                Metric("gpuwarden_engine_requests_refused_total",
+                       "requests refused, by HTTP status", "counter",
+                       [({"status": str(k)}, v) for k, v in sorted(refused.items())]),
+                Metric.one("gpuwarden_engine_plans_pending",
+                           "plans waiting for approval or for room", len(self.engine.pending())),
+            ]
+        )  # fmt: skip
+        return HTTPStatus.OK, body, content_type
+
     def _count(self, method: str, path: str, status: HTTPStatus, message: str) -> None:
         with self._lock:
             self.rejected[int(status)] = self.rejected.get(int(status), 0) + 1
@@ -367,12 +399,14 @@ class _Handler(BaseHTTPRequestHandler):
     server_version = "gpuwarden remediate"
 
     def _serve(self, method: str) -> None:
-        status, payload = self.endpoint.handle(
-            method, self.path.split("?", 1)[0], self.headers, self.rfile.read
-        )
-        body = json.dumps(payload).encode()
+        path = self.path.split("?", 1)[0]
+        if method == "GET" and path == "/metrics":
+            status, body, content_type = self.endpoint.metrics(self.headers)
+        else:
+            status, payload = self.endpoint.handle(method, path, self.headers, self.rfile.read)
+            body, content_type = json.dumps(payload).encode(), "application/json"
         self.send_response(status)
-        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
         if status >= 400:
             self.send_header("Connection", "close")

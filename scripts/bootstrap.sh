@@ -4,15 +4,16 @@
 #   apt:    influxdb (the real server for tests and the demo; 1.6.7 on bookworm),
 #           victoria-metrics (a real server that accepts the InfluxDB v2 write API),
 #           slurm-wlm + munge (a real Slurm 22.05 for the remediation tests and the demo),
-#           prometheus-alertmanager (a real Alertmanager that posts alerts to the engine),
+#           prometheus + prometheus-alertmanager (a real Prometheus that scrapes /metrics, a
+#           real Alertmanager that posts alerts to the engine),
 #           python3 + python3-venv (to install the pinned uv)
 #   python: the locked environment (uv.lock) in .venv, via the pinned uv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
-APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus-alertmanager python3 python3-venv
-  ca-certificates)
+APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager python3
+  python3-venv ca-certificates)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

@@ -18,3 +18,7 @@ class InfluxdError(TestbedError):
 
 class AlertmanagerError(TestbedError):
     """A local Alertmanager could not be started or did not become ready."""
+
+
+class PrometheusError(TestbedError):
+    """A local Prometheus could not be started or did not become ready."""
