@@ -166,8 +166,14 @@ def _write(
             )
     url = cfg["findings"]["url"]
     if url and found:
+        f = cfg["findings"]
         poster = FindingPoster(
-            url, cfg["findings"]["token_file"], secret_file=cfg["findings"]["hmac_secret_file"]
+            url,
+            f["token_file"],
+            secret_file=f["hmac_secret_file"],
+            ca_file=f["ca_file"],
+            cert_file=f["cert_file"],
+            key_file=f["key_file"],
         )
         for f in found:
             poster.post(f)

@@ -48,7 +48,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "drift": asdict(DriftConfig()),
     "hangs": asdict(HangConfig()),
     "stops": asdict(StopConfig()),
-    "findings": {"url": "", "token_file": "", "hmac_secret_file": ""},
+    "findings": {
+        "url": "",
+        "token_file": "",
+        "hmac_secret_file": "",
+        "ca_file": "",
+        "cert_file": "",
+        "key_file": "",
+    },
     "cadence": {
         "lookback_s": 30 * 86400.0,
         "merge_s": 600.0,

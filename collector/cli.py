@@ -75,6 +75,9 @@ def build_agent(
             a["remediation_url"],
             a["remediation_token_file"],
             secret_file=a["remediation_hmac_secret_file"],
+            ca_file=a["remediation_ca_file"],
+            cert_file=a["remediation_cert_file"],
+            key_file=a["remediation_key_file"],
         )
         if a["remediation_url"]
         else None
@@ -156,7 +159,13 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         config, sink, (lambda: influx.stats().fields()) if influx else None, recorder
     )
     if influx is not None and config["agent"]["reporter_listen"]:
-        relay = ReporterRelay(config["agent"]["reporter_listen"], influx)
+        tls = None
+        if config["agent"]["reporter_tls_cert_file"]:
+            from core.tls import server_context
+
+            a = config["agent"]
+            tls = server_context(a["reporter_tls_cert_file"], a["reporter_tls_key_file"])
+        relay = ReporterRelay(config["agent"]["reporter_listen"], influx, tls)
         relay.start()
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
     metrics = None

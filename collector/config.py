@@ -34,7 +34,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "remediation_token_file": "",
         # the engine's hmac_secret_file, shared: the fast path signs what it posts
         "remediation_hmac_secret_file": "",
+        # an https remediation_url: the CA that signed the engine's certificate ("" = system
+        # CAs), and this agent's own certificate for an engine that requires one (mutual TLS)
+        "remediation_ca_file": "",
+        "remediation_cert_file": "",
+        "remediation_key_file": "",
         "reporter_listen": "127.0.0.1:9465",
+        "reporter_tls_cert_file": "",
+        "reporter_tls_key_file": "",
         "metrics_listen": "",
         "metrics_gpu": True,
     },

@@ -13,13 +13,15 @@ problem, and nothing of it is kept. Only the reporter's measurements (``job_step
 ``job_model``) are accepted. A line without a timestamp is stamped when it arrives, truncated
 to the request's precision as InfluxDB does (not when the spool reaches the database, which
 may be hours later after an outage). A body over 1 MiB (after decompression) answers 413.
-Listens on loopback by default (``agent.reporter_listen``).
+Listens on loopback by default (``agent.reporter_listen``); serves HTTPS with
+``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
 """
 
 from __future__ import annotations
 
 import io
 import logging
+import ssl
 import threading
 import time
 import urllib.parse
@@ -32,6 +34,7 @@ from core.catalogue import CATALOGUE, Producer, check_point
 from core.errors import LineProtocolError
 from core.store.lineprotocol import EncodeStats, Point, encode_points
 from core.store.lineprotocol.strict import PRECISIONS, parse_lines
+from core.tls import http_server
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +108,9 @@ def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None,
 
 
 class ReporterRelay:
-    def __init__(self, listen: str, sink: LineSink) -> None:
+    def __init__(self, listen: str, sink: LineSink, tls: ssl.SSLContext | None = None) -> None:
         host, _, port = listen.rpartition(":")
+        self.tls = tls
         self.address = (host or "127.0.0.1", int(port))
         self.sink = sink
         self.accepted = 0  # lines
@@ -142,7 +146,7 @@ class ReporterRelay:
                 else:
                     self._answer(status)
 
-        self._server = ThreadingHTTPServer(self.address, Handler)
+        self._server = http_server(self.address, Handler, self.tls)
         self.address = self._server.server_address[:2]  # type: ignore[assignment]
         threading.Thread(target=self._server.serve_forever, daemon=True, name="relay").start()
 

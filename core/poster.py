@@ -4,7 +4,10 @@ Two senders use it: the agent's fast path (critical events the moment they happe
 analyze service (its findings after each analysis). ``POST <url>`` with the finding's JSON
 (:meth:`Finding.to_json`); with a token file, ``Authorization: Bearer <token>`` (read at each
 post, so a rotated token is picked up); with a secret file, the body is signed
-(:mod:`core.signing`), which an engine that has ``hmac_secret_file`` set requires.
+(:mod:`core.signing`), which an engine that has ``hmac_secret_file`` set requires. An
+``https`` URL is verified against ``ca_file`` (the system's CAs when empty), and ``cert_file``
+and ``key_file`` are this sender's certificate for an engine that requires one (mutual TLS).
+A server that fails verification is retried like one that is down, and says why.
 
 Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them, in
 order. A post that times out, cannot connect, or gets 429/5xx is tried again with the shared
@@ -30,6 +33,7 @@ from typing import Any
 from core.finding import Finding
 from core.retry import RETRY_STATUSES, Backoff
 from core.signing import SIGNATURE_HEADER, sign
+from core.tls import client_context
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +51,12 @@ class FindingPoster:
         retry: Backoff = DEFAULT_RETRY,
         timeout_s: float = 5.0,
         max_age_s: float = 3600.0,
+        ca_file: str = "",
+        cert_file: str = "",
+        key_file: str = "",
     ) -> None:
         self.url = url
+        self.ca_file, self.cert_file, self.key_file = ca_file, cert_file, key_file
         self.token_file = token_file
         self.secret_file = secret_file
         self.retry = retry
@@ -113,8 +121,11 @@ class FindingPoster:
         import urllib3
 
         if self._http is None:
+            tls = None
+            if self.url.startswith("https:"):
+                tls = client_context(self.ca_file, self.cert_file, self.key_file)
             self._http = urllib3.PoolManager(
-                timeout=urllib3.Timeout(total=self.timeout_s), retries=False
+                timeout=urllib3.Timeout(total=self.timeout_s), retries=False, ssl_context=tls
             )
         try:
             resp = self._http.request("POST", self.url, body=body, headers=self._headers(body))

@@ -27,6 +27,7 @@ from core.finding import Finding, FindingError
 from core.signing import SIGNATURE_HEADER, sign
 from core.store.lineprotocol import Point
 from core.store.sink import InfluxSink, SinkConfig
+from core.tls import client_context, server_context
 from remediation.adapters import create
 from remediation.audit import AuditLog, read_records
 from remediation.config import RemediationConfig, load_config
@@ -110,7 +111,10 @@ def serve(config: RemediationConfig) -> int:
         alerts_unsigned=e["alerts_unsigned"],
     )
     host, _, port = e["listen"].rpartition(":")
-    server = make_server(endpoint, host or "127.0.0.1", int(port))
+    tls = None
+    if e["tls_cert_file"]:
+        tls = server_context(e["tls_cert_file"], e["tls_key_file"], e["tls_client_ca_file"])
+    server = make_server(endpoint, host or "127.0.0.1", int(port), tls)
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:
@@ -197,8 +201,14 @@ def audit(path: str, node: str, finding: str, as_json: bool) -> int:
 def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -> int:
     """Talk to a running ``serve`` with the configured token; a POST is signed when the engine
     has ``hmac_secret_file`` set (it then refuses unsigned ones)."""
-    host_port = config["engine"]["listen"]
-    url = f"http://{host_port}{path}"
+    e = config["engine"]
+    host_port = e["listen"]
+    url = f"{'https' if e['tls_cert_file'] else 'http'}://{host_port}{path}"
+    context = None
+    if e["tls_cert_file"]:
+        context = client_context(
+            e["tls_ca_file"], e["tls_client_cert_file"], e["tls_client_key_file"]
+        )
     headers = {"Authorization": f"Bearer {read_secret(config['engine']['token_file'])}"}
     if method == "POST":
         headers["Content-Type"] = "application/json"
@@ -207,7 +217,7 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
             headers[SIGNATURE_HEADER] = sign(secret, body)
     req = urllib.request.Request(url, body if method == "POST" else None, headers, method=method)
     try:
-        with urllib.request.urlopen(req, timeout=30) as resp:
+        with urllib.request.urlopen(req, timeout=30, context=context) as resp:
             print(json.dumps(json.loads(resp.read()), indent=2))
             return 0
     except urllib.error.HTTPError as exc:

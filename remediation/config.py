@@ -51,6 +51,12 @@ ENGINE = {
     "max_finding_age_s": 3600.0,
     "max_clock_skew_s": 300.0,
     "alerts_unsigned": False,
+    "tls_cert_file": "",
+    "tls_key_file": "",
+    "tls_client_ca_file": "",
+    "tls_ca_file": "",
+    "tls_client_cert_file": "",
+    "tls_client_key_file": "",
 }
 GUARDS = {
     "max_nodes_out": 2,

@@ -12,6 +12,9 @@
 ``GET  /healthz``                          liveness (no authentication, no data)
 =========================================  =========================================
 
+With ``[engine] tls_cert_file`` and ``tls_key_file`` it serves HTTPS only, and with
+``tls_client_ca_file`` every client must present a certificate that CA signed (mutual TLS).
+
 Every call but ``/healthz`` needs ``Authorization: Bearer <token>`` (compared in constant time).
 With a shared secret configured, POSTs must also carry an ``X-Gpuwarden-Signature`` (HMAC of
 timestamp and body, see :mod:`remediation.adapters.webhook`) that is fresh and never seen
@@ -38,6 +41,7 @@ import json
 import logging
 import math
 import re
+import ssl
 import threading
 import time
 from collections import OrderedDict
@@ -50,6 +54,7 @@ from core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
 from core.metrics import Metric, render
 from core.signing import SIGNATURE_HEADER, verify_signature
 from core.timeparse import parse_iso
+from core.tls import http_server
 from remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)
@@ -429,8 +434,9 @@ class _Handler(BaseHTTPRequestHandler):
         log.debug("%s " + format, self.address_string(), *args)
 
 
-def make_server(endpoint: Endpoint, host: str, port: int) -> ThreadingHTTPServer:
+def make_server(
+    endpoint: Endpoint, host: str, port: int, tls: ssl.SSLContext | None = None
+) -> ThreadingHTTPServer:
+    """The endpoint's HTTP server (HTTPS with ``tls``: :func:`core.tls.server_context`)."""
     handler = type("Handler", (_Handler,), {"endpoint": endpoint})
-    server = ThreadingHTTPServer((host, port), handler)
-    server.daemon_threads = True
-    return server
+    return http_server((host, port), handler, tls)

@@ -19,7 +19,9 @@ so any training script can import it::
 
 It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default
 (``http://127.0.0.1:9465``, which spools through outages; ``GPUWARDEN_REPORTER_URL``) or
-InfluxDB itself (database ``GPUWARDEN_REPORTER_DATABASE``, default ``gpuwarden``). Sending
+InfluxDB itself (database ``GPUWARDEN_REPORTER_DATABASE``, default ``gpuwarden``). An
+``https`` URL is verified against ``ca_file`` (``GPUWARDEN_REPORTER_CA_FILE``; the system's
+CAs when unset), for a relay that serves TLS (``[agent] reporter_tls_cert_file``). Sending
 happens on a background thread; a training step never waits on the network. If the queue is
 full (the agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
 
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import os
 import socket
+import ssl
 import threading
 import time
 import urllib.error
@@ -86,6 +89,7 @@ class Reporter:
         max_queue: int = 100_000,
         flush_interval_s: float = 1.0,
         heartbeat_s: float = 30.0,
+        ca_file: str | None = None,
     ) -> None:
         env = os.environ
         self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
@@ -99,6 +103,9 @@ class Reporter:
             node or env.get("GPUWARDEN_NODE") or env.get("SLURMD_NODENAME") or socket.gethostname()
         )
         self.token = token if token is not None else env.get("GPUWARDEN_REPORTER_TOKEN", "")
+        # an https url is verified against this CA (the system's when empty)
+        ca = ca_file if ca_file is not None else env.get("GPUWARDEN_REPORTER_CA_FILE", "")
+        self._tls = ssl.create_default_context(cafile=ca or None) if ca else None
         self.flush_interval_s = flush_interval_s
         self.heartbeat_s = heartbeat_s
         self._last_step: int | None = None
@@ -242,7 +249,7 @@ class Reporter:
         body = ("\n".join(lines) + "\n").encode()
         req = urllib.request.Request(f"{self.url}/write?{query}", body, headers, method="POST")
         try:
-            with urllib.request.urlopen(req, timeout=10) as resp:
+            with urllib.request.urlopen(req, timeout=10, context=self._tls) as resp:
                 resp.read()
             return True
         except urllib.error.HTTPError as exc:

@@ -1,0 +1,242 @@
+"""TLS on the engine's endpoint and the agent's relay, mutual TLS on the engine, and every sender
+verifying the server against a CA setting.
+
+Certificates are CONSTRUCTED here (``testbed.certs``, Debian's openssl); the servers and the
+senders are the production code on loopback; the findings are SIMULATED.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from collector.jobside.reporter import Reporter
+from collector.relay import ReporterRelay
+from core.poster import FindingPoster
+from core.tls import client_context, server_context
+from remediation.audit import read_records
+from remediation.cli import main as remediate
+from remediation.engine import Engine, EngineSettings
+from remediation.policy import DEFAULT_POLICIES, load_policies
+from remediation.server import Endpoint, make_server
+from testbed.certs import Certs, make_certs
+from testbed.influxd import free_port
+from tests.remediation_util import RecordingAdapter, poll, risk
+
+ROOT = Path(__file__).resolve().parent.parent
+TOKEN = "t0ken-for-tests"
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
+    return make_certs(tmp_path_factory.mktemp("certs"))
+
+
+class TlsEngine:
+    """The engine's endpoint over HTTPS (optionally requiring client certificates)."""
+
+    def __init__(self, tmp: Path, certs: Certs, mutual: bool) -> None:
+        self.mutual = mutual
+        self.sched = RecordingAdapter("slurm", {f"gpu0{i}": "gpu" for i in range(1, 9)})
+        from remediation.audit import AuditLog
+
+        self.audit = AuditLog(tmp / "audit.jsonl")
+        self.engine = Engine(
+            load_policies(DEFAULT_POLICIES),
+            {"slurm": self.sched, "webhook": RecordingAdapter("webhook")},
+            self.audit,
+            EngineSettings(dry_run=False, max_nodes_out=4, max_fraction_out=1.0),
+        )
+        self.endpoint = Endpoint(self.engine, TOKEN)
+        tls = server_context(certs.server.cert, certs.server.key, certs.ca if mutual else "")
+        self.server = make_server(self.endpoint, "127.0.0.1", 0, tls)
+        self.port = self.server.server_address[1]
+        self.url = f"https://127.0.0.1:{self.port}/v1/findings"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def findings(self) -> list[dict]:
+        return [r for r in read_records(self.audit.path) if r["event"] == "finding"]
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.engine.close()
+
+
+@pytest.fixture(params=[False, True], ids=["tls", "mtls"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path, certs: Certs) -> Iterator[TlsEngine]:
+    e = TlsEngine(tmp_path, certs, mutual=request.param)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def poster_for(
+    e: TlsEngine, tmp: Path, ca_file: str = "", cert_file: str = "", key_file: str = ""
+) -> FindingPoster:
+    (tmp / "token").write_text(TOKEN)
+    return FindingPoster(
+        e.url, str(tmp / "token"), ca_file=ca_file, cert_file=cert_file, key_file=key_file
+    )
+
+
+def test_a_sender_with_the_ca_posts_and_one_without_is_refused_by_its_own_check(
+    engine: TlsEngine, certs: Certs, tmp_path: Path
+) -> None:
+    client = {"cert_file": certs.client.cert, "key_file": certs.client.key}
+    good = poster_for(engine, tmp_path, certs.ca, **client)
+    body = json.dumps(risk("gpu02").to_json()).encode()
+    assert good._try(body) == ("delivered", "")
+    # the system's CAs do not know ours: the sender will not talk to the server
+    verdict, why = poster_for(engine, tmp_path, "", **client)._try(body)
+    assert verdict == "retry" and "CERTIFICATE_VERIFY_FAILED" in why
+    # another CA's certificate for the client: only an engine that checks clients refuses it
+    stranger = poster_for(engine, tmp_path, ca_file=certs.ca, cert_file=certs.stranger.cert,
+                          key_file=certs.stranger.key)  # fmt: skip
+    body2 = json.dumps(risk("gpu03").to_json()).encode()
+    verdict, why = stranger._try(body2)
+    if engine.mutual:
+        assert verdict == "retry", why
+        no_cert = poster_for(engine, tmp_path, ca_file=certs.ca)
+        assert no_cert._try(body2)[0] == "retry"
+        assert [f["subject"]["node"] for f in engine.findings()] == ["gpu02"]
+    else:
+        assert verdict == "delivered"
+        assert [f["subject"]["node"] for f in engine.findings()] == ["gpu02", "gpu03"]
+
+
+def test_plain_http_and_a_silent_client_cost_nothing_but_their_own_connection(
+    engine: TlsEngine, certs: Certs, tmp_path: Path
+) -> None:
+    import http.client
+    import socket
+
+    silent = socket.create_connection(("127.0.0.1", engine.port))  # connects, says nothing
+    plain = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=10)
+    with pytest.raises((ConnectionError, http.client.HTTPException, OSError)):
+        plain.request("GET", "/healthz")
+        plain.getresponse()
+    ctx = client_context(certs.ca, certs.client.cert, certs.client.key)
+    conn = http.client.HTTPSConnection("127.0.0.1", engine.port, timeout=10, context=ctx)
+    conn.request("GET", "/healthz")
+    assert conn.getresponse().status == 200  # while the silent client still holds its socket
+    silent.close()
+
+
+def test_operator_commands_verify_the_engine(
+    engine: TlsEngine, certs: Certs, tmp_path: Path
+) -> None:
+    (tmp_path / "token").write_text(TOKEN)
+    base = (
+        f'[engine]\nlisten = "127.0.0.1:{engine.port}"\ntoken_file = "{tmp_path}/token"\n'
+        f'tls_cert_file = "{certs.server.cert}"\ntls_key_file = "{certs.server.key}"\n'
+        f'tls_client_cert_file = "{certs.client.cert}"\n'
+        f'tls_client_key_file = "{certs.client.key}"\n'
+    )
+    good, bad = tmp_path / "good.toml", tmp_path / "bad.toml"
+    good.write_text(base + f'tls_ca_file = "{certs.ca}"\n')
+    bad.write_text(base + f'tls_ca_file = "{certs.other_ca}"\n')
+    assert remediate(["--config", str(good), "pending"]) == 0
+    assert remediate(["--config", str(bad), "pending"]) == 1
+
+
+def test_the_reporter_writes_through_a_tls_relay(certs: Certs) -> None:
+    class Lines:
+        def __init__(self) -> None:
+            self.lines: list[str] = []
+
+        def write_lines(self, lines: list[str]) -> None:
+            self.lines += lines
+
+    sink = Lines()
+    relay = ReporterRelay("127.0.0.1:0", sink, server_context(certs.server.cert, certs.server.key))
+    relay.start()
+    try:
+        host, port = relay.address
+        url = f"https://{host}:{port}"
+        rep = Reporter("job-1", 0, url=url, ca_file=certs.ca, flush_interval_s=0.05, heartbeat_s=0)
+        rep.step(1, 1.0, 1024, 8)
+        rep.close()
+        assert rep.sent == 1 and rep.last_error == ""
+        assert len(sink.lines) == 1 and sink.lines[0].startswith("job_step,")
+        blind = Reporter("job-1", 0, url=url, ca_file=certs.other_ca, flush_interval_s=0.05,
+                         heartbeat_s=0)  # fmt: skip
+        blind.step(2, 1.0, 1024, 8)
+        blind.close(timeout_s=1.0)
+        assert blind.sent == 0 and "CERTIFICATE_VERIFY_FAILED" in blind.last_error
+        assert len(sink.lines) == 1
+    finally:
+        relay.close()
+
+
+def test_the_agent_posts_to_an_engine_that_requires_client_certificates(
+    certs: Certs, tmp_path: Path
+) -> None:
+    """The production commands: ``gpuwarden remediate serve`` with mutual TLS and signatures
+    required; ``gpuwarden agent --once`` reads a CONSTRUCTED XID 79 line and posts it."""
+    port = free_port()
+    (tmp_path / "token").write_text(TOKEN)
+    (tmp_path / "secret").write_text("s3cret")
+    config = tmp_path / "remediation.toml"
+    config.write_text(
+        f'[engine]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp_path}/token"\n'
+        f'hmac_secret_file = "{tmp_path}/secret"\naudit_log = "{tmp_path}/audit.jsonl"\n'
+        f'dry_run = true\nnotify_adapter = "webhook"\nnode_adapter = "kubernetes"\n'
+        f'tls_cert_file = "{certs.server.cert}"\ntls_key_file = "{certs.server.key}"\n'
+        f'tls_client_ca_file = "{certs.ca}"\ntls_ca_file = "{certs.ca}"\n'
+        f'tls_client_cert_file = "{certs.client.cert}"\n'
+        f'tls_client_key_file = "{certs.client.key}"\n'
+        f'[kubernetes]\napi_url = "http://127.0.0.1:1"\n'
+    )
+    engine = subprocess.Popen(
+        [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )  # fmt: skip
+    try:
+        poll(lambda: remediate(["--config", str(config), "pending"]) == 0, 30, "the engine")
+        (tmp_path / "kmsg.log").write_text(
+            "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n"
+        )
+        agent = tmp_path / "agent.toml"
+        agent.write_text(
+            f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\n'
+            f'kmsg = "{tmp_path}/kmsg.log"\n'
+            f'remediation_url = "https://127.0.0.1:{port}/v1/findings"\n'
+            f'remediation_token_file = "{tmp_path}/token"\n'
+            f'remediation_hmac_secret_file = "{tmp_path}/secret"\n'
+            f'remediation_ca_file = "{certs.ca}"\nremediation_cert_file = "{certs.client.cert}"\n'
+            f'remediation_key_file = "{certs.client.key}"\n[xid]\nlookback_s = 0.0\n'
+        )
+        done = subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "agent", "--config", str(agent), "--once"],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        found = poll(
+            lambda: [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "finding"],
+            30,
+            "the agent's finding",
+        )
+        assert [(f["kind"], f["via"]) for f in found] == [("gpu_xid", "http, signed")]
+    finally:
+        engine.send_signal(signal.SIGTERM)
+        engine.wait(timeout=60)
+
+
+def test_server_context_refuses_old_protocols(certs: Certs) -> None:
+    ctx = server_context(certs.server.cert, certs.server.key)
+    assert ctx.minimum_version == ssl.TLSVersion.TLSv1_2
+    assert client_context(certs.ca).verify_mode == ssl.CERT_REQUIRED
+    assert server_context(certs.server.cert, certs.server.key, certs.ca).verify_mode == (
+        ssl.CERT_REQUIRED
+    )
