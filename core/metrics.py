@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
+from core.tls import http_server
+
 log = logging.getLogger(__name__)
 
 #: the text format every Prometheus 2.x and 3.x reads (prometheus_client 0.26 announces 1.0.0,
@@ -101,7 +103,6 @@ def serve_metrics(listen: str, produce: Callable[[], list[Metric]]) -> Threading
     shuts it down (``server.shutdown()``)."""
     host, _, port = listen.rpartition(":")
     handler = type("MetricsHandler", (_Handler,), {"produce": staticmethod(produce)})
-    server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), handler)
-    server.daemon_threads = True
+    server = http_server((host or "127.0.0.1", int(port)), handler)
     threading.Thread(target=server.serve_forever, daemon=True, name="metrics").start()
     return server

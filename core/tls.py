@@ -44,7 +44,15 @@ def client_context(ca_file: str = "", cert_file: str = "", key_file: str = "") -
     return ctx
 
 
-class _TLSServer(ThreadingHTTPServer):
+class _Server(ThreadingHTTPServer):
+    # socketserver listens with a backlog of 5: a burst of more clients connecting at once
+    # overflowed it (connections reset, or a 1 s SYN retry; benchmarks/serving.py). The kernel
+    # caps this at net.core.somaxconn.
+    request_queue_size = 1024
+    daemon_threads = True
+
+
+class _TLSServer(_Server):
     context: ssl.SSLContext
 
     def get_request(self) -> tuple[Any, Any]:
@@ -70,8 +78,9 @@ def http_server(
     context: ssl.SSLContext | None = None,
 ) -> ThreadingHTTPServer:
     """A threading HTTP server for ``handler``; HTTPS when ``context`` is given."""
+    server: ThreadingHTTPServer
     if context is None:
-        server = ThreadingHTTPServer(address, handler)
+        server = _Server(address, handler)
     else:
         server = _TLSServer(address, handler)
         server.context = context
