@@ -65,6 +65,7 @@ GUARDS = {
     "actions_per_minute": 20,
     "lemon_count": 3,
     "lemon_window_s": 7 * 86400.0,
+    "inventory_ttl_s": 2.0,
 }
 INFLUXDB = {
     "url": "",
@@ -102,6 +103,7 @@ class RemediationConfig:
             actions_per_minute=g["actions_per_minute"],
             lemon_count=g["lemon_count"],
             lemon_window_s=g["lemon_window_s"],
+            inventory_ttl_s=g["inventory_ttl_s"],
             approval=tuple(e["approval"]),
             notify_adapter=e["notify_adapter"],
             checkpoint_adapter=e["checkpoint_adapter"],

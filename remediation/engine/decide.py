@@ -27,6 +27,10 @@ class EngineSettings:
     """Hot spares to hold (:mod:`.spares`); 0: none."""
     lemon_count: int = 3
     lemon_window_s: float = 7 * 86400.0
+    inventory_ttl_s: float = 2.0
+    """How long the scheduler's view of which nodes are out is reused by the blast-radius
+    guard (0: asked for every plan). gpuwarden's own plans in flight are always counted, and a
+    plan that finishes forgets the view; only other people's drains can be this late."""
     approval: tuple[str, ...] = ("uncordon",)
     notify_adapter: str = "webhook"
     checkpoint_adapter: str = "slurm"

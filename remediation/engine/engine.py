@@ -194,6 +194,7 @@ class Engine:
         released = []
         with self._lock:
             self._require_open()
+            self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
                 d = self.guards.check(p.finding, p.decision, approved=True)
                 if d.verdict in ("act", "dry_run"):

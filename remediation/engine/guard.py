@@ -61,6 +61,7 @@ class Guards:
         # nodes that plans in flight are taking out, counted per plan: one plan finishing must
         # not free a node another plan is still about to drain
         self.reserved: Counter[str] = Counter()
+        self._inventory: tuple[float, Inventory] | None = None  # (when, view) for inventory_ttl_s
         self.recent: deque[float] = deque()  # when each of the last minute's actions started
 
     def check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
@@ -125,12 +126,22 @@ class Guards:
     def inventory(self) -> Inventory:
         adapter = self.adapters.get(self.settings.node_adapter)
         if isinstance(adapter, Scheduler):
+            ttl, now = self.settings.inventory_ttl_s, time.monotonic()
+            kept = self._inventory
+            if ttl > 0 and kept is not None and now - kept[0] < ttl:
+                return kept[1]
             try:
-                return adapter.inventory()
+                inv = adapter.inventory()
+                self._inventory = (now, inv)
+                return inv
             except AdapterError as exc:
                 log.error("inventory from %s failed: %s", adapter.name, exc)
                 raise
         return Inventory({}, frozenset(self.memory.taken_out))
+
+    def forget_inventory(self) -> None:
+        """The next check asks the scheduler again (a new tick, a plan that finished)."""
+        self._inventory = None
 
     def blast_radius(self, node: str) -> str:
         """Why taking ``node`` out would break the limit, or ``""``."""
@@ -171,3 +182,4 @@ class Guards:
     def release(self, node: str) -> None:
         """A plan that took ``node`` out has finished (the scheduler's view now shows it)."""
         self.reserved[node] -= 1
+        self.forget_inventory()  # a view from before the drain would miss this node
