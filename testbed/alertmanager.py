@@ -11,17 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import time
-import urllib.error
 import urllib.request
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from testbed.errors import AlertmanagerError
-from testbed.influxd import free_port
+from testbed.process import LocalProcess
 
 _CONFIG = """\
 route:
@@ -46,53 +41,30 @@ def alertmanager_binary() -> str | None:
     return shutil.which("prometheus-alertmanager") or shutil.which("alertmanager")
 
 
-class LocalAlertmanager:
+class LocalAlertmanager(LocalProcess):
     """A real Alertmanager on 127.0.0.1 whose one receiver is ``webhook_url``."""
 
+    name = "alertmanager"
+    error = AlertmanagerError
+
     def __init__(self, root: str | os.PathLike[str], webhook_url: str, token_file: Path) -> None:
-        self.root = Path(root)
-        self.port = free_port()
+        super().__init__(root)
         self.webhook_url = webhook_url
         self.token_file = token_file
-        self.process: subprocess.Popen[bytes] | None = None
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def start(self, timeout_s: float = 30.0) -> LocalAlertmanager:
+    def command(self) -> list[str]:
         binary = alertmanager_binary()
         if binary is None:
             raise AlertmanagerError("no Alertmanager: apt-get install prometheus-alertmanager")
-        self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "alertmanager.yml"
         config.write_text(_CONFIG.format(url=self.webhook_url, token_file=self.token_file))
-        log = open(self.root / "alertmanager.log", "ab")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.path={self.root / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}", "--cluster.listen-address="],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                tail = (self.root / "alertmanager.log").read_text(errors="replace")[-2000:]
-                raise AlertmanagerError(
-                    f"alertmanager exited with {self.process.returncode}:\n{tail}"
-                )
-            if self.ready():
-                return self
-            time.sleep(0.1)
-        self.stop()
-        raise AlertmanagerError(f"alertmanager did not become ready on {self.url}")
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return [
+            binary,
+            f"--config.file={config}",
+            f"--storage.path={self.root / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--cluster.listen-address=",
+        ]  # fmt: skip: gossip off
 
     def post_alerts(self, alerts: list[dict[str, Any]]) -> None:
         """Raise alerts as a Prometheus server would (``POST /api/v2/alerts``)."""
@@ -103,25 +75,3 @@ class LocalAlertmanager:
         with urllib.request.urlopen(request, timeout=10) as resp:
             if resp.status != 200:
                 raise AlertmanagerError(f"alertmanager answered {resp.status} to new alerts")
-
-    def log(self) -> str:
-        return (self.root / "alertmanager.log").read_text(errors="replace")
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def __enter__(self) -> LocalAlertmanager:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()

@@ -10,19 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
-import subprocess
-import time
-import urllib.error
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from testbed.errors import PrometheusError
-from testbed.influxd import free_port
+from testbed.process import LocalProcess
 
 
 @dataclass(frozen=True)
@@ -36,18 +30,15 @@ def prometheus_binary() -> str | None:
     return shutil.which("prometheus")
 
 
-class LocalPrometheus:
+class LocalPrometheus(LocalProcess):
     """A real Prometheus on 127.0.0.1 scraping ``targets`` every second."""
 
-    def __init__(self, root: str | os.PathLike[str], targets: list[Target]) -> None:
-        self.root = Path(root)
-        self.port = free_port()
-        self.targets = targets
-        self.process: subprocess.Popen[bytes] | None = None
+    name = "prometheus"
+    error = PrometheusError
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def __init__(self, root: str | os.PathLike[str], targets: list[Target]) -> None:
+        super().__init__(root)
+        self.targets = targets
 
     def _config(self) -> str:
         lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
@@ -58,37 +49,14 @@ class LocalPrometheus:
                 lines += ["    authorization:", f"      credentials_file: {t.token_file}"]
         return "\n".join(lines) + "\n"
 
-    def start(self, timeout_s: float = 60.0) -> LocalPrometheus:
+    def command(self) -> list[str]:
         binary = prometheus_binary()
         if binary is None:
             raise PrometheusError("no Prometheus: apt-get install prometheus")
-        self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "prometheus.yml"
         config.write_text(self._config())
-        log = open(self.root / "prometheus.log", "ab")  # noqa: SIM115
-        self.process = subprocess.Popen(
-            [binary, f"--config.file={config}", f"--storage.tsdb.path={self.root / 'data'}",
-             f"--web.listen-address=127.0.0.1:{self.port}"],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-        )  # fmt: skip
-        log.close()
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise PrometheusError(f"prometheus exited with {self.process.returncode}:\n"
-                                      f"{self.log()[-2000:]}")  # fmt: skip
-            if self.ready():
-                return self
-            time.sleep(0.2)
-        self.stop()
-        raise PrometheusError(f"prometheus did not become ready on {self.url}")
-
-    def ready(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.url}/-/ready", timeout=1) as resp:
-                return bool(resp.status == 200)
-        except (urllib.error.URLError, OSError):
-            return False
+        return [binary, f"--config.file={config}", f"--storage.tsdb.path={self.root / 'data'}",
+                f"--web.listen-address=127.0.0.1:{self.port}"]  # fmt: skip
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant vector ``promql`` gives now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
@@ -99,25 +67,3 @@ class LocalPrometheus:
             raise PrometheusError(f"query {promql!r} failed: {answer}")
         result: list[dict[str, Any]] = answer["data"]["result"]
         return result
-
-    def log(self) -> str:
-        return (self.root / "prometheus.log").read_text(errors="replace")
-
-    def stop(self, timeout_s: float = 15.0) -> None:
-        proc, self.process = self.process, None
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-    def __enter__(self) -> LocalPrometheus:
-        return self.start()
-
-    def __exit__(
-        self, t: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.stop()
