@@ -33,6 +33,7 @@ from collector.sources.base import SourceContext
 from core.errors import GpuwardenError
 from core.finding import Finding
 from core.poster import FindingPoster
+from core.store.lineprotocol import Point
 from core.store.sink import InfluxSink
 
 log = logging.getLogger("gpuwarden.agent")
@@ -102,7 +103,26 @@ def build_agent(
             healthy_after_s=float(h["healthy_after_s"]),
             expected_gpus=int(h["expected_gpus"]),
         )
-        agent.on_cycle = gate.cycle
+    hooks = [gate.cycle] if gate is not None else []
+    if h["gpu_count_check"]:
+        from collector.gpucount import GpuCountWatch
+
+        watch = GpuCountWatch(
+            context.cluster,
+            context.node,
+            emit,
+            sysfs=a["sysfs"],
+            expected=int(h["expected_gpus"]),
+            nvml="nvml" in a["sources"],
+        )
+        hooks.append(watch.cycle)
+    if hooks:
+
+        def on_cycle(now_ns: int, points: list[Point]) -> None:
+            for hook in hooks:
+                hook(now_ns, points)
+
+        agent.on_cycle = on_cycle
     context.emit_finding = emit
     return agent, poster
 

@@ -72,7 +72,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "infiniband": {"hcas": [], "rediscover_cycles": 60},
     "power": {"rapl": True, "hwmon": True},
     "thermal": {"thermal_zones": True, "hwmon": True},
-    "health": {"healthy_after_s": 1800.0, "expected_gpus": 0},
+    "health": {"healthy_after_s": 1800.0, "expected_gpus": 0, "gpu_count_check": True},
     "sink": SinkConfig().to_mapping(),
 }
 

@@ -110,7 +110,14 @@ FATAL_LADDER = ("notify", "drain", "requeue")
 DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
     {
         "name": "fatal-gpu-event",
-        "kinds": ["gpu_xid", "gpu_lost", "nvswitch_sxid", "ecc_dbe", "row_remap_failure"],
+        "kinds": [
+            "gpu_xid",
+            "gpu_lost",
+            "gpu_missing",
+            "nvswitch_sxid",
+            "ecc_dbe",
+            "row_remap_failure",
+        ],
         "min_severity": "critical",
         "actions": list(FATAL_LADDER),
     },
