@@ -1,6 +1,7 @@
 """``gpuwarden <command> ...``: one command for every part of gpuwarden.
 
     gpuwarden agent --config /etc/gpuwarden/agent.toml          # the node agent (every GPU node)
+    gpuwarden check --config /etc/gpuwarden/agent.toml --json   # the active node check
     gpuwarden analyze run --config analytics.toml --every 60s   # analytics on Dask
     gpuwarden remediate --config remediation.toml serve         # the remediation engine
     gpuwarden dashboards export --out /etc/grafana/gpuwarden    # Grafana dashboards and alerts
@@ -23,6 +24,7 @@ from collections.abc import Sequence
 #: command -> (module with main(argv), the extra it needs, what it is)
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "agent": ("collector.cli", "agent", "the node agent: one per GPU node"),
+    "check": ("collector.check", "agent", "the active node check: probes, exit 0 or 1"),
     "analyze": ("analytics.cli", "analytics", "analytics on Dask over InfluxDB; findings"),
     "remediate": ("remediation.cli", "remediation", "the remediation engine and its operators"),
     "dashboards": ("dashboards.cli", "dashboards", "Grafana dashboards and alert rules"),

@@ -73,6 +73,15 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "power": {"rapl": True, "hwmon": True},
     "thermal": {"thermal_zones": True, "hwmon": True},
     "health": {"healthy_after_s": 1800.0, "expected_gpus": 0, "gpu_count_check": True},
+    # gpuwarden check: the active node check (collector.check)
+    "check": {
+        "probes": ["gpu_count", "infiniband", "disk", "dcgm", "gpu_matmul", "allreduce"],
+        "ib_rate_gbps": 0.0,
+        "disk_paths": ["/tmp"],
+        "disk_timeout_s": 10.0,
+        "dcgm_level": 1,
+        "probe_timeout_s": 300.0,
+    },
     "sink": SinkConfig().to_mapping(),
 }
 

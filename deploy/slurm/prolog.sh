@@ -3,6 +3,13 @@
 # job owns each GPU of this node, so idle or not-yet-started GPUs are attributed too.
 # Writes one file per GPU index into the agent's jobmap_dir, holding the job id.
 set -eu
+# Optional (GPUWARDEN_PROLOG_CHECK=1 in slurmd's environment): the quick probes of
+# `gpuwarden check` before the job starts. A prolog that fails makes Slurm drain this node and
+# requeue the job elsewhere, with the probes' summary in slurmd's log.
+if [ "${GPUWARDEN_PROLOG_CHECK:-0}" = 1 ]; then
+    gpuwarden check --config /etc/gpuwarden/agent.toml --probes gpu_count,infiniband,disk >&2 \
+        || exit 1
+fi
 dir="${GPUWARDEN_JOBMAP_DIR:-/run/gpuwarden/jobs}"
 gpus="${SLURM_JOB_GPUS:-${CUDA_VISIBLE_DEVICES:-}}"
 [ -n "${SLURM_JOB_ID:-}" ] && [ -n "$gpus" ] || exit 0

@@ -1,0 +1,329 @@
+"""``gpuwarden check``: an active node check, before a node takes work or returns to service.
+
+Runs the configured probes (``[check] probes``) and exits 0 when none failed, 1 when one did,
+with a one-screen summary (``--json``: ``{"node", "ok", "probes": [{"name", "status",
+"detail", "seconds"}]}``, ``status`` one of ``pass``, ``fail``, ``unavailable``). A probe that
+cannot run here (no GPU, no ``dcgmi``, no torch, no InfiniBand) says ``unavailable`` and why:
+that is not a failure.
+
+* ``gpu_count``: NVIDIA GPUs on the PCI bus, NVML's count and ``[health] expected_gpus`` agree
+  (:mod:`collector.gpucount`), and every GPU NVML lists runs the same driver;
+* ``infiniband``: every port (``<sysfs>/class/infiniband``) is ACTIVE and LinkUp, at
+  ``[check] ib_rate_gbps`` or faster when set;
+* ``disk``: each of ``[check] disk_paths`` (local scratch, the shared filesystem) takes a
+  1 MiB write, fsync and read back within ``disk_timeout_s`` (a hung NFS mount fails here
+  instead of hanging the check);
+* ``dcgm``: ``dcgmi diag -r <dcgm_level>`` when DCGM is installed;
+* ``gpu_matmul``: a matrix product on every GPU checked against the CPU's, with torch and CUDA;
+* ``allreduce``: two processes all-reduce a tensor through ``torch.distributed`` (NCCL on
+  GPUs, gloo on CPU when there is none, so the code path runs on any machine with torch).
+
+Slurm runs it as ``HealthCheckProgram`` or in a prolog, Kubernetes as an init container
+(examples in ``deploy/``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from collector.config import AgentConfig, load_config
+from collector.gpucount import bus_gpus
+from collector.sources.infiniband import discover
+from core.errors import GpuwardenError
+
+PASS, FAIL, UNAVAILABLE = "pass", "fail", "unavailable"
+
+
+@dataclass
+class Result:
+    name: str
+    status: str
+    detail: str
+    seconds: float = 0.0
+
+
+def _nvml(config: AgentConfig) -> tuple[int, set[str]] | str:
+    """NVML's device count and the drivers it reports, or why NVML cannot be read."""
+    n = config["nvml"]
+    try:
+        backend: Any
+        if n["backend"] == "recorded":
+            from collector.nvml.recorded import RecordedBackend
+
+            backend = RecordedBackend(n["recording"])
+        else:
+            from collector.nvml.real import PynvmlBackend
+
+            backend = PynvmlBackend()
+        backend.init()
+        backend.begin_cycle()
+        try:
+            count = int(backend.call(None, "nvmlDeviceGetCount"))
+            drivers = {str(backend.call(None, "nvmlSystemGetDriverVersion"))}
+        finally:
+            backend.shutdown()
+    except Exception as exc:  # no driver, no library, a broken recording
+        return f"NVML not readable: {type(exc).__name__}: {exc}"
+    return count, drivers
+
+
+def probe_gpu_count(config: AgentConfig) -> Result:
+    expected = int(config["health"]["expected_gpus"])
+    bus = bus_gpus(config["agent"]["sysfs"])
+    nvml = _nvml(config)
+    if not bus and not expected:
+        why = nvml if isinstance(nvml, str) else f"NVML lists {nvml[0]}"
+        return Result(
+            "gpu_count", UNAVAILABLE, f"no NVIDIA GPU on the PCI bus, none expected ({why})"
+        )
+    parts = [f"{len(bus)} on the PCI bus"]
+    counts = [len(bus)]
+    if isinstance(nvml, str):
+        return Result("gpu_count", FAIL, f"{parts[0]}, but {nvml}")
+    counts.append(nvml[0])
+    parts.append(f"{nvml[0]} seen by NVML (driver {', '.join(sorted(nvml[1]))})")
+    if expected:
+        counts.append(expected)
+        parts.append(f"{expected} expected")
+    ok = len(set(counts)) == 1 and len(nvml[1]) == 1
+    return Result("gpu_count", PASS if ok else FAIL, "; ".join(parts))
+
+
+def probe_infiniband(config: AgentConfig) -> Result:
+    root = os.path.join(config["agent"]["sysfs"], "class", "infiniband")
+    ports = discover(root)
+    if not ports:
+        return Result("infiniband", UNAVAILABLE, f"no InfiniBand port under {root}")
+    want = float(config["check"]["ib_rate_gbps"])
+    bad = []
+    for p in ports:
+
+        def read(name: str, port: Any = p) -> str:
+            try:
+                return Path(port.path, name).read_text().strip()
+            except OSError:
+                return ""
+
+        state, phys, rate = read("state"), read("phys_state"), read("rate")
+        speed = float(rate.split()[0]) if rate[:1].isdigit() else 0.0
+        if not state.startswith("4") or not phys.startswith("5") or (want and speed < want):
+            bad.append(f"{p.hca}/{p.port}: {state or '?'}, {phys or '?'}, {rate or '?'}")
+    if bad:
+        return Result("infiniband", FAIL, f"{len(bad)} of {len(ports)} ports down or slow: "
+                      + "; ".join(bad))  # fmt: skip
+    at = f" at >= {want:g} Gb/s" if want else ""
+    return Result("infiniband", PASS, f"{len(ports)} ports ACTIVE and LinkUp{at}")
+
+
+def _within(timeout_s: float, work: Callable[[], str]) -> tuple[bool, str]:
+    """Run ``work`` on a thread; ``(finished, its answer or error)``. A hung call is left
+    behind (a daemon thread): the check still answers."""
+    out: list[tuple[bool, str]] = []
+
+    def run() -> None:
+        try:
+            out.append((True, work()))
+        except Exception as exc:
+            out.append((False, f"{type(exc).__name__}: {exc}"))
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if not out:
+        return False, f"no answer within {timeout_s:g} s"
+    return out[0]
+
+
+def probe_disk(config: AgentConfig) -> Result:
+    c = config["check"]
+    paths = list(c["disk_paths"])
+    if not paths:
+        return Result("disk", UNAVAILABLE, "no [check] disk_paths")
+    payload = os.urandom(1 << 20)
+    problems: list[str] = []
+    fine: list[str] = []
+    for path in paths:
+
+        def io(path: str = path) -> str:
+            t0 = time.monotonic()
+            with tempfile.NamedTemporaryFile(dir=path, prefix=".gpuwarden-check-") as fh:
+                fh.write(payload)
+                fh.flush()
+                os.fsync(fh.fileno())
+                fh.seek(0)
+                if fh.read() != payload:
+                    raise OSError("read back differs from what was written")
+            return f"{path} {time.monotonic() - t0:.3f} s"
+
+        ok, said = _within(float(c["disk_timeout_s"]), io)
+        (fine if ok else problems).append(said if ok else f"{path}: {said}")
+    if problems:
+        return Result("disk", FAIL, "; ".join(problems))
+    return Result("disk", PASS, "1 MiB written, fsynced, read back: " + ", ".join(fine))
+
+
+def probe_dcgm(config: AgentConfig) -> Result:
+    dcgmi = shutil.which("dcgmi")
+    if dcgmi is None:
+        return Result("dcgm", UNAVAILABLE, "dcgmi not installed (NVIDIA DCGM)")
+    level = int(config["check"]["dcgm_level"])
+    try:
+        timeout = float(config["check"]["probe_timeout_s"])
+        done = subprocess.run(
+            [dcgmi, "diag", "-r", str(level)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return Result("dcgm", FAIL, f"dcgmi diag -r {level} did not finish in time")
+    last = (done.stdout.strip().splitlines() or [""])[-1][:200]
+    return Result("dcgm", PASS if done.returncode == 0 else FAIL,
+                  f"dcgmi diag -r {level}: exit {done.returncode} {last}")  # fmt: skip
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return torch
+
+
+def probe_gpu_matmul(config: AgentConfig) -> Result:
+    torch = _torch()
+    if torch is None:
+        return Result("gpu_matmul", UNAVAILABLE, "torch not installed")
+    if not torch.cuda.is_available():
+        return Result("gpu_matmul", UNAVAILABLE, "torch sees no CUDA GPU")
+    a = torch.randn(1024, 1024, dtype=torch.float32)
+    b = torch.randn(1024, 1024, dtype=torch.float32)
+    want = a @ b
+    bad = []
+    for i in range(torch.cuda.device_count()):
+        got = (a.to(f"cuda:{i}") @ b.to(f"cuda:{i}")).cpu()
+        if not torch.allclose(got, want, rtol=1e-3, atol=1e-2):
+            bad.append(str(i))
+    n = torch.cuda.device_count()
+    if bad:
+        return Result("gpu_matmul", FAIL, f"wrong product on GPU {', '.join(bad)} of {n}")
+    return Result("gpu_matmul", PASS, f"1024x1024 fp32 product right on {n} GPUs")
+
+
+_ALLREDUCE = """
+import os, sys, torch, torch.distributed as dist
+cuda = torch.cuda.is_available() and torch.cuda.device_count() >= 2
+dist.init_process_group("nccl" if cuda else "gloo")
+rank = dist.get_rank()
+t = torch.ones(1 << 20, device=f"cuda:{rank}" if cuda else "cpu")
+dist.all_reduce(t)
+ok = bool((t == dist.get_world_size()).all())
+print(("nccl" if cuda else "gloo"), ok)
+dist.destroy_process_group()
+sys.exit(0 if ok else 3)
+"""
+
+
+def probe_allreduce(config: AgentConfig) -> Result:
+    if _torch() is None:
+        return Result("allreduce", UNAVAILABLE, "torch not installed")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "WORLD_SIZE": "2"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _ALLREDUCE],
+            env={**env, "RANK": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    timeout = float(config["check"]["probe_timeout_s"])
+    outs = []
+    for p in procs:
+        try:
+            out, err = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            return Result("allreduce", FAIL, f"all-reduce did not finish in {timeout:g} s")
+        outs.append((p.returncode, out.strip(), err.strip().splitlines()[-1:] or [""]))
+    if all(rc == 0 for rc, _, _ in outs):
+        backend = outs[0][1].split()[0]
+        return Result("allreduce", PASS, f"2 ranks, 4 MiB all-reduced right over {backend}")
+    said = [f"rank {i}: exit {rc} {out} {err[0]}" for i, (rc, out, err) in enumerate(outs)]
+    return Result("allreduce", FAIL, "; ".join(said))
+
+
+PROBES: dict[str, Callable[[AgentConfig], Result]] = {
+    "gpu_count": probe_gpu_count,
+    "infiniband": probe_infiniband,
+    "disk": probe_disk,
+    "dcgm": probe_dcgm,
+    "gpu_matmul": probe_gpu_matmul,
+    "allreduce": probe_allreduce,
+}
+
+
+def run_checks(config: AgentConfig, names: list[str]) -> list[Result]:
+    out = []
+    for name in names:
+        t0 = time.monotonic()
+        try:
+            r = PROBES[name](config)
+        except Exception as exc:  # a probe's own bug is a failed check, not a crash
+            r = Result(name, FAIL, f"the probe failed: {type(exc).__name__}: {exc}")
+        r.seconds = round(time.monotonic() - t0, 3)
+        out.append(r)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="gpuwarden check", description=__doc__.split("\n")[0])
+    ap.add_argument("--config", help="the agent's TOML (its [check], [health], [nvml], sysfs)")
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--probes", help="comma-separated, instead of [check] probes")
+    args = ap.parse_args(argv)
+    try:
+        config = load_config(args.config)
+    except GpuwardenError as exc:
+        print(f"gpuwarden check: {exc}", file=sys.stderr)
+        return 2
+    names = args.probes.split(",") if args.probes else list(config["check"]["probes"])
+    unknown = sorted(set(names) - set(PROBES))
+    if unknown:
+        print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    results = run_checks(config, names)
+    ok = all(r.status != FAIL for r in results)
+    node = config["agent"]["node"] or socket.gethostname()
+    if args.json:
+        print(json.dumps({"node": node, "ok": ok, "probes": [asdict(r) for r in results]},
+                         indent=2))  # fmt: skip
+    else:
+        for r in results:
+            print(f"{r.status.upper():<12} {r.name:<11} {r.detail}  ({r.seconds:.2f} s)")
+        print(f"{node}: {'healthy' if ok else 'NOT healthy'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,136 @@
+"""``gpuwarden check``, the active node check: each probe passes, fails or says why it cannot run.
+
+The sysfs trees (PCI devices, InfiniBand ports) are CONSTRUCTED; NVML answers come from the
+CONSTRUCTED 8x H100 recording; ``dcgmi`` is a stand-in script on PATH (no DCGM here); the disk
+probe writes to real directories; the all-reduce runs REAL torch.distributed on gloo (CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from collector import check
+from collector.config import load_config
+from testbed.sysfstree import build_node_tree, hca_port
+from tests.test_gpucount import pci_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+H100 = ROOT / "tests/golden/nvml-h100-8gpu/nvml.json"
+
+
+def config(tmp: Path, **check_settings: object) -> Path:
+    path = tmp / "agent.toml"
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in check_settings.items())
+    path.write_text(
+        f'[agent]\nnode = "node-7"\nsysfs = "{tmp}/sys"\n'
+        f'[nvml]\nbackend = "recorded"\nrecording = "{H100}"\n'
+        f"[health]\nexpected_gpus = 8\n[check]\n{extra}"
+    )
+    return path
+
+
+def probe(tmp: Path, name: str, **settings: object) -> check.Result:
+    return check.PROBES[name](load_config(str(config(tmp, **settings))))
+
+
+def test_gpu_count(tmp_path: Path) -> None:
+    pci_tree(tmp_path / "sys", 8)
+    r = probe(tmp_path, "gpu_count")
+    assert r.status == "pass" and "8 on the PCI bus; 8 seen by NVML" in r.detail, r.detail
+    pci_tree(tmp_path / "sys", 9)
+    r = probe(tmp_path, "gpu_count")
+    assert r.status == "fail" and "9 on the PCI bus" in r.detail
+
+
+def test_gpu_count_without_nvml_or_gpus(tmp_path: Path) -> None:
+    path = tmp_path / "agent.toml"
+    path.write_text(f'[agent]\nsysfs = "{tmp_path}/sys"\n[nvml]\nbackend = "recorded"\n'
+                    f'recording = "{tmp_path}/none.json"\n')  # fmt: skip
+    r = check.probe_gpu_count(load_config(str(path)))
+    assert r.status == "unavailable" and "NVML not readable" in r.detail
+    pci_tree(tmp_path / "sys", 8)  # GPUs on the bus that NVML cannot read: the driver is gone
+    r = check.probe_gpu_count(load_config(str(path)))
+    assert r.status == "fail" and "8 on the PCI bus, but NVML not readable" in r.detail
+
+
+def test_infiniband(tmp_path: Path) -> None:
+    assert probe(tmp_path, "infiniband").status == "unavailable"
+    build_node_tree(tmp_path / "sys", hcas=4)
+    assert probe(tmp_path, "infiniband").status == "pass"
+    r = probe(tmp_path, "infiniband", ib_rate_gbps=800.0)
+    assert r.status == "fail" and "4 of 4 ports down or slow" in r.detail
+    (hca_port(tmp_path / "sys", "mlx5_2") / "state").write_text("1: DOWN\n")
+    r = probe(tmp_path, "infiniband")
+    assert r.status == "fail" and "mlx5_2/1: 1: DOWN" in r.detail
+
+
+def test_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "scratch").mkdir()
+    assert probe(tmp_path, "disk", disk_paths=[str(tmp_path / "scratch")]).status == "pass"
+    r = probe(tmp_path, "disk", disk_paths=[str(tmp_path / "gone")])
+    assert r.status == "fail" and "gone" in r.detail
+
+    real_fsync = os.fsync
+
+    def hung(fd: int) -> None:  # a mount that stops answering
+        time.sleep(3)
+        real_fsync(fd)
+
+    monkeypatch.setattr(check.os, "fsync", hung)
+    r = probe(tmp_path, "disk", disk_paths=[str(tmp_path / "scratch")], disk_timeout_s=0.5)
+    assert r.status == "fail" and "no answer within 0.5 s" in r.detail
+
+
+def test_dcgm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PATH", str(tmp_path / "bin"))
+    assert probe(tmp_path, "dcgm").status == "unavailable"
+    (tmp_path / "bin").mkdir()
+    dcgmi = tmp_path / "bin/dcgmi"
+    dcgmi.write_text('#!/bin/sh\necho "level $3"\nexit 0\n')
+    dcgmi.chmod(0o755)
+    r = probe(tmp_path, "dcgm", dcgm_level=2)
+    assert r.status == "pass" and "dcgmi diag -r 2: exit 0 level 2" in r.detail
+    dcgmi.write_text('#!/bin/sh\necho "Memory: Fail"\nexit 226\n')
+    assert probe(tmp_path, "dcgm").status == "fail"
+
+
+def test_allreduce_on_gloo(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    r = probe(tmp_path, "allreduce")
+    assert r.status == "pass" and "over gloo" in r.detail, r.detail
+
+
+def test_the_command_is_clear_on_a_machine_without_gpus(tmp_path: Path) -> None:
+    """``gpuwarden check --json`` here (no GPU, no DCGM): every probe says pass, fail or
+    unavailable, and why; a failing probe makes the exit status 1."""
+    cfg = config(tmp_path, disk_paths=[str(tmp_path)])
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "check", "--config", str(cfg), "--json",
+         "--probes", "infiniband,disk,dcgm,gpu_matmul"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["ok"] is True and out["node"] == "node-7"
+    assert [p["name"] for p in out["probes"]] == ["infiniband", "disk", "dcgm", "gpu_matmul"]
+    assert all(p["status"] in ("pass", "fail", "unavailable") and p["detail"]
+               for p in out["probes"])  # fmt: skip
+    pci_tree(tmp_path / "sys", 7)  # 7 of the 8 expected GPUs on the bus
+    failed = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "check", "--config", str(cfg), "--probes",
+         "gpu_count"], cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert failed.returncode == 1
+    assert "FAIL" in failed.stdout and "node-7: NOT healthy" in failed.stdout
+    bad = subprocess.run(
+        [sys.executable, "-m", "gpuwarden", "check", "--probes", "nope"],
+        cwd=ROOT, capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and "unknown probes ['nope']" in bad.stderr
