@@ -6,7 +6,8 @@ event, so every cycle compares three counts:
 
 * **bus**: NVIDIA devices on the PCI bus (``<sysfs>/bus/pci/devices/*``, vendor ``0x10de``,
   class display VGA ``0x0300`` or 3D ``0x0302``; NVSwitches, class ``0x0680``, are bridges and
-  not counted);
+  not counted); none at all means the bus is not readable here (a sysfs that is not the
+  host's), and it is left out of the comparison;
 * **nvml**: GPUs the NVML source reported this cycle (only when the nvml source runs);
 * **expected**: ``[health] expected_gpus`` (0: not set).
 
@@ -69,7 +70,10 @@ class GpuCountWatch:
 
     def cycle(self, now_ns: int, points: Sequence[Point]) -> None:
         bus, nvml = self.counts(points)
-        known = [n for n in (len(bus), nvml, self.expected or None) if n is not None]
+        # no NVIDIA device on the bus at all: the bus is not readable here (a sysfs that is not
+        # the host's, a simulated node), not every GPU gone; NVML and expected still compare
+        on_bus = len(bus) if bus else None
+        known = [n for n in (on_bus, nvml, self.expected or None) if n is not None]
         if not bus and not self.expected:
             return  # no NVIDIA GPU on this host, and none expected
         if len(set(known)) <= 1:

@@ -96,8 +96,10 @@ def test_no_gpus_here_and_none_expected_says_nothing(tmp_path: Path) -> None:
     w.cycle(1, [])
     assert said == []
     w2, said2 = watch(tmp_path / "empty", expected=8)
-    w2.cycle(1, [])
-    assert said2 and said2[0].evidence["bus_gpus"] == 0
+    w2.cycle(1, gpu_points(8))  # a bus we cannot read (no NVIDIA device at all) is left out
+    assert said2 == []
+    w2.cycle(2, gpu_points(7))  # NVML against expected still counts
+    assert said2 and said2[0].evidence["nvml_gpus"] == 7
 
 
 def test_without_the_nvml_source_only_the_bus_and_expected_are_compared(tmp_path: Path) -> None:
