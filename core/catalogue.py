@@ -109,6 +109,8 @@ TAGS: Mapping[str, str] = MappingProxyType(
         "sink": "sink name from the agent configuration",
         "nvswitch": "NVSwitch index on the node (nvidia-nvswitchN in the kernel log)",
         "dtype": "training numeric type: bf16, fp16, fp8, tf32, fp32",
+        "probe": "gpuwarden check probe: gpu_count, infiniband, disk, dcgm, gpu_matmul, allreduce",
+        "status": "a check probe's result: pass, fail, unavailable",
     }
 )
 
@@ -376,6 +378,46 @@ _m(
         _f("link_index", I, "", IN, "the switch port (link) the error names, where it names one"),
         _f("pci_bus_id", S, "", IN, "the switch's PCI address"),
         _f("message", S, "", IN, "the kernel log line from the switch name on"),
+    ],
+)
+_m(
+    "os_event",
+    A,
+    "OS and storage faults from the kernel log (NFS server not responding, Lustre errors, hung "
+    "tasks, soft lockups, NVMe errors, OOM kills) and their recoveries; a line that names a "
+    "process is tagged with its job",
+    (
+        *("cluster", "node", "job", "rank", "local_rank"),
+        *("event", "severity", "source"),
+    ),
+    [
+        _f("key", S, "", IN, "what the line is about: a server, a Lustre target, a device"),
+        _f("message", S, "", IN, "the kernel log line from the rule's match on"),
+        _f("pid", I, "", IN, "process named in the line, if any"),
+    ],
+)
+_m(
+    "node_os",
+    A,
+    "The host's own health: tasks blocked in uninterruptible sleep (D state) and the EDAC "
+    "memory controllers' error counts",
+    ("cluster", "node"),
+    [
+        _f("procs_blocked_count", I, "", G, "tasks in uninterruptible sleep now (/proc/stat)"),
+        _f("edac_ce_total", I, "", C, "corrected memory errors, all memory controllers (EDAC)"),
+        _f("edac_ue_total", I, "", C, "uncorrected memory errors, all memory controllers (EDAC)"),
+    ],
+)
+_m(
+    "node_check",
+    A,
+    "gpuwarden check's probes (gpu_count, infiniband, disk, dcgm, gpu_matmul, allreduce), one "
+    "point per probe per run: pass, fail or unavailable, and why",
+    ("cluster", "node", "probe", "status"),
+    [
+        _f("passed_active", B, "", ST, "the probe did not fail (pass or unavailable)"),
+        _f("duration_s", F, "s", G, "how long the probe took"),
+        _f("detail", S, "", IN, "what the probe found, in words"),
     ],
 )
 _m(

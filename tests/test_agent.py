@@ -120,7 +120,9 @@ def test_agent_streams_a_node_into_influxdb(influxd, influx_db, tmp_path):
         "SELECT count(collect_success_active) FROM agent "
         "WHERE collect_success_active = true GROUP BY source",
     )
-    assert {s["tags"]["source"] for s in ok} == {"nvml", "xid", "infiniband", "power", "thermal"}
+    assert {s["tags"]["source"] for s in ok} == {
+        *("nvml", "xid", "infiniband", "power", "thermal", "host")
+    }
     events = query(influxd, influx_db, "SELECT xid_code, fatal_active FROM gpu_event")
     assert [row[1] for row in events[0]["values"]] == [119] * 5  # the real kernel log
     assert all(c for c in counts.values())

@@ -33,6 +33,8 @@ UNIT_SUFFIXES = (
 )
 TEXT_FIELDS = {
     "message",
+    "key",
+    "detail",
     "resolution",
     "summary",
     "evidence_json",

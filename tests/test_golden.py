@@ -7,12 +7,15 @@ the provenance of its inputs: real data or constructed), ``nvml.json`` (a record
 ``sysfs-<step>.csv`` and ``proc.csv`` (``path,value`` rows materialised into a tree; an
 ``environ`` value's spaces become NULs), ``kmsg.log`` (read whole) or ``kmsg-<step>.log`` (the
 lines the kernel logs before that step, appended to the file the source follows), and
-``expected-<step>.lp``. The sources share one context, as in the agent.
+``expected-<step>.lp``. The sources share one context, as in the agent. The findings the sources
+raise on the fast path during a step are ``findings-<step>.jsonl`` (kind, severity, subject,
+summary, evidence); a case whose sources raise findings must have the file.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import os
 import tomllib
 from pathlib import Path
@@ -23,6 +26,7 @@ from collector import sources
 from collector.plausible import Screen
 from collector.sources.base import SourceContext
 from core.catalogue import check_point
+from core.finding import Finding
 from core.store.lineprotocol import encode_points
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -45,10 +49,16 @@ def materialise(csv_path: Path, root: Path) -> None:
                 out.write(value + "\n")
 
 
-def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[str]]:
-    """Each step's line protocol; ``nvml_backend`` replaces the recorded NVML backend."""
+def run_case(
+    case: Path, tmp: Path, nvml_backend: object = None, found: list[list[str]] | None = None
+) -> list[list[str]]:
+    """Each step's line protocol; ``nvml_backend`` replaces the recorded NVML backend;
+    ``found`` gets each step's findings (one JSON line each)."""
     spec = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
-    context = SourceContext("golden", "node-a", sysfs=tmp / "sys", procfs=tmp / "proc")
+    raised: list[Finding] = []
+    context = SourceContext(
+        "golden", "node-a", sysfs=tmp / "sys", procfs=tmp / "proc", emit_finding=raised.append
+    )
     if (case / "proc.csv").exists():
         materialise(case / "proc.csv", tmp)
     settings = spec.get("settings", {})
@@ -81,6 +91,12 @@ def run_case(case: Path, tmp: Path, nvml_backend: object = None) -> list[list[st
         for p in points:
             assert check_point(p.measurement, p.tags, p.fields) == [], p
         steps.append(encode_points(points))
+        if found is not None:
+            found.append([json.dumps({"kind": f.kind, "severity": str(f.severity),
+                                      "subject": f.subject, "summary": f.summary,
+                                      "evidence": f.evidence}, sort_keys=True)
+                          for f in raised])  # fmt: skip
+        raised.clear()
     for src in made:
         src.close()
     return steps
@@ -91,7 +107,17 @@ def test_golden_case(name: str, tmp_path: Path) -> None:
     case = GOLDEN / name
     spec = tomllib.loads((case / "case.toml").read_text(encoding="utf-8"))
     assert spec.get("provenance"), f"{name}: case.toml must say where its inputs come from"
-    steps = run_case(case, tmp_path)
+    found: list[list[str]] = []
+    steps = run_case(case, tmp_path, found=found)
+    update = os.environ.get("GPUWARDEN_UPDATE_GOLDEN") == "1"
+    for step, lines in enumerate(found):
+        path = case / f"findings-{step}.jsonl"
+        got = "".join(line + "\n" for line in lines)
+        if update and (lines or path.exists()):
+            path.write_text(got, encoding="utf-8")
+        elif lines or path.exists():
+            assert path.exists(), f"{path} missing; run with GPUWARDEN_UPDATE_GOLDEN=1"
+            assert got == path.read_text(encoding="utf-8"), f"{name} step {step} findings differ"
     for step, lines in enumerate(steps):
         expected_path = case / f"expected-{step}.lp"
         got = "".join(line + "\n" for line in lines)

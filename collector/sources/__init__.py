@@ -18,6 +18,7 @@ REGISTRY: dict[str, str] = {
     "infiniband": "collector.sources.infiniband:InfinibandSource",
     "power": "collector.sources.power:PowerSource",
     "thermal": "collector.sources.thermal:ThermalSource",
+    "host": "collector.sources.host:HostSource",
 }
 
 

@@ -76,7 +76,7 @@ def xid_point(
         fields=fields,
     )
     if fatal:
-        where = gpu if gpu is not None else uuid
+        where = gpu if gpu is not None else uuid or "(not identified)"
         evidence = {"xid": xid, "gpu_uuid": uuid, "message": message, "resolution": resolution}
         emit(
             context,
@@ -131,6 +131,8 @@ def emit(
     now_ns: int,
     summary: str,
     evidence: dict[str, Any],
+    *,
+    severity: str = "critical",
 ) -> None:
     if context.emit_finding is None:
         return
@@ -141,7 +143,7 @@ def emit(
         Finding(
             kind=kind,
             subject=subject,
-            severity=Severity.CRITICAL,
+            severity=Severity(severity),
             time_ns=now_ns,
             evidence=evidence,
             confidence=1.0,

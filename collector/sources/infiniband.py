@@ -10,6 +10,13 @@ downstream (analytics), which is the only place that sees the series over time. 
   (mlx4), the 64-bit value is written instead of the stuck one.
 * ``state``/``phys_state`` ("4: ACTIVE") become their numeric codes, ``rate`` ("200 Gb/sec
   (4X HDR)") Gb/s, and ``link_layer`` a tag.
+
+**Flaps.** A port that goes down and up again and again is one ``link_flap`` finding (a
+warning on the fast path, subject the node, HCA and port), not one per flap: ``flap_count``
+link-downs within ``flap_window_s`` raise it, with the count; the port must then stay up for
+``flap_recovery_s`` before another burst warns again (:mod:`collector.episodes`). A link-down
+is a rise of ``link_downed`` (a counter reset is not one), or, on a port without that counter,
+the state leaving ACTIVE.
 """
 
 from __future__ import annotations
@@ -20,7 +27,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from collector.sources.base import FileReader, SourceContext, parse_int
+from collector.episodes import Episodes
+from collector.sources.base import FileReader, SourceContext, SourceError, parse_int
+from core.finding import Finding, Severity
 from core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
@@ -200,6 +209,15 @@ class InfinibandSource:
         self._cycles = 0
         self._tags: dict[tuple[str, str, str], dict[str, str]] = {}
         self.bad_values = 0
+        try:
+            self.flaps = Episodes(
+                threshold=int(settings.get("flap_count", 3)),
+                window_s=float(settings.get("flap_window_s", 600.0)),
+                recovery_s=float(settings.get("flap_recovery_s", 600.0)),
+            )
+        except ValueError as exc:
+            raise SourceError(f"infiniband: {exc}") from None
+        self._last: dict[tuple[str, str], tuple[int | None, int | None]] = {}
 
     def collect(self, now_ns: int) -> list[Point]:
         if self._ports is None or self._cycles % self.rediscover_cycles == 0:
@@ -221,7 +239,45 @@ class InfinibandSource:
                     tags["link_layer"] = layer
                 self._tags[key] = tags
             points.append(Point("ib_port", tags, fields, now_ns))
+            self._flaps(port, fields, now_ns)
         return points
+
+    def _flaps(self, port: Port, fields: dict[str, Any], now_ns: int) -> None:
+        """Count this cycle's link-downs of ``port``; one finding per burst of flaps."""
+        downed, state = fields.get("link_downed_total"), fields.get("state_code")
+        last = self._last.get((port.hca, port.port))
+        self._last[(port.hca, port.port)] = (downed, state)
+        if last is None:
+            return
+        if downed is not None and last[0] is not None:
+            downs = max(0, downed - last[0])  # a reset (a smaller count) is not a flap
+        else:
+            downs = int(last[1] == 4 and state is not None and state != 4)
+        self.flaps.expire(now_ns)
+        if not downs:
+            return
+        episode = self.flaps.event((port.hca, port.port), now_ns, downs)
+        if episode is None or self.context.emit_finding is None:
+            return
+        window_s = self.flaps.window_ns // 10**9
+        self.context.emit_finding(
+            Finding(
+                kind="link_flap",
+                subject=self.context.base_tags() | {"hca": port.hca, "port": port.port},
+                severity=Severity.WARNING,
+                time_ns=now_ns,
+                evidence={
+                    "flaps": len(episode.recent),
+                    "window_s": window_s,
+                    "recovery_s": self.flaps.recovery_ns // 10**9,
+                    "since_ns": episode.first_ns,
+                },
+                confidence=1.0,
+                summary=f"InfiniBand {port.hca} port {port.port} went down "
+                f"{len(episode.recent)} times within {window_s} s",
+                source="agent",
+            )
+        )
 
     def close(self) -> None:
         self._files.close()

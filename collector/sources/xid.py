@@ -1,4 +1,4 @@
-"""XIDs and NVSwitch SXids from the kernel log: ``/dev/kmsg`` or a file.
+"""XIDs, NVSwitch SXids and OS faults from the kernel log: ``/dev/kmsg`` or a file.
 
 ``NVRM: Xid`` lines are the GPUs' errors; ``nvidia-nvswitchN: SXid`` lines are the NVSwitches'
 (HGX and DGX baseboards): the driver says itself whether each is ``Fatal`` (NVLink traffic
@@ -17,6 +17,15 @@ named, if it still runs under the same name. Records older than ``lookback_s`` a
 (0: keep all), so an agent restart does not re-report what the kernel ring still holds from
 long ago.
 
+With ``os_rules`` (the default) the same reader applies the OS rules of
+:data:`~collector.sources.kmsg.OS_RULES`: an NFS server not responding, Lustre errors, hung
+tasks, soft lockups, NVMe errors and OOM kills. Each matching line is an ``os_event`` point;
+repeated lines about one thing (a server, a device, a process name) are one episode
+(:mod:`collector.episodes`), which raises one finding of the rule's kind and severity on the
+fast path, with the job the process ran for when the line names one. An episode ends after
+``os_recovery_s`` without such a line, or at once when the kernel says the thing recovered
+("nfs: server X OK", "Lustre: ... Connection restored to ...").
+
 Between cycles a follower thread reads new records every ``follow_s`` (0.1 s), so a fatal
 XID's fast-path finding leaves within about that, whatever the collection interval; its point
 goes out with the next cycle, as every point does. ``follow_s = 0`` reads only at each cycle
@@ -33,9 +42,10 @@ import time
 from typing import Any
 
 from collector.attribution import job_of_pid
+from collector.episodes import Episodes
 from collector.sources.base import SourceContext, SourceError
-from collector.sources.events import sxid_point, xid_point
-from collector.sources.kmsg import SxidLine, parse_line
+from collector.sources.events import emit, job_words, sxid_point, xid_point
+from collector.sources.kmsg import RECOVERS, SUMMARIES, OsLine, SxidLine, parse_line
 from core.store.lineprotocol import Point
 from core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
@@ -52,6 +62,8 @@ class KmsgXidSource:
             settings.get("extra_fatal_xids", ()),
             settings.get("not_fatal_xids", ()),
         )
+        self.os_rules = bool(settings.get("os_rules", True))
+        self.episodes = Episodes(recovery_s=float(settings.get("os_recovery_s", 300.0)))
         self.follow_s = float(settings.get("follow_s", 0.1))
         if self.follow_s < 0:
             raise SourceError(f"xid.follow_s must be 0 or more, got {self.follow_s}")
@@ -128,7 +140,7 @@ class KmsgXidSource:
         points = []
         oldest = now_ns - int(self.lookback_s * 1e9) if self.lookback_s > 0 else None
         for record in self._records():
-            parsed = parse_line(record, self._boot_ns)
+            parsed = parse_line(record, self._boot_ns, os_rules=self.os_rules)
             if parsed is None:
                 continue
             if isinstance(parsed, tuple):
@@ -136,6 +148,9 @@ class KmsgXidSource:
                 continue
             when = parsed.time_ns if parsed.time_ns is not None else now_ns
             if oldest is not None and when < oldest:
+                continue
+            if isinstance(parsed, OsLine):
+                points.append(self._os_event(parsed, when))
                 continue
             if isinstance(parsed, SxidLine):
                 points.append(sxid_point(self.context, parsed, source="kmsg", now_ns=when))
@@ -161,6 +176,31 @@ class KmsgXidSource:
                 )
             )
         return points
+
+    def _os_event(self, line: OsLine, when: int) -> Point:
+        """The ``os_event`` point of an OS rule's line; the episode's finding when it opens."""
+        job = self.context.inventory.jobs.job_at(when, None, line.pid)
+        if not job.job and line.pid is not None and line.process:
+            job = job_of_pid(str(self.context.procfs), line.pid, line.process)
+        tags = self.context.base_tags() | {
+            "event": line.rule, "severity": line.severity, "source": "kmsg"}  # fmt: skip
+        fields: dict[str, Any] = {"key": line.key, "message": line.message[:500]}
+        if line.pid is not None:
+            fields["pid"] = line.pid
+        if line.rule in RECOVERS:  # the thing is well again: its episode ends here
+            for severity in ("warning", "critical"):
+                self.episodes.recovered((RECOVERS[line.rule], line.key, severity))
+            return Point("os_event", tags | job.tags(), fields, when)
+        # severity is part of the key: an NVMe device's timeouts (a warning) do not hide its
+        # removal (critical) that follows
+        episode = self.episodes.event((line.rule, line.key, line.severity), when)
+        if episode is not None:
+            what = SUMMARIES[line.rule].format(key=line.key, pid=line.pid, process=line.process)
+            emit(self.context, line.rule, None, when, what + job_words(job),
+                 {"key": line.key, "message": line.message[:500], "source": "kmsg",
+                  "severity": line.severity} | job.tags(),
+                 severity=line.severity)  # fmt: skip
+        return Point("os_event", tags | job.tags(), fields, when)
 
     def close(self) -> None:
         self._stop.set()
