@@ -20,6 +20,13 @@ that is not a failure.
 
 Slurm runs it as ``HealthCheckProgram`` or in a prolog, Kubernetes as an init container
 (examples in ``deploy/``).
+
+``--report`` also writes one ``node_check`` point per probe to InfluxDB (the agent's
+``[sink]``) and posts one finding to the engine (the agent's ``remediation_url``, signed as
+the fast path is): ``node_check_failed`` (critical, the failed probes as evidence) when a probe
+failed, else ``node_healthy`` with ``check = "pass"`` and ``checked_ns`` in its evidence, which
+is what the engine needs before it returns a node it took out (``[engine] return_requires``).
+The agent runs the same check (``[health] check_probes``) before it calls a node healthy.
 """
 
 from __future__ import annotations
@@ -43,6 +50,10 @@ from collector.config import AgentConfig, load_config
 from collector.gpucount import bus_gpus
 from collector.sources.infiniband import discover
 from core.errors import GpuwardenError
+from core.finding import Finding, Severity
+from core.poster import FindingPoster
+from core.store.lineprotocol import Point
+from core.store.sink import InfluxSink
 
 PASS, FAIL, UNAVAILABLE = "pass", "fail", "unavailable"
 
@@ -89,8 +100,10 @@ def probe_gpu_count(config: AgentConfig) -> Result:
         return Result(
             "gpu_count", UNAVAILABLE, f"no NVIDIA GPU on the PCI bus, none expected ({why})"
         )
-    parts = [f"{len(bus)} on the PCI bus"]
-    counts = [len(bus)]
+    # no NVIDIA device on the bus at all: the bus is not readable here (a sysfs that is not
+    # the host's, a simulated node), as the agent's gpu_missing rule treats it
+    parts = [f"{len(bus)} on the PCI bus" if bus else "PCI bus not readable here"]
+    counts = [len(bus)] if bus else []
     if isinstance(nvml, str):
         return Result("gpu_count", FAIL, f"{parts[0]}, but {nvml}")
     counts.append(nvml[0])
@@ -295,11 +308,85 @@ def run_checks(config: AgentConfig, names: list[str]) -> list[Result]:
     return out
 
 
+def passed(results: list[Result]) -> bool:
+    return all(r.status != FAIL for r in results)
+
+
+def check_points(cluster: str, node: str, results: list[Result], now_ns: int) -> list[Point]:
+    """One ``node_check`` point per probe."""
+    return [
+        Point(
+            "node_check",
+            {"cluster": cluster, "node": node, "probe": r.name, "status": r.status},
+            {
+                "passed_active": r.status != FAIL,
+                "duration_s": float(r.seconds),
+                "detail": r.detail[:500],
+            },
+            now_ns,
+        )
+        for r in results
+    ]
+
+
+def check_finding(cluster: str, node: str, results: list[Result], now_ns: int) -> Finding:
+    """``node_check_failed`` (critical) when a probe failed, else ``node_healthy`` carrying
+    the passing check (``check = "pass"``, ``checked_ns``) the engine asks for."""
+    failed = [r for r in results if r.status == FAIL]
+    probes = {r.name: r.status for r in results}
+    subject = {"cluster": cluster, "node": node}
+    if failed:
+        reason = "; ".join(f"{r.name}: {r.detail}" for r in failed)
+        return Finding(
+            kind="node_check_failed", subject=subject, severity=Severity.CRITICAL, time_ns=now_ns,
+            evidence={"check": "fail", "checked_ns": now_ns, "probes": probes,
+                      "failed": [r.name for r in failed]},
+            confidence=1.0, summary=f"node check failed: {reason}"[:300], source="check",
+        )  # fmt: skip
+    ran = [r.name for r in results if r.status == PASS]
+    return Finding(
+        kind="node_healthy", subject=subject, severity=Severity.INFO, time_ns=now_ns,
+        evidence={"check": "pass", "checked_ns": now_ns, "probes": probes},
+        confidence=1.0, summary=f"{node}: node check passed ({', '.join(ran) or 'no probe ran'})",
+        source="check", bucket_s=60,
+    )  # fmt: skip
+
+
+def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -> str:
+    """Write the results to InfluxDB and post the finding to the engine; what was done."""
+    cluster = str(config["agent"]["cluster"])
+    done = []
+    sink = InfluxSink(config.sink)
+    try:
+        sink.write_points(check_points(cluster, node, results, now_ns))
+        wrote = sink.flush(timeout_s=10.0)
+    finally:
+        sink.close(timeout_s=10.0)
+    done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
+    a = config["agent"]
+    finding = check_finding(cluster, node, results, now_ns)
+    if a["remediation_url"]:
+        poster = FindingPoster(
+            a["remediation_url"], a["remediation_token_file"],
+            secret_file=a["remediation_hmac_secret_file"], ca_file=a["remediation_ca_file"],
+            cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
+        )  # fmt: skip
+        poster.post(finding)
+        poster.close(timeout_s=15.0)
+        done.append(f"{finding.kind} posted to {a['remediation_url']}")
+    return "; ".join(done)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden check", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="the agent's TOML (its [check], [health], [nvml], sysfs)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--probes", help="comma-separated, instead of [check] probes")
+    ap.add_argument(
+        "--report",
+        action="store_true",
+        help="also write the results to InfluxDB and post the finding to the engine",
+    )
     args = ap.parse_args(argv)
     try:
         config = load_config(args.config)
@@ -313,8 +400,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)  # fmt: skip
         return 2
     results = run_checks(config, names)
-    ok = all(r.status != FAIL for r in results)
+    ok = passed(results)
     node = config["agent"]["node"] or socket.gethostname()
+    if args.report:
+        print(f"gpuwarden check: {report(config, node, results, time.time_ns())}",
+              file=sys.stderr)  # fmt: skip
     if args.json:
         print(json.dumps({"node": node, "ok": ok, "probes": [asdict(r) for r in results]},
                          indent=2))  # fmt: skip

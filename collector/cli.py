@@ -96,12 +96,26 @@ def build_agent(
             poster.post(finding)
 
     if h["healthy_after_s"] > 0:
+        check = None
+        if h["check_probes"]:
+            from collector import check as node_check
+
+            probes = list(h["check_probes"])
+            unknown = sorted(set(probes) - set(node_check.PROBES))
+            if unknown:
+                raise ConfigError(f"[health] check_probes: unknown {unknown}")
+
+            def check(now_ns: int) -> Finding:
+                results = node_check.run_checks(config, probes)
+                return node_check.check_finding(context.cluster, context.node, results, now_ns)
+
         gate = HealthGate(
             context.cluster,
             context.node,
             emit,
             healthy_after_s=float(h["healthy_after_s"]),
             expected_gpus=int(h["expected_gpus"]),
+            check=check,
         )
     hooks = [gate.cycle] if gate is not None else []
     if h["gpu_count_check"]:

@@ -26,7 +26,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "node": "",
         "interval_s": 10.0,
         "source_timeout_s": 5.0,
-        "sources": ["nvml", "xid", "infiniband", "power", "thermal"],
+        "sources": ["nvml", "xid", "infiniband", "power", "thermal", "host"],
         "sysfs": "/sys",
         "procfs": "/proc",
         "kmsg": "/dev/kmsg",
@@ -68,11 +68,26 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "fatal_xids": list(DEFAULT_FATAL_XIDS),
         "extra_fatal_xids": [],
         "not_fatal_xids": [],
+        "os_rules": True,
+        "os_recovery_s": 300.0,
     },
-    "infiniband": {"hcas": [], "rediscover_cycles": 60},
+    "infiniband": {
+        "hcas": [],
+        "rediscover_cycles": 60,
+        "flap_count": 3,
+        "flap_window_s": 600.0,
+        "flap_recovery_s": 600.0,
+    },
+    "host": {"ce_threshold": 10, "ce_window_s": 3600.0, "blocked_for_s": 300.0},
     "power": {"rapl": True, "hwmon": True},
     "thermal": {"thermal_zones": True, "hwmon": True},
-    "health": {"healthy_after_s": 1800.0, "expected_gpus": 0, "gpu_count_check": True},
+    "health": {
+        "healthy_after_s": 1800.0,
+        "expected_gpus": 0,
+        "gpu_count_check": True,
+        # the node check run before node_healthy is said ([] = say it without one)
+        "check_probes": ["gpu_count", "infiniband", "disk"],
+    },
     # gpuwarden check: the active node check (collector.check)
     "check": {
         "probes": ["gpu_count", "infiniband", "disk", "dcgm", "gpu_matmul", "allreduce"],

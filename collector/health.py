@@ -16,10 +16,18 @@ drained, repaired and rebooted is announced ``healthy_after_s`` after its agent 
 Each healthy stretch is announced once; a critical event, a GPU waiting for a repair or a
 missing GPU starts a new one. A healthy fleet therefore
 says it once per agent start, which the engine answers with ``not_ours`` and nothing else.
+
+Quiet is not proof. With ``[health] check_probes`` set (the default: gpu_count, infiniband,
+disk), the node is announced only after it passes the active node check
+(:mod:`collector.check`), run on a thread of its own when the stretch is long enough: the
+``node_healthy`` finding then carries ``check = "pass"`` and ``checked_ns``, which the engine
+requires before it returns a node it took out. A failed check is a critical
+``node_check_failed`` finding instead, and the stretch starts again.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
@@ -71,11 +79,16 @@ class HealthGate:
         *,
         healthy_after_s: float = 1800.0,
         expected_gpus: int = 0,
+        check: Callable[[int], Finding] | None = None,
     ) -> None:
         if healthy_after_s <= 0 or expected_gpus < 0:
             raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
         self.cluster, self.node, self.emit = cluster, node, emit
         self.expected_gpus = expected_gpus
+        self.check = check
+        """Runs the node check at a time (ns); its finding (node_healthy or
+        node_check_failed)."""
+        self.checks: list[threading.Thread] = []
         # two announcements are at least healthy_after_s apart (each needs a whole stretch), so
         # buckets that wide give each its own finding id; the default 300 s bucket would make a
         # second one within five minutes a "duplicate" the engine drops (a short healthy_after_s)
@@ -105,6 +118,12 @@ class HealthGate:
             healthy_for = self._healthy.due(now_ns)
         if healthy_for is None:
             return
+        if self.check is not None:
+            t = threading.Thread(target=self._checked, args=(now_ns,), daemon=True,
+                                 name="node-check")  # fmt: skip
+            self.checks = [c for c in self.checks if c.is_alive()] + [t]
+            t.start()
+            return
         seen = f", {gpus} GPUs reporting" if self.expected_gpus else ""
         self.emit(
             Finding(
@@ -119,3 +138,12 @@ class HealthGate:
                 bucket_s=self.bucket_s,
             )
         )
+
+    def _checked(self, now_ns: int) -> None:
+        """The stretch is long enough: run the node check; say what it found (a failure is
+        critical, and :meth:`observe` starts the stretch again)."""
+        assert self.check is not None
+        finding = dataclasses.replace(self.check(now_ns), source="agent")
+        if finding.kind == "node_healthy":
+            finding = dataclasses.replace(finding, bucket_s=self.bucket_s)
+        self.emit(finding)

@@ -42,7 +42,10 @@ ENGINE = {
     "notify_adapter": "webhook",
     "checkpoint_adapter": "slurm",
     "node_adapter": "slurm",
-    "approval": ["uncordon"],
+    "approval": [],
+    "return_requires": "check",
+    "return_check_command": [],
+    "return_check_timeout_s": 900.0,
     "workers": 4,
     "spares": 0,
     "tick_s": 5.0,
@@ -105,6 +108,9 @@ class RemediationConfig:
             lemon_window_s=g["lemon_window_s"],
             inventory_ttl_s=g["inventory_ttl_s"],
             approval=tuple(e["approval"]),
+            return_requires=e["return_requires"],
+            return_check_command=tuple(e["return_check_command"]),
+            return_check_timeout_s=e["return_check_timeout_s"],
             notify_adapter=e["notify_adapter"],
             checkpoint_adapter=e["checkpoint_adapter"],
             node_adapter=e["node_adapter"],
@@ -137,6 +143,10 @@ def load_config(
         raise ConfigError("guards.max_nodes_out must be >= 0, max_fraction_out within [0, 1]")
     if e["max_body_bytes"] < 1024 or e["workers"] < 1 or e["tick_s"] <= 0:
         raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
+    if e["return_requires"] not in ("check", "command", "approval", "none"):
+        raise ConfigError("engine.return_requires must be check, command, approval or none")
+    if e["return_requires"] == "command" and not e["return_check_command"]:
+        raise ConfigError("engine.return_requires = 'command' needs return_check_command")
     if e["spares"] < 0 or g["lemon_count"] < 0 or g["lemon_window_s"] < 0:
         raise ConfigError("engine.spares, guards.lemon_count and lemon_window_s must be >= 0")
     return config

@@ -116,6 +116,18 @@ class Inventory:
         return sum(1 for p in self.partitions.values() if p == partition)
 
 
+@dataclass(frozen=True, slots=True)
+class NodeFacts:
+    """What a scheduler says a node is, for policies limited to a group of nodes."""
+
+    partitions: frozenset[str] = frozenset()
+    """Slurm partitions; a Kubernetes node's pool (its ``pool_label`` value)."""
+    features: frozenset[str] = frozenset()
+    """Slurm features (active and available)."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Kubernetes node labels."""
+
+
 @runtime_checkable
 class Adapter(Protocol):
     """One target the engine acts on. Adapters are registered by name (``adapters.ADAPTERS``)."""
@@ -137,6 +149,13 @@ class Scheduler(Adapter, Protocol):
     """An adapter that owns nodes (Slurm, Kubernetes): it can say which are out of service."""
 
     def inventory(self) -> Inventory: ...
+
+
+@runtime_checkable
+class NodeGroups(Adapter, Protocol):
+    """An adapter that can say which partitions, features and labels a node has."""
+
+    def node_facts(self, node: str) -> NodeFacts: ...
 
 
 @runtime_checkable

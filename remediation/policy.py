@@ -11,23 +11,94 @@ requeue`` for a node about to fail. In TOML (``config/remediation.sample.toml``)
     min_severity = "critical"
     requires = ["node"]
     actions = ["notify", "checkpoint", "drain", "requeue"]
+
+A policy can be limited to a group of nodes (``nodes``): by name pattern (shell-style),
+Slurm partition, Slurm feature or Kubernetes label. Every key given must match; a list matches
+when any of its entries does. Put such a policy before the general one it refines::
+
+    [[policy]]
+    name = "fatal-gpu-event-h100"
+    kinds = ["gpu_xid"]
+    min_severity = "critical"
+    nodes = { partition = ["h100"], feature = ["nvswitch"], name = ["gpu-h100-*"],
+              label = { "nvidia.com/gpu.product" = "NVIDIA-H100-80GB-HBM3" } }
+    actions = ["notify", "drain", "requeue"]
+
+Partitions, features and labels come from the node adapter (:class:`~remediation.model.NodeFacts`,
+cached by the engine); when they cannot be read, a policy that needs them does not match (the
+next one decides) and the engine logs why.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import fnmatch
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from core.finding import SUBJECT_KEYS, Finding, Severity
 from remediation.errors import RemediationError
-from remediation.model import ActionKind
+from remediation.model import ActionKind, NodeFacts
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 
 
 class PolicyError(RemediationError, ValueError):
     """A policy that cannot work; the message names it and the setting."""
+
+
+@dataclass(frozen=True)
+class NodeSelector:
+    """Which nodes a policy applies to (every key given must match; none given: all)."""
+
+    name: tuple[str, ...] = ()
+    partition: tuple[str, ...] = ()
+    feature: tuple[str, ...] = ()
+    label: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def needs_facts(self) -> bool:
+        return bool(self.partition or self.feature or self.label)
+
+    def matches(self, node: str, facts: NodeFacts | None) -> bool:
+        if self.name and not any(fnmatch.fnmatchcase(node, pat) for pat in self.name):
+            return False
+        if not self.needs_facts:
+            return True
+        if facts is None:
+            return False
+        if self.partition and not set(self.partition) & facts.partitions:
+            return False
+        if self.feature and not set(self.feature) & facts.features:
+            return False
+        return all(facts.labels.get(k) == v for k, v in self.label.items())
+
+    @classmethod
+    def from_mapping(cls, policy: str, data: Mapping[str, Any]) -> NodeSelector:
+        unknown = set(data) - {"name", "partition", "feature", "label"}
+        if unknown:
+            raise PolicyError(f"policy {policy!r}: nodes has unknown keys {sorted(unknown)}")
+
+        def strings(key: str) -> tuple[str, ...]:
+            value = data.get(key, ())
+            value = [value] if isinstance(value, str) else value
+            if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+                raise PolicyError(f"policy {policy!r}: nodes.{key} must be a list of strings")
+            return tuple(value)
+
+        label = data.get("label", {})
+        if not isinstance(label, Mapping) or not all(isinstance(v, str) for v in label.values()):
+            raise PolicyError(f"policy {policy!r}: nodes.label must map label names to strings")
+        return cls(strings("name"), strings("partition"), strings("feature"), dict(label))
+
+    def to_mapping(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for key in ("name", "partition", "feature"):
+            if getattr(self, key):
+                out[key] = list(getattr(self, key))
+        if self.label:
+            out["label"] = dict(self.label)
+        return out
 
 
 @dataclass(frozen=True)
@@ -39,8 +110,24 @@ class Policy:
     min_probability: float = 0.0
     requires: tuple[str, ...] = ("node",)
     evidence: Mapping[str, Any] = field(default_factory=dict)
+    nodes: NodeSelector = field(default_factory=NodeSelector)
 
-    def matches(self, finding: Finding) -> bool:
+    def matches(
+        self, finding: Finding, facts: Callable[[str], NodeFacts | None] | None = None
+    ) -> bool:
+        """Whether ``finding`` meets this policy; ``facts`` gives a node's partitions,
+        features and labels (asked only when the policy's ``nodes`` needs them)."""
+        if not self._matches(finding):
+            return False
+        if self.nodes == NodeSelector():
+            return True
+        node = finding.subject.get("node", "")
+        if not node:
+            return False
+        known = facts(node) if self.nodes.needs_facts and facts is not None else None
+        return self.nodes.matches(node, known)
+
+    def _matches(self, finding: Finding) -> bool:
         if finding.kind not in self.kinds:
             return False
         if SEVERITY_RANK[finding.severity] < SEVERITY_RANK[self.min_severity]:
@@ -58,7 +145,7 @@ class Policy:
         if not name:
             raise PolicyError("every [[policy]] needs a name")
         known = {"name", "kinds", "actions", "min_severity", "min_probability", "requires"}
-        unknown = set(data) - known - {"evidence"}
+        unknown = set(data) - known - {"evidence", "nodes"}
         if unknown:
             raise PolicyError(f"policy {name!r}: unknown settings {sorted(unknown)}")
         try:
@@ -83,6 +170,7 @@ class Policy:
             min_probability=probability,
             requires=requires,
             evidence=dict(data.get("evidence", {})),
+            nodes=NodeSelector.from_mapping(name, data.get("nodes", {})),
         )
 
     def to_mapping(self) -> dict[str, Any]:
@@ -96,6 +184,8 @@ class Policy:
         }
         if self.evidence:
             out["evidence"] = dict(self.evidence)
+        if self.nodes != NodeSelector():
+            out["nodes"] = self.nodes.to_mapping()
         return out
 
 
@@ -139,6 +229,33 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "kinds": ["fabric_unregistered"],
         "min_severity": "critical",
         "actions": ["notify", "cordon"],
+    },
+    # The node check failed (gpuwarden check --report, Slurm's HealthCheckProgram, or the
+    # agent's check before it calls a node healthy): no work on a node that fails it
+    {
+        "name": "node-check-failed",
+        "kinds": ["node_check_failed"],
+        "min_severity": "critical",
+        "actions": list(FATAL_LADDER),
+    },
+    # The host under the GPUs is failing (an uncorrected memory error, an NVMe device gone, a
+    # CPU stuck in the kernel): no new work until someone looks; what runs is left alone
+    {
+        "name": "host-failing",
+        "kinds": ["memory_ue", "nvme_error", "soft_lockup"],
+        "min_severity": "critical",
+        "actions": ["notify", "cordon"],
+    },
+    # OS and storage trouble that may be passing (a slow NFS server, Lustre reconnecting, a hung
+    # task, an OOM kill, corrected memory errors, a flapping link): tell people
+    {
+        "name": "host-warning",
+        "kinds": [
+            *("nfs_not_responding", "lustre_error", "hung_task", "tasks_blocked", "oom_kill"),
+            *("memory_ce", "nvme_error", "link_flap"),
+        ],
+        "min_severity": "warning",
+        "actions": ["notify"],
     },
     # A hung job: no step for longer than its own patience, its GPUs still held. When its GPUs
     # spin in a collective and one node holds every rank that is behind or idle, take that
@@ -242,5 +359,9 @@ def load_policies(data: Sequence[Mapping[str, Any]]) -> list[Policy]:
     return policies
 
 
-def first_match(policies: Sequence[Policy], finding: Finding) -> Policy | None:
-    return next((p for p in policies if p.matches(finding)), None)
+def first_match(
+    policies: Sequence[Policy],
+    finding: Finding,
+    facts: Callable[[str], NodeFacts | None] | None = None,
+) -> Policy | None:
+    return next((p for p in policies if p.matches(finding, facts)), None)

@@ -95,6 +95,7 @@ class LocalSlurm:
         weights: Mapping[str, int] | None = None,
         cpus: int = 2,
         extra: Sequence[str] = (),
+        features: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         if not slurm_available():
             raise SlurmError(
@@ -107,6 +108,7 @@ class LocalSlurm:
         self.weights = dict(weights or {})
         self.cpus = cpus
         self.extra = list(extra)
+        self.features = {n: list(f) for n, f in (features or {}).items()}
         self.conf = self.root / "slurm.conf"
         # Unix sockets (munge's, slurmstepd's in the spool) must have paths under 108 bytes:
         # they live in a short directory of their own, removed on stop
@@ -126,7 +128,8 @@ class LocalSlurm:
             lines.append(
                 f"NodeName={name} NodeHostname=localhost NodeAddr=127.0.0.1 Port={free_port()} "
                 f"CPUs={self.cpus} RealMemory=1000 Weight={self.weights.get(name, 10)} "
-                "State=UNKNOWN"
+                + (f"Feature={','.join(self.features[name])} " if self.features.get(name) else "")
+                + "State=UNKNOWN"
             )
         self.conf.write_text(
             _CONF.format(
@@ -172,7 +175,7 @@ class LocalSlurm:
         self._spawn("slurmctld", "-D", "-i", "-f", str(self.conf))
         for name in self.nodes:
             self._spawn("slurmd", "-D", "-N", name, "-f", str(self.conf))
-        self._wait(self._all_idle, timeout_s, "all nodes idle")
+        self._wait(self._all_idle, timeout_s, "all nodes idle (or drained by a health check)")
         return self
 
     def _all_idle(self) -> bool:
@@ -187,7 +190,9 @@ class LocalSlurm:
             check=False,
         )
         states = dict(line.split() for line in res.stdout.splitlines() if line.strip())
-        return res.returncode == 0 and all(states.get(n) == "idle" for n in self.nodes)
+        # drained: a node its HealthCheckProgram took out at start is up, and responding
+        up = ("idle", "drained")
+        return res.returncode == 0 and all(states.get(n) in up for n in self.nodes)
 
     def _wait(self, ready: Callable[[], bool], timeout_s: float, what: str) -> None:
         deadline = time.monotonic() + timeout_s

@@ -173,7 +173,12 @@ def test_dry_run_changes_nothing_on_the_target(findings: list[tuple[str, str, in
 
 def test_cooldown_approval_rate_limit_and_release(tmp_path: Path) -> None:
     engine, sched, notes = make_engine(
-        tmp_path, max_nodes_out=1, max_fraction_out=1.0, cooldown_s=3600.0, actions_per_minute=3
+        tmp_path,
+        max_nodes_out=1,
+        max_fraction_out=1.0,
+        cooldown_s=3600.0,
+        actions_per_minute=3,
+        return_requires="approval",
     )
     first = engine.submit(finding_of("gpu01", "risk", 0))
     assert first.verdict == "act"
@@ -196,7 +201,8 @@ def test_cooldown_approval_rate_limit_and_release(tmp_path: Path) -> None:
     assert [d.finding_id for d in released] == [second.finding_id]
     assert engine.wait(10)
     assert "gpu02" in sched.out
-    # approval: a node_healthy finding proposes uncordon, which waits for an operator
+    # return_requires = "approval": a node_healthy finding proposes uncordon, which waits for
+    # an operator
     healthy = Finding(
         kind="node_healthy", subject={"node": "gpu02"}, severity=Severity.INFO, time_ns=1
     )
@@ -250,7 +256,12 @@ def test_torn_audit_line_is_skipped_not_fatal(tmp_path: Path) -> None:
 
 def test_repaired_nodes_come_back_but_only_ours(tmp_path: Path) -> None:
     engine, sched, _ = make_engine(
-        tmp_path, max_nodes_out=5, max_fraction_out=1.0, cooldown_s=3600.0, approval=()
+        tmp_path,
+        max_nodes_out=5,
+        max_fraction_out=1.0,
+        cooldown_s=3600.0,
+        approval=(),
+        return_requires="none",
     )
     engine.submit(finding_of("gpu01", "risk", 0))
     assert engine.wait(10) and "gpu01" in sched.out
@@ -275,7 +286,7 @@ def _clocked(tmp: Path, now: list[float], **overrides: object):
     sched = RecordingAdapter("slurm", NODES)
     notes = RecordingAdapter("webhook")
     base = {"dry_run": False, "actions_per_minute": 10_000, "max_nodes_out": 5,
-            "max_fraction_out": 1.0, "approval": ()}  # fmt: skip
+            "max_fraction_out": 1.0, "approval": (), "return_requires": "none"}  # fmt: skip
     engine = Engine(
         POLICIES,
         {"slurm": sched, "webhook": notes},

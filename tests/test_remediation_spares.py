@@ -7,6 +7,7 @@ queue. The job is the stand-in (SIMULATED work); the XID finding is CONSTRUCTED.
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,7 +94,8 @@ def test_a_requeued_job_starts_on_a_hot_spare_and_the_pool_refills(
 
     # gpu02 repaired: back in service, and the pool refills from the idle nodes (gpu02 now)
     healthy = Finding(kind="node_healthy", subject={"cluster": "test", "node": "gpu02"},
-                      severity=Severity.INFO, time_ns=1_790_000_100_000_000_000)  # fmt: skip
+                      severity=Severity.INFO, time_ns=1_790_000_100_000_000_000,
+                      evidence={"check": "pass", "checked_ns": time.time_ns()})  # fmt: skip
     assert engine.submit(healthy).verdict == "act"
     assert engine.wait(30)
     poll(lambda: "gpu02" in adapter.inventory().idle, 30, "gpu02 idle again")

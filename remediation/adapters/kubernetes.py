@@ -27,7 +27,15 @@ import time
 from typing import Any
 
 from core.retry import Backoff
-from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
+from remediation.model import (
+    Action,
+    ActionKind,
+    AdapterError,
+    Inventory,
+    NodeFacts,
+    Outcome,
+    Status,
+)
 
 ANNOTATION = "gpuwarden.io"
 STATE_LABEL = "gpuwarden.io/state"
@@ -126,6 +134,12 @@ class KubernetesAdapter:
             }
             idle = frozenset(candidates - busy)
         return Inventory(partitions, frozenset(out), frozenset(spares), idle)
+
+    def node_facts(self, node: str) -> NodeFacts:
+        """Its labels, and its pool (``pool_label``) as its partition."""
+        n = self._call(f"read node {node}", self.core.read_node, node)
+        labels = dict(n.metadata.labels or {})
+        return NodeFacts(frozenset({labels.get(self.pool_label, "default")}), labels=labels)
 
     def hold_spare(self, node: str) -> None:
         """Keep ``node`` as a hot spare: cordoned and tainted like a node gpuwarden took out,

@@ -40,7 +40,15 @@ from core.checkpoint import (
     request_path,
     write_json_atomic,
 )
-from remediation.model import Action, ActionKind, AdapterError, Inventory, Outcome, Status
+from remediation.model import (
+    Action,
+    ActionKind,
+    AdapterError,
+    Inventory,
+    NodeFacts,
+    Outcome,
+    Status,
+)
 
 # node states and flags that mean "takes no new work"
 OUT_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "future", "maint"})
@@ -155,6 +163,18 @@ class SlurmAdapter:
             if n.get("name") == name:
                 return n
         raise AdapterError(f"Slurm has no node {name!r}")
+
+    def node_facts(self, node: str) -> NodeFacts:
+        """Its partitions and features (active and available), from ``sinfo --json``."""
+        n = self.node(node)
+
+        def names(value: Any) -> set[str]:
+            if isinstance(value, str):  # Slurm 22.05: "a,b"; later: ["a", "b"]
+                value = value.split(",")
+            return {str(v).strip() for v in value or [] if str(v).strip()}
+
+        features = names(n.get("features")) | names(n.get("active_features"))
+        return NodeFacts(frozenset(names(n.get("partitions"))), frozenset(features))
 
     def jobs_on(self, node: str) -> list[dict[str, Any]]:
         """Running jobs with an allocation on ``node``."""

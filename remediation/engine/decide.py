@@ -8,11 +8,11 @@ cut down to a notification is the guards' call (:mod:`.guard`), not this module'
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from core.finding import Finding
-from remediation.model import Action, ActionKind
+from remediation.model import Action, ActionKind, NodeFacts
 from remediation.policy import Policy, first_match
 
 
@@ -31,7 +31,16 @@ class EngineSettings:
     """How long the scheduler's view of which nodes are out is reused by the blast-radius
     guard (0: asked for every plan). gpuwarden's own plans in flight are always counted, and a
     plan that finishes forgets the view; only other people's drains can be this late."""
-    approval: tuple[str, ...] = ("uncordon",)
+    approval: tuple[str, ...] = ()
+    return_requires: str = "check"
+    """What a node gpuwarden took out needs before it returns to service (``uncordon``):
+    ``check``: a ``node_healthy`` finding that carries a passing ``gpuwarden check`` run after
+    the node was taken out; ``command``: ``return_check_command`` passes when run by the engine
+    just before the uncordon; ``approval``: an operator approves (``gpuwarden remediate
+    approve``); ``none``: any ``node_healthy`` finding. An operator's ``undo`` always may."""
+    return_check_command: tuple[str, ...] = ()
+    """argv template (``{node}`` is replaced), e.g. ``ssh {node} gpuwarden check``."""
+    return_check_timeout_s: float = 900.0
     notify_adapter: str = "webhook"
     checkpoint_adapter: str = "slurm"
     node_adapter: str = "slurm"
@@ -43,6 +52,7 @@ class Decision:
     finding_id: str
     verdict: str
     """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
+    ``unchecked`` (a return to service without the passing check it needs: notify only),
     ``approval``, ``lemon`` (a node taken out too often waits for an operator to return it),
     ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
     policy: str = ""
@@ -79,10 +89,13 @@ def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> 
 
 
 def plan(
-    policies: Sequence[Policy], finding: Finding, settings: EngineSettings
+    policies: Sequence[Policy],
+    finding: Finding,
+    settings: EngineSettings,
+    facts: Callable[[str], NodeFacts | None] | None = None,
 ) -> tuple[Policy, tuple[Action, ...]] | None:
     """The first policy ``finding`` meets and its plan, or None when no policy applies."""
-    policy = first_match(policies, finding)
+    policy = first_match(policies, finding, facts)
     if policy is None:
         return None
     return policy, tuple(action_for(kind, finding, settings) for kind in policy.actions)

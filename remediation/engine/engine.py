@@ -5,6 +5,7 @@ docstring for the whole path; each step is its own module."""
 from __future__ import annotations
 
 import logging
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -18,10 +19,20 @@ from remediation.engine.execute import Executor, OnAction, Stats
 from remediation.engine.guard import Guards
 from remediation.engine.spares import Spares
 from remediation.errors import RemediationError
-from remediation.model import ActionKind, Adapter
+from remediation.model import (
+    Action,
+    ActionKind,
+    Adapter,
+    AdapterError,
+    NodeFacts,
+    NodeGroups,
+    Outcome,
+    Status,
+)
 from remediation.policy import Policy
 
 log = logging.getLogger("remediation.engine")
+FACTS_TTL_S = 60.0
 
 
 class EngineClosedError(RemediationError, RuntimeError):
@@ -63,8 +74,29 @@ class Engine:
             clock=clock,
             on_action=on_action,
             before_requeue=self._release_spare,
+            before_uncordon=self._return_check
+            if self.settings.return_requires == "command"
+            else None,
         )
         self.spares = Spares(self.settings, self.adapters, self.memory, audit, clock)
+        self._facts: dict[str, tuple[float, NodeFacts | None]] = {}
+
+    def _node_facts(self, node: str) -> NodeFacts | None:
+        """A node's partitions, features and labels from the node adapter, kept for
+        ``FACTS_TTL_S`` (a node's groups change rarely); None when they cannot be read."""
+        kept = self._facts.get(node)
+        now = time.monotonic()
+        if kept is not None and now - kept[0] < FACTS_TTL_S:
+            return kept[1]
+        adapter = self.adapters.get(self.settings.node_adapter)
+        facts = None
+        if isinstance(adapter, NodeGroups):
+            try:
+                facts = adapter.node_facts(node)
+            except AdapterError as exc:
+                log.warning("cannot tell %s's partitions, features and labels: %s", node, exc)
+        self._facts[node] = (now, facts)
+        return facts
 
     # -- deciding -----------------------------------------------------------------------------
 
@@ -92,7 +124,7 @@ class Engine:
                 finding_time_ns=finding.time_ns,
                 via=via,
             )
-            planned = plan(self.policies, finding, self.settings)
+            planned = plan(self.policies, finding, self.settings, self._node_facts)
             if planned is None:
                 return self._decide(finding, Decision(finding.id, "no_policy"), received)
             policy, actions = planned
@@ -183,6 +215,23 @@ class Engine:
                 finding.id, "dry_run" if self.settings.dry_run else "act", "undo", (action,)
             )
             return self._decide(finding, d, self.clock())
+
+    def _return_check(self, action: Action) -> Outcome | None:
+        """``return_requires = "command"``: run the check command for the node; a failed
+        outcome (the uncordon is not done) or None to go on. An operator's undo is exempt."""
+        if action.params.get("kind") == "operator_undo":
+            return None
+        argv = [a.replace("{node}", action.node) for a in self.settings.return_check_command]
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, check=False,
+                                  timeout=self.settings.return_check_timeout_s)  # fmt: skip
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return Outcome(Status.FAILED, f"return check {argv} could not run: {exc}")
+        if done.returncode == 0:
+            return None
+        said = (done.stdout + done.stderr).strip().splitlines()[-3:]
+        return Outcome(Status.FAILED, f"return check failed (exit {done.returncode}): "
+                       + " | ".join(said)[:400])  # fmt: skip
 
     def _release_spare(self, node: str) -> object:
         return self.spares.release_for(node)

@@ -55,9 +55,11 @@ class Executor:
         clock: Callable[[], float],
         on_action: OnAction | None = None,
         before_requeue: Callable[[str], object] | None = None,
+        before_uncordon: Callable[[Action], Outcome | None] | None = None,
     ) -> None:
         self.adapters = adapters
         self.before_requeue = before_requeue
+        self.before_uncordon = before_uncordon
         self.audit = audit
         self.memory = memory
         self.stats = stats
@@ -109,8 +111,11 @@ class Executor:
         else:
             if action.kind is ActionKind.REQUEUE and self.before_requeue is not None:
                 self.before_requeue(action.node)  # a hot spare back in service first
+            refused = None
+            if action.kind is ActionKind.UNCORDON and self.before_uncordon is not None:
+                refused = self.before_uncordon(action)  # the return check, where configured
             try:
-                outcome = adapter.perform(action)
+                outcome = refused or adapter.perform(action)
             except AdapterError as exc:
                 outcome = Outcome(Status.FAILED, str(exc))
             except Exception as exc:  # an adapter bug must not take the engine down

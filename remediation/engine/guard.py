@@ -7,7 +7,11 @@ The checks, in order (de-duplication by finding id happens before, in the engine
 2. **lemon**: a node gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` does
    not come back by itself: its ``uncordon`` waits for an operator, who is told the node's
    history (when and why each time);
-3. **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
+3. **return check**: with ``return_requires = "check"`` (the default), a return to service needs
+   a ``node_healthy`` finding carrying a passing ``gpuwarden check`` newer than the node's
+   removal; without one the plan is cut down to a notification (``unchecked``). With
+   ``"approval"`` it waits for an operator;
+   **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
 4. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
    (putting a repaired node back is exempt: it disrupts nothing; nor does it start the
    cooldown: a node that breaks again right after it returns comes out again at once);
@@ -80,7 +84,12 @@ class Guards:
                 f"operator approves: gpuwarden remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "lemon", d.policy, d.actions, why)
-        if not approved and any(str(a.kind) in s.approval for a in mutating):
+        if undo_only and not approved and s.return_requires == "check":
+            unchecked = self.unchecked(finding, node)
+            if unchecked:
+                return Decision(d.finding_id, "unchecked", d.policy, notify_only, unchecked)
+        needs = set(s.approval) | ({"uncordon"} if s.return_requires == "approval" else set())
+        if not approved and any(str(a.kind) in needs for a in mutating):
             kinds = [str(a.kind) for a in mutating]
             why = (
                 f"{kinds} on {node or 'subject'} wait for approval: "
@@ -104,6 +113,23 @@ class Guards:
             why = f"more than {s.actions_per_minute} actions a minute"
             return Decision(d.finding_id, "rate_limited", d.policy, d.actions, why)
         return Decision(d.finding_id, "dry_run" if s.dry_run else "act", d.policy, d.actions)
+
+    def unchecked(self, finding: Finding, node: str) -> str:
+        """Why ``finding`` does not show ``node`` fit to return, or ``""`` when it does: a
+        ``node_healthy`` whose evidence says a check passed (``check = "pass"``) at
+        ``checked_ns``, after gpuwarden last took the node out."""
+        ev = finding.evidence
+        taken = [t for t, _ in self.memory.taken_out_at.get(node, [])]
+        fix = (
+            f"run 'gpuwarden check --report' on {node}, or put it back by hand: "
+            f"gpuwarden remediate undo {node}"
+        )
+        if finding.kind != "node_healthy" or ev.get("check") != "pass":
+            return f"{node} returns to service only after a passing node check; {fix}"
+        checked = ev.get("checked_ns")
+        if not isinstance(checked, int) or (taken and checked / 1e9 < max(taken)):
+            return f"the passing check on {node} is older than its removal; {fix}"
+        return ""
 
     def lemon(self, node: str) -> list[str]:
         """When and why ``node`` was taken out within the lemon window, if that is
