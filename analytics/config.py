@@ -4,6 +4,8 @@ it equals :data:`DEFAULTS`)."""
 
 from __future__ import annotations
 
+import socket
+import urllib.parse
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -19,6 +21,8 @@ from analytics.stragglers import StragglerConfig
 from core.config import ConfigError, merge_config, read_secret
 from core.xidcat import DEFAULT_FATAL_XIDS
 
+SENT_SECRETS = "_secrets"  # [influxdb] key with_secrets() fills; never read from a file
+
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {
         "url": "http://127.0.0.1:8086",
@@ -28,7 +32,17 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "password_file": "",
         "token_file": "",
     },
-    "dask": {"scheduler": "", "workers": 2, "threads_per_worker": 1, "polars_threads": 1},
+    "dask": {
+        "scheduler": "",
+        "workers": 2,
+        "threads_per_worker": 1,
+        "polars_threads": 1,
+        # how Dask workers get the InfluxDB password or token: "workers" (each worker reads
+        # [influxdb] password_file / token_file at that path on its own machine) or "send" (the
+        # analyze service reads them and sends them with each task: only to a LocalCluster, a
+        # loopback scheduler or a tls:// one, never in clear over the network)
+        "credentials": "workers",
+    },
     "analysis": {
         "cluster": "",
         "window_s": 3600.0,
@@ -122,15 +136,60 @@ class AnalyticsConfig:
         return hang_config(self.sections["hangs"])
 
     def reader_kwargs(self) -> dict[str, Any]:
+        """The InfluxDB reader's settings. On a Dask worker this runs in the worker: unless
+        :meth:`with_secrets` put them in, the secret files are read there, at their paths on
+        the worker's machine (``[dask] credentials = "workers"``)."""
         db = self.sections["influxdb"]
+        sent = db.get(SENT_SECRETS)
+        if sent is not None:
+            password, token = sent
+        else:
+            try:
+                password, token = read_secret(db["password_file"]), read_secret(db["token_file"])
+            except ConfigError as exc:
+                where = socket.gethostname()
+                raise ConfigError(
+                    f"on {where}: {exc} ([dask] credentials = 'workers': each worker reads "
+                    "the InfluxDB secret files at these paths on its own machine; put them "
+                    "there, or set credentials = 'send')"
+                ) from None
         return {
             "url": db["url"],
             "database": db["database"],
             "retention_policy": db["retention_policy"] or None,
             "username": db["username"] or None,
-            "password": read_secret(db["password_file"]) or None,
-            "token": read_secret(db["token_file"]) or None,
+            "password": password or None,
+            "token": token or None,
         }
+
+    def with_secrets(self) -> AnalyticsConfig:
+        """A copy that carries the InfluxDB password and token themselves (read here, now),
+        for ``[dask] credentials = "send"``: the tasks pickled for the workers carry them."""
+        db = self.sections["influxdb"]
+        if SENT_SECRETS in db:  # already read
+            return self
+        data = {k: dict(v) for k, v in self.sections.items()}
+        data["influxdb"][SENT_SECRETS] = (
+            read_secret(db["password_file"]),
+            read_secret(db["token_file"]),
+        )
+        return AnalyticsConfig(data)
+
+
+def check_send(scheduler: str) -> None:
+    """``credentials = "send"`` puts the InfluxDB secrets in the tasks: allowed to a
+    LocalCluster (no scheduler), a loopback scheduler or a TLS one, never over the network in
+    clear (Dask's plain ``tcp://`` is not encrypted)."""
+    if not scheduler or scheduler.startswith("tls://"):
+        return
+    host = urllib.parse.urlsplit(scheduler if "://" in scheduler else f"tcp://{scheduler}")
+    if host.hostname in ("127.0.0.1", "localhost", "::1"):
+        return
+    raise ConfigError(
+        f"dask.credentials = 'send' to {scheduler} would send the InfluxDB secrets in clear: "
+        "use a tls:// scheduler (Dask TLS), or credentials = 'workers' with the secret files "
+        "on each worker"
+    )
 
 
 def load_config(
@@ -140,6 +199,10 @@ def load_config(
     a = config["analysis"]
     if a["window_s"] <= 0 or a["ib_bucket_s"] < 1 or a["gpu_bucket_s"] < 1:
         raise ConfigError("analysis.window_s, ib_bucket_s and gpu_bucket_s must be positive")
+    if config["dask"]["credentials"] not in ("workers", "send"):
+        raise ConfigError("dask.credentials must be 'workers' or 'send'")
+    if config["dask"]["credentials"] == "send":
+        check_send(config["dask"]["scheduler"])
     if a["nodes_per_task"] < 1 or config["dask"]["workers"] < 1:
         raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
     try:

@@ -34,7 +34,7 @@ import polars as pl
 
 from analytics.badput import Badput, badput
 from analytics.cadence import Advice, fleet_failure_rate, job_advice
-from analytics.config import AnalyticsConfig
+from analytics.config import AnalyticsConfig, check_send
 from analytics.congestion import SwitchReport, job_impact, rank_switches
 from analytics.drift import Drift, JobMix
 from analytics.silence import Silence, silent_nodes
@@ -257,6 +257,9 @@ def analyse(
     progress: Progress | None = None,
 ) -> Analysis:
     """Everything but the writing: see the module docstring."""
+    if isinstance(executor, DaskExecutor) and cfg["dask"]["credentials"] == "send":
+        check_send(executor.scheduler)  # also for an executor not built from this config
+        cfg = cfg.with_secrets()
     t0 = time.perf_counter()
     out = Analysis(start_ns, end_ns, executor.name)
     a = cfg["analysis"]

@@ -68,7 +68,16 @@ def influxd_binary() -> str:
 class LocalInfluxd:
     """A real influxd on 127.0.0.1. Construction only picks ports; ``start`` runs it."""
 
-    def __init__(self, root: str | os.PathLike[str], port: int | None = None) -> None:
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        port: int | None = None,
+        *,
+        auth: tuple[str, str] | None = None,
+    ) -> None:
+        """``auth``: (user, password) of an admin; influxd then requires it on every call
+        (``auth-enabled``), and this class sends it."""
+        self.auth = auth
         self.root = Path(root)
         self.port = port or free_port()
         self.rpc_port = free_port()
@@ -83,7 +92,10 @@ class LocalInfluxd:
             return self
         self.root.mkdir(parents=True, exist_ok=True)
         config = self.root / "influxdb.conf"
-        config.write_text(_CONFIG.format(root=self.root, port=self.port, rpc_port=self.rpc_port))
+        text = _CONFIG.format(root=self.root, port=self.port, rpc_port=self.rpc_port)
+        if self.auth:
+            text = text.replace("[http]\n", "[http]\n  auth-enabled = true\n")
+        config.write_text(text)
         log = open(self.root / "influxd.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(
             [influxd_binary(), "-config", str(config)],
@@ -99,6 +111,10 @@ class LocalInfluxd:
                 tail = (self.root / "influxd.log").read_text(errors="replace")[-2000:]
                 raise InfluxdError(f"influxd exited with {self.process.returncode}:\n{tail}")
             if self.ping():
+                if self.auth:  # the first admin may be created without credentials
+                    user, password = (s.replace("'", "\\'") for s in self.auth)
+                    self.query(f"CREATE USER \"{user}\" WITH PASSWORD '{password}' "
+                               "WITH ALL PRIVILEGES", credentials=False)  # fmt: skip
                 return self
             time.sleep(0.05)
         self.stop()
@@ -123,19 +139,25 @@ class LocalInfluxd:
             proc.kill()
             proc.wait()
 
-    def query(self, q: str, database: str | None = None) -> bytes:
+    def query(self, q: str, database: str | None = None, *, credentials: bool = True) -> bytes:
         """Run InfluxQL (POST, JSON answer); for set-up statements such as CREATE DATABASE."""
         params = {"q": q, "epoch": "ns"}
         if database:
             params["db"] = database
         data = urllib.parse.urlencode(params).encode()
-        with urllib.request.urlopen(f"{self.url}/query", data=data, timeout=30) as resp:
+        url = f"{self.url}/query"
+        if self.auth and credentials:  # influxd reads u and p from the URL only
+            url += "?" + urllib.parse.urlencode({"u": self.auth[0], "p": self.auth[1]})
+        with urllib.request.urlopen(url, data=data, timeout=30) as resp:
             return bytes(resp.read())
 
     def write(self, database: str, lines: str) -> None:
         """Write line protocol as it is (for tests that hand-write a point); raises unless the
         server stored all of it (204)."""
-        url = f"{self.url}/write?" + urllib.parse.urlencode({"db": database})
+        params = {"db": database}
+        if self.auth:
+            params |= {"u": self.auth[0], "p": self.auth[1]}
+        url = f"{self.url}/write?" + urllib.parse.urlencode(params)
         request = urllib.request.Request(url, lines.encode(), method="POST")
         with urllib.request.urlopen(request, timeout=30) as resp:
             if resp.status != 204:
