@@ -62,6 +62,12 @@ def build_agent(
         if name == "nvml" and nvml is not None:
             settings["backend_instance"] = nvml
         made.append(sources.create(name, context, settings))
+    if a["write_every_s"] > 0:  # collect every interval_s, write once per window
+        from collector.aggregate import AggregatingSink
+
+        if a["write_every_s"] < a["interval_s"]:
+            raise ConfigError("[agent] write_every_s must be 0 or at least interval_s")
+        sink = AggregatingSink(sink, float(a["write_every_s"]))
     agent = Agent(
         made,
         sink,

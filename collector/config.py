@@ -44,6 +44,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "reporter_tls_key_file": "",
         "metrics_listen": "",
         "metrics_gpu": True,
+        # > 0: read every interval_s, write each series once per this many seconds (gauges:
+        # mean, _min, _max; the rest: last value; events at once). 0: write every reading
+        "write_every_s": 0.0,
     },
     "nvml": {
         "backend": "pynvml",

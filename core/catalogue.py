@@ -736,6 +736,15 @@ def field_type_of(value: object) -> FieldType | None:
     return None
 
 
+def window_extreme(m: Measurement, name: str) -> FieldSpec | None:
+    """``<gauge>_min`` / ``<gauge>_max``: a gauge's extremes over a window, which an agent
+    that aggregates (``[agent] write_every_s``) writes beside the window's mean; same type
+    and unit as the gauge."""
+    base, _, end = name.rpartition("_")
+    spec = m.fields.get(base) if end in ("min", "max") else None
+    return spec if spec is not None and spec.kind is Kind.GAUGE else None
+
+
 def check_point(
     measurement_name: str, tags: Mapping[str, object], fields: Mapping[str, object]
 ) -> list[str]:
@@ -745,7 +754,7 @@ def check_point(
         return [f"measurement {measurement_name!r} is not in the catalogue"]
     problems = [f"{m.name}: tag {k!r} is not declared" for k in tags if k not in m.tags]
     for key, value in fields.items():
-        spec = m.fields.get(key)
+        spec = m.fields.get(key) or window_extreme(m, key)
         if spec is None:
             problems.append(f"{m.name}: field {key!r} is not declared")
             continue
