@@ -6,7 +6,7 @@ more than one InfluxDB node takes (docs/SCALE.md). With ``write_every_s`` set (s
 once per window, from the readings of that window:
 
 * a **gauge** field (catalogue kind ``gauge``: utilisation, power, temperature, clocks) gets the
-  window's **mean** under its own name, so dashboards and analytics read it unchanged, plus
+  window's **mean** under its own name, so dashboards and analytics read the same field, plus
   ``<field>_min`` and ``<field>_max``, so a spike between two writes is still seen;
 * every other field (counters, states, info) gets its **last** value: a counter's last value
   is exact, and rates over windows still come out right;
