@@ -94,7 +94,7 @@ def test_the_agent_reads_a_twin_node_through_its_own_code(twin, rank, tmp_path) 
     gpus = [line for line in lines if line.startswith("gpu,")]
     assert all("job=77" in line and "rank=8" in line for line in gpus)  # the real /proc
     sources = [line for line in lines if "collect_success_active" in line]
-    assert len(sources) == 5  # nvml, xid, infiniband, power, thermal
+    assert len(sources) == 6  # nvml, xid, infiniband, power, thermal, host
     assert all("collect_success_active=true" in line for line in sources), sources
 
 
