@@ -125,10 +125,16 @@ def probe_infiniband(config: AgentConfig) -> Result:
     for p in ports:
 
         def read(name: str, port: Any = p) -> str:
-            try:
-                return Path(port.path, name).read_text().strip()
-            except OSError:
-                return ""
+            # a file caught while it is rewritten reads empty: look again before judging
+            for attempt in range(3):
+                try:
+                    text = Path(port.path, name).read_text().strip()
+                except OSError:
+                    text = ""
+                if text:
+                    return text
+                time.sleep(0.02 * (attempt + 1))
+            return ""
 
         state, phys, rate = read("state"), read("phys_state"), read("rate")
         speed = float(rate.split()[0]) if rate[:1].isdigit() else 0.0
