@@ -81,3 +81,51 @@ def test_bad_query_is_a_clear_error(loaded):
 def test_unreachable_server_is_a_clear_error():
     with pytest.raises(QueryError, match="unreachable"):
         InfluxReader("http://127.0.0.1:9", "db").raw("SELECT * FROM x")
+
+
+@pytest.mark.parametrize("every_s", [2, 3, 60])
+def test_aggregating_here_answers_what_influxdb_answers(influxd, influx_db, tmp_path, every_s):
+    """``aggregate(here=True)`` reads the points and buckets them in polars; the frame must be
+    the one InfluxDB's own ``GROUP BY time`` gives, nulls, gaps and unaligned points included
+    (REAL influxd; CONSTRUCTED points)."""
+    sink = InfluxSink(
+        SinkConfig(url=influxd.url, database=influx_db, spool_dir=str(tmp_path / "s"))
+    )
+    points = []
+    for node in ("n1", "n2"):
+        for port in ("1", "2"):
+            for t in (0, 1, 2, 4, 5, 11, 12, 30, 61, 62):  # gaps, unaligned, several per bucket
+                fields: dict[str, float | int] = {"port_xmit_wait_total": t * 7 + int(port)}
+                if t % 4:  # a field missing from some points: last() takes the last it has
+                    fields["rate_gbps"] = 100.0 + t + (node == "n2")
+                when = 10**18 + t * 10**9 + (int(port) * 10**8)
+                points.append(Point("ib_port", {"node": node, "hca": "mlx5_0", "port": port},
+                                    fields, when))  # fmt: skip
+    sink.write_points(points)
+    assert sink.close()
+    reader = InfluxReader(influxd.url, influx_db)
+    aggregates = {
+        "wait": "last:port_xmit_wait_total",
+        "rate_last": "last:rate_gbps",
+        "rate_first": "first:rate_gbps",
+        "rate_mean": "mean:rate_gbps",
+        "rate_max": "max:rate_gbps",
+        "rate_min": "min:rate_gbps",
+        "rate_sum": "sum:rate_gbps",
+        "rate_n": "count:rate_gbps",
+        "wait_median": "median:port_xmit_wait_total",
+    }
+    args = ("ib_port", aggregates, 10**18, 10**18 + 100 * 10**9)
+    kw = {"every_s": every_s, "group_tags": ["node", "port"], "where": {"hca": "mlx5_0"}}
+    server = reader.aggregate(*args, **kw).sort("node", "port", "time")
+    here = reader.aggregate(*args, **kw, here=True)
+    assert server.height >= 8  # at least two buckets for each of the 4 ports
+    assert (server["rate_n"].null_count() > 0) == (every_s == 2)  # t=12 alone lacks rate_gbps
+    assert here.schema == server.schema
+    assert here.to_dicts() == server.to_dicts()
+
+
+def test_aggregating_here_needs_buckets(loaded):
+    with pytest.raises(ValueError, match="needs buckets"):
+        loaded.aggregate("gpu", {"p": "last:power_w"}, 0, 1, every_s=None, group_tags=[],
+                         here=True)  # fmt: skip
