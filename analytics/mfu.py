@@ -19,6 +19,7 @@ time *re-done* (steps executed, then rolled back to a checkpoint by a restart) a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,7 +140,11 @@ def executions(steps: pl.DataFrame) -> pl.DataFrame:
 
 def with_attempts(steps: pl.DataFrame) -> pl.DataFrame:
     """``job_step`` rows with ``time_ns`` and ``attempt`` (how many times this rank's step index
-    went back, i.e. restarts from a checkpoint, before this row)."""
+    went back, i.e. restarts from a checkpoint, before this row). Rows that have them already
+    are returned as they are: the sort by rank is most of a job task's own time, so a caller
+    that needs them more than once adds them once."""
+    if "attempt" in steps.columns and "time_ns" in steps.columns:
+        return steps
     t = pl.col("time")
     if steps.schema["time"] != pl.Int64:
         t = t.dt.epoch("ns")
@@ -185,8 +190,9 @@ def throughput(steps: pl.DataFrame) -> JobThroughput | None:
         return None
     final = ex.group_by("step_index").agg(pl.col("attempt").max())
     kept = ex.join(final, on=["step_index", "attempt"])
-    running = float((ex["wall_s"] * ex["steps"]).sum())
-    productive = float((kept["wall_s"] * kept["steps"]).sum())
+    # fsum: exact, so the answer does not hang on the order the join hands rows back in
+    running = math.fsum((ex["wall_s"] * ex["steps"]).to_list())
+    productive = math.fsum((kept["wall_s"] * kept["steps"]).to_list())
     first = int(num(ex["time_ns"].min())) - int(float(ex["wall_s"][0]) * 1e9)
     last = int(num(ex["time_ns"].max()))
     elapsed = max(running, (last - first) / 1e9)
