@@ -71,29 +71,43 @@ def fit_exponent(points: list[tuple[int, float]]) -> float:
     return num / den if den else float("nan")
 
 
+def load(server: LocalInfluxd, gen: ScenarioGenerator, spool: Path) -> dict:
+    """Write the scenario into ``server``; what was written and how long it took."""
+    server.create_database("bench")
+    sink = InfluxSink(SinkConfig(url=server.url, database="bench", spool_dir=str(spool),
+                                 batch_size=10_000, backpressure_bytes=64 * 2**20))  # fmt: skip
+    t0 = time.perf_counter()
+    points = fields = 0
+    for chunk in gen.chunks(ticks_per_chunk=60):
+        for m, df in chunk.items():
+            tags = [t for t in TAGS[m] if t in df.columns]
+            sink.write_frame(df, m, tags=tags)
+            points += df.height
+            fields += df.height * (len(df.columns) - len(tags) - 1)
+    assert sink.close(timeout_s=3600)
+    return {"points": points, "fields": fields, "load_s": time.perf_counter() - t0}
+
+
 def run_size(gpus: int, seconds: int, interval_s: int, workers: list[int], tmp: Path) -> list[dict]:
+    """Load (or reuse, when ``tmp`` holds this size's store already) and analyse one size."""
     nodes = gpus // 8
     spec = _spec(nodes, seconds)
     spec = dataclasses.replace(spec, interval_s=interval_s).validate()
     rows = []
-    with LocalInfluxd(tmp / f"influxd-{gpus}") as server:
-        server.create_database("bench")
+    root = tmp / f"influxd-{gpus}-{seconds}s-every-{interval_s}s"
+    marker = root / "loaded.json"
+    with LocalInfluxd(root) as server:
         gen = ScenarioGenerator(spec, seed=7)
-        sink = InfluxSink(SinkConfig(url=server.url, database="bench",
-                                     spool_dir=str(tmp / f"spool-{gpus}"), batch_size=10_000,
-                                     backpressure_bytes=64 * 2**20))  # fmt: skip
-        t0 = time.perf_counter()
-        points = fields = 0
-        for chunk in gen.chunks(ticks_per_chunk=60):
-            for m, df in chunk.items():
-                tags = [t for t in TAGS[m] if t in df.columns]
-                sink.write_frame(df, m, tags=tags)
-                points += df.height
-                fields += df.height * (len(df.columns) - len(tags) - 1)
-        assert sink.close(timeout_s=3600)
-        load_s = time.perf_counter() - t0
+        if marker.exists():
+            loaded = json.loads(marker.read_text())
+            how = f"reused from {root} (loaded earlier in {loaded['load_s']:.0f} s)"
+        else:
+            loaded = load(server, gen, tmp / f"spool-{gpus}")
+            marker.write_text(json.dumps(loaded))
+            how = f"loaded in {loaded['load_s']:.0f} s"
+        points, fields, load_s = loaded["points"], loaded["fields"], loaded["load_s"]
         print(f"SIMULATED {gpus:,} GPUs ({nodes} nodes), {seconds} s every {interval_s} s: "
-              f"{points:,} points, {fields:,} fields loaded in {load_s:.0f} s "
+              f"{points:,} points, {fields:,} fields {how} "
               f"({fields / load_s:,.0f} fields/s into influxd here)", flush=True)  # fmt: skip
         topo = tmp / f"topology-{gpus}.csv"
         write_topology(dict(zip(gen.node_names, gen.switch_of, strict=True)), topo)
@@ -131,13 +145,21 @@ def main() -> None:
     ap.add_argument("--seconds", type=int, default=3600)
     ap.add_argument("--interval-s", type=int, default=10)
     ap.add_argument("--workers", default="1,2")
+    ap.add_argument("--data-dir", help="keep each size's loaded influxd here and reuse it on a "
+                    "later run (the scenario is seeded: the same sizes give the same data); "
+                    "default: a temporary directory, removed at the end")  # fmt: skip
+    ap.add_argument("--load-only", action="store_true", help="load (into --data-dir), no analysis")
     args = ap.parse_args()
     sizes = [int(g) for g in args.gpus.split(",")]
-    workers = [int(w) for w in args.workers.split(",")]
+    workers = [] if args.load_only else [int(w) for w in args.workers.split(",")]
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = Path(args.data_dir) if args.data_dir else Path(scratch)
+        tmp.mkdir(parents=True, exist_ok=True)
         for gpus in sizes:
-            rows += run_size(gpus, args.seconds, args.interval_s, workers, Path(tmp))
+            rows += run_size(gpus, args.seconds, args.interval_s, workers, tmp)
+    if args.load_only:
+        return
     print(f"\n{'GPUs':>7} {'workers':>7} {'analysis s':>10} {'s/M points':>10} "
           f"{'driver MiB':>10} {'worker MiB':>10} {'read MiB':>9}")  # fmt: skip
     for r in rows:
