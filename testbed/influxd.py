@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
@@ -74,10 +75,13 @@ class LocalInfluxd:
         port: int | None = None,
         *,
         auth: tuple[str, str] | None = None,
+        data: Mapping[str, int | str] | None = None,
     ) -> None:
         """``auth``: (user, password) of an admin; influxd then requires it on every call
-        (``auth-enabled``), and this class sends it."""
+        (``auth-enabled``), and this class sends it. ``data``: more settings of the ``[data]``
+        section (e.g. ``{"cache-snapshot-memory-size": 2**30}``)."""
         self.auth = auth
+        self.data = dict(data or {})
         self.root = Path(root)
         self.port = port or free_port()
         self.rpc_port = free_port()
@@ -95,6 +99,9 @@ class LocalInfluxd:
         text = _CONFIG.format(root=self.root, port=self.port, rpc_port=self.rpc_port)
         if self.auth:
             text = text.replace("[http]\n", "[http]\n  auth-enabled = true\n")
+        for key, value in self.data.items():
+            setting = value if isinstance(value, int) else f'"{value}"'
+            text = text.replace("[coordinator]\n", f"  {key} = {setting}\n[coordinator]\n")
         config.write_text(text)
         log = open(self.root / "influxd.log", "ab")  # noqa: SIM115
         self.process = subprocess.Popen(

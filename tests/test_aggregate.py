@@ -15,12 +15,17 @@ from pathlib import Path
 
 import pytest
 
+from analytics.config import load_config as load_analytics_config
+from analytics.config import with_overrides
+from analytics.tasks import read_port_rates
 from collector import cli as agent_cli
 from collector.aggregate import AggregatingSink
 from collector.config import ConfigError, load_config
 from core.catalogue import check_point
 from core.store.lineprotocol import Point
+from core.store.reader import InfluxReader
 from core.store.sink import InfluxSink, SinkConfig
+from testbed.sysfstree import advance
 from tests.test_agent import write_config
 
 S = 1_000_000_000
@@ -78,11 +83,9 @@ def _query(influxd, db: str, q: str) -> list:
     return series
 
 
-def test_aggregated_and_raw_read_the_same_through_the_dashboards_query(
-    influxd, tmp_path: Path
-) -> None:
+def _record(influxd, tmp_path: Path, dbs: dict[str, str]) -> AggregatingSink:
+    """30 agent cycles 1 s apart, raw into ``dbs["raw"]`` and per 10 s into the other."""
     config = load_config(write_config(tmp_path, influxd.url, "unused"), environ={})
-    dbs = {"raw": "agg_raw", "aggregated": "agg_10s"}
     for db in dbs.values():
         influxd.create_database(db)
 
@@ -93,10 +96,19 @@ def test_aggregated_and_raw_read_the_same_through_the_dashboards_query(
     raw, aggregated = sink(dbs["raw"]), AggregatingSink(sink(dbs["aggregated"]), 10)
     agent, _ = agent_cli.build_agent(config, raw)
     for cycle in range(30):
+        advance(tmp_path / "sys", cycle)  # the InfiniBand counters move, as traffic would
         points = agent.collect(T0 + cycle * S)
         raw.write_points(points)
         aggregated.write_points(points)
     assert raw.close(30) and aggregated.close(30)
+    return aggregated
+
+
+def test_aggregated_and_raw_read_the_same_through_the_dashboards_query(
+    influxd, tmp_path: Path
+) -> None:
+    dbs = {"raw": "agg_raw", "aggregated": "agg_10s"}
+    aggregated = _record(influxd, tmp_path, dbs)
     counts = {
         kind: _query(influxd, db, "SELECT count(power_w) FROM gpu")[0]["values"][0][1]
         for kind, db in dbs.items()
@@ -119,6 +131,33 @@ def test_aggregated_and_raw_read_the_same_through_the_dashboards_query(
     spikes = _query(influxd, dbs["aggregated"], "SELECT max(power_w_max) FROM gpu")
     peak = _query(influxd, dbs["raw"], "SELECT max(power_w) FROM gpu")
     assert spikes[0]["values"][0][1] == peak[0]["values"][0][1]
+
+
+def test_analytics_reads_aggregated_as_it_reads_raw(influxd, tmp_path: Path) -> None:
+    """The analysis's own reads of agent telemetry (per-port rates from ``last()`` per
+    ``ib_bucket_s``; per-GPU power and energy per ``gpu_bucket_s``) give the same answer from
+    aggregated data as from the 1 Hz points (REAL influxd; CONSTRUCTED recording)."""
+    dbs = {"raw": "an_raw", "aggregated": "an_10s"}
+    _record(influxd, tmp_path, dbs)
+    out = {}
+    for kind, db in dbs.items():
+        cfg = with_overrides(load_analytics_config(environ={}),
+                             influxdb={"url": influxd.url, "database": db})  # fmt: skip
+        reader = InfluxReader(**cfg.reader_kwargs())
+        rates = read_port_rates(reader, cfg, ["node-a"], T0, T0 + 30 * S)
+        wanted = {"power_w": "mean:power_w", "energy_j_total": "last:energy_j_total"}
+        power = reader.aggregate("gpu", wanted, T0, T0 + 30 * S, every_s=60,
+                                 group_tags=["node", "gpu"])  # fmt: skip
+        reader.close()
+        out[kind] = (rates.sort("hca", "port", "time"), power.sort("gpu"))
+    (raw_rates, raw_power), (agg_rates, agg_power) = out["raw"], out["aggregated"]
+    assert raw_rates.height >= 8 and raw_power.height == 8  # every port and every GPU
+    assert (raw_rates["xmit_util_ratio"] > 0).all()  # the counters moved: rates are not zero
+    assert raw_rates.select("hca", "port", "time").equals(agg_rates.select("hca", "port", "time"))
+    for col in ("xmit_util_ratio", "rcv_util_ratio", "score_ratio"):
+        assert agg_rates[col].to_list() == pytest.approx(raw_rates[col].to_list(), nan_ok=True)
+    assert agg_power["power_w"].to_list() == pytest.approx(raw_power["power_w"].to_list())
+    assert agg_power["energy_j_total"].equals(raw_power["energy_j_total"])
 
 
 def test_write_every_below_the_interval_is_refused(tmp_path: Path) -> None:
