@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import polars as pl
@@ -48,6 +48,17 @@ class FailureRate:
     exposure_node_s: float
     prior_per_node_s: float
     prior_faults: float
+    announced: int = 0
+    """Of ``faults``, those a ``failure_risk`` finding had named the node of beforehand."""
+
+    def unannounced(self) -> FailureRate:
+        """The rate of the faults no one warned of. Where the engine moves a job off a node at
+        risk (a save and a restart, nothing recomputed), a warned fault costs the same at any
+        interval, so the interval should be set by the others: counting every fault makes the
+        job save too often, the more so the better the predictor. The prior's faults count as
+        unwarned, so while the history is short this is the whole rate."""
+        share = self.announced / (self.faults + self.prior_faults)
+        return replace(self, per_node_s=self.per_node_s * (1.0 - share))
 
     def mtbf_s(self, nodes: int) -> float:
         """Mean time between failures of a job on ``nodes`` nodes."""
@@ -65,11 +76,15 @@ def failure_rate(
     *,
     prior_per_node_s: float | None = None,
     prior_faults: float = 5.0,
+    announced: int = 0,
 ) -> FailureRate:
     """The posterior mean rate of a Poisson process with a gamma prior: ``prior_faults`` faults
-    seen at the prior's rate, plus ``faults`` seen over ``exposure_node_s`` node-seconds."""
+    seen at the prior's rate, plus ``faults`` seen over ``exposure_node_s`` node-seconds, of
+    which ``announced`` were warned of (:meth:`FailureRate.unannounced`)."""
     if faults < 0 or exposure_node_s < 0:
         raise ValueError(f"faults ({faults}) and exposure ({exposure_node_s}) must be >= 0")
+    if not 0 <= announced <= faults:
+        raise ValueError(f"announced ({announced}) must be between 0 and faults ({faults})")
     if prior_faults <= 0:
         raise ValueError(f"prior_faults must be > 0, not {prior_faults}")
     prior = stepfun_rate_per_node_s() if prior_per_node_s is None else prior_per_node_s
@@ -77,7 +92,20 @@ def failure_rate(
         raise ValueError(f"the prior rate must be > 0, not {prior}")
     prior_exposure = prior_faults / prior
     rate = (prior_faults + faults) / (prior_exposure + exposure_node_s)
-    return FailureRate(rate, faults, exposure_node_s, prior, prior_faults)
+    return FailureRate(rate, faults, exposure_node_s, prior, prior_faults, announced)
+
+
+def count_announced(
+    faults: Mapping[str, list[float]], warnings: Mapping[str, list[float]], window_s: float
+) -> int:
+    """How many faults (per node, their times) had a warning on their node (per node, its
+    times) within ``window_s`` before them."""
+    return sum(
+        1
+        for node, times in faults.items()
+        for t in times
+        if any(t - window_s <= w < t for w in warnings.get(node, ()))
+    )
 
 
 def optimal_interval_s(cost_s: float, mtbf_s: float) -> float:
@@ -171,7 +199,8 @@ def fleet_failure_rate(
     XID, a lost GPU, a failed row remap ...), one fault per node within ``merge_s`` (a GPU that
     falls off the bus raises several at once), over the node-time of the nodes whose agents
     reported; with the StepFun prior times ``prior_scale`` (1 in production; a compressed
-    scenario sets its compression)."""
+    scenario sets its compression). With ``discount_announced``, it also counts the faults that
+    a ``failure_risk`` finding named the node of within ``announce_window_s`` before."""
     found = reader.read(
         "finding",
         start_ns,
@@ -180,21 +209,37 @@ def fleet_failure_rate(
         tags=["node"],
         where={**(where or {}), "severity": "critical"},
     ).drop_nulls("node")
-    faults = 0
+    onsets: dict[str, list[float]] = {}
     merge_ns = int(float(cfg["merge_s"]) * 1e9)
-    for _, times in found.group_by("node"):
+    for (node,), times in found.group_by("node"):
         last = None
         for t in sorted(times["time"].cast(pl.Int64).to_list()):
             if last is None or t - last > merge_ns:
-                faults += 1
+                onsets.setdefault(str(node), []).append(t / 1e9)
             last = t
+    announced = 0
+    if cfg["discount_announced"] and onsets:
+        window_s = float(cfg["announce_window_s"])
+        risks = reader.read(
+            "finding",
+            start_ns - int(window_s * 1e9),
+            end_ns,
+            fields=["finding_id"],
+            tags=["node"],
+            where={**(where or {}), "kind": "failure_risk"},
+        ).drop_nulls("node")
+        warnings: dict[str, list[float]] = {}
+        for node, t in zip(risks["node"], risks["time"].dt.epoch("ns"), strict=True):
+            warnings.setdefault(str(node), []).append(t / 1e9)
+        announced = count_announced(onsets, warnings, window_s)
     nodes = reader.tag_values("agent", "node", "points_count", start_ns, end_ns, where)
     exposure = len(nodes) * (end_ns - start_ns) / 1e9
     return failure_rate(
-        faults,
+        sum(len(t) for t in onsets.values()),
         exposure,
         prior_per_node_s=stepfun_rate_per_node_s() * float(cfg["prior_scale"]),
         prior_faults=float(cfg["prior_faults"]),
+        announced=announced,
     )
 
 

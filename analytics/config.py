@@ -78,6 +78,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "restart_s": 600.0,
         "min_interval_s": 60.0,
         "min_gain": 0.01,
+        # set the interval by the faults no failure_risk finding warned of: right where a
+        # policy moves jobs off nodes at risk (a warned fault then costs no recomputation)
+        "discount_announced": False,
+        "announce_window_s": 7200.0,
     },
     "predictor": {
         # a model trained by `gpuwarden analyze train`; empty: no online failure-risk scoring
@@ -203,6 +207,8 @@ def load_config(
         raise ConfigError("dask.credentials must be 'workers' or 'send'")
     if config["dask"]["credentials"] == "send":
         check_send(config["dask"]["scheduler"])
+    if config["cadence"]["announce_window_s"] <= 0:
+        raise ConfigError("cadence.announce_window_s must be positive")
     if a["nodes_per_task"] < 1 or config["dask"]["workers"] < 1:
         raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
     try:

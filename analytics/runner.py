@@ -242,6 +242,8 @@ def _advise(
     reader = InfluxReader(**cfg.reader_kwargs())
     try:
         rate = fleet_failure_rate(reader, end_ns - int(c["lookback_s"] * 1e9), end_ns, c, where)
+        if c["discount_announced"]:
+            rate = rate.unannounced()
         found = (job_advice(reader, j.job, len(j.nodes), rate, start_ns, end_ns, c, where)
                  for j in jobs)  # fmt: skip
         return [a for a in found if a is not None]

@@ -25,7 +25,8 @@ The levers, each on or off:
   it off the node before the fault (one restart, nothing recomputed);
 * ``cadence``: at each start the job checkpoints at the interval :func:`analytics.cadence.advise`
   gives for the failure rate seen so far (the fleet's faults, the StepFun prior scaled to the
-  scenario's time compression);
+  scenario's time compression); with prediction on too, the faults an alert warned of are left
+  out (:meth:`analytics.cadence.FailureRate.unannounced`);
 * ``isolation``: the fast path drains a node whose GPU broke within seconds, so no restart
   lands on it until it is repaired;
 * ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
@@ -46,7 +47,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from analytics.cadence import advise, failure_rate, stepfun_rate_per_node_s
+from analytics.cadence import advise, count_announced, failure_rate, stepfun_rate_per_node_s
 from simulation.faulttypes import Fault, of
 
 LEVERS = ("prediction", "cadence", "isolation", "lemon")
@@ -103,6 +104,9 @@ class Setup:
     max_out: int = 3
     cooldown_s: float = 1800.0
     min_gain: float = 0.01
+    discount_announced: bool = True
+    """With prediction on, cadence counts only the faults no alert warned of (``[cadence]
+    discount_announced``, right where the engine moves jobs on risk alerts, as here)."""
     lemon_count: int = 3
     lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
     slurmd_timeout_s: float = 300.0
@@ -205,13 +209,27 @@ class _Day:
     def interval(self, t: float, nodes: int) -> float:
         if not self.levers.cadence:
             return self.s.interval_s
-        seen = sum(1 for o in self.outages if o.at_s < t)
+        seen = [o for o in self.outages if o.at_s < t]
+        discount = self.levers.prediction and self.s.discount_announced
+        announced = 0
+        if discount:  # the alerts so far, on the node, within the predictor's horizon
+            faults: dict[str, list[float]] = {}
+            for o in seen:
+                faults.setdefault(o.node, []).append(o.at_s)
+            warnings: dict[str, list[float]] = {}
+            for alert in self.alerts:
+                if alert.at_s < t:
+                    warnings.setdefault(alert.node, []).append(alert.at_s)
+            announced = count_announced(faults, warnings, self.s.horizon_s)
         rate = failure_rate(
-            seen,
+            len(seen),
             len(self.s.pool) * t,
             prior_per_node_s=stepfun_rate_per_node_s() * self.s.prior_scale,
             prior_faults=self.s.prior_faults,
+            announced=announced,
         )
+        if discount:
+            rate = rate.unannounced()
         a = advise("job", nodes, self.s.cost_s, self.s.interval_s, rate)
         return a.advised_s if a.gain >= self.s.min_gain else self.s.interval_s
 

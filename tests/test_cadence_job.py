@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from analytics.cadence import optimal_interval_s, stepfun_rate_per_node_s
+from analytics.cadence import fleet_failure_rate, optimal_interval_s, stepfun_rate_per_node_s
 from analytics.config import load_config, with_overrides
 from analytics.emit import findings, points
 from analytics.runner import Analysis, LocalExecutor, analyse
@@ -23,6 +23,9 @@ from collector.jobside.checkpoint_hook import CheckpointRequests
 from core.catalogue import check_point
 from core.checkpoint import interval_ack_path, interval_path, interval_request, write_json_atomic
 from core.finding import Finding, Severity
+from core.store.lineprotocol import Point
+from core.store.reader import InfluxReader
+from core.store.sink import InfluxSink, SinkConfig
 from remediation.adapters.slurm import SlurmAdapter
 from remediation.adapters.webhook import WebhookAdapter
 from remediation.audit import AuditLog, read_records
@@ -208,3 +211,39 @@ def test_a_job_that_does_not_take_interval_requests_is_only_notified(tmp_path: P
     assert "may not support interval requests" in records[-1]["message"]
     assert json.loads((tmp_path / "4242.interval").read_text())["interval_s"] == 1500.0
     assert [a.job for a in notes] == ["4242"]
+
+
+@pytest.mark.influxdb
+def test_the_fleet_rate_leaves_out_faults_a_risk_finding_warned_of(influxd, influx_db, tmp_path):
+    """Three faults in the store's findings (REAL influxd, CONSTRUCTED findings): node-a's
+    first was named by a failure_risk finding 30 min before, node-a's second (after its merge
+    window) and node-b's were not; node-c's warning preceded nothing."""
+    t0 = time.time_ns() - 10 * 3600 * S
+    out = []
+
+    def finding(kind: str, node: str, severity: Severity, at_s: int) -> None:
+        f = Finding(kind=kind, subject={"cluster": "t", "node": node}, severity=severity,
+                    time_ns=t0 + at_s * S, source="test")  # fmt: skip
+        tags, fields = f.to_point()
+        out.append(Point("finding", tags, fields, f.time_ns))  # type: ignore[arg-type]
+
+    finding("failure_risk", "node-a", Severity.WARNING, 3600)
+    finding("gpu_xid", "node-a", Severity.CRITICAL, 5400)
+    finding("gpu_lost", "node-a", Severity.CRITICAL, 5460)  # the same fault (merge_s)
+    finding("gpu_xid", "node-a", Severity.CRITICAL, 20_000)
+    finding("gpu_xid", "node-b", Severity.CRITICAL, 9000)
+    finding("failure_risk", "node-c", Severity.WARNING, 9000)
+    for node in ("node-a", "node-b", "node-c", "node-d"):
+        out.append(Point("agent", {"cluster": "t", "node": node}, {"points_count": 10}, t0))
+    sink = InfluxSink(SinkConfig(url=influxd.url, database=influx_db,
+                                 spool_dir=str(tmp_path / "spool")))  # fmt: skip
+    sink.write_points(out)
+    assert sink.close(timeout_s=60)
+    cfg = with_overrides(load_config(environ={}), cadence={"discount_announced": True})
+    reader = InfluxReader(influxd.url, influx_db)
+    rate = fleet_failure_rate(reader, t0, t0 + 10 * 3600 * S, cfg["cadence"])
+    assert (rate.faults, rate.announced) == (3, 1)
+    assert rate.exposure_node_s == pytest.approx(4 * 10 * 3600)
+    assert rate.unannounced().per_node_s == pytest.approx(rate.per_node_s * (1 - 1 / (3 + 5)))
+    plain = with_overrides(load_config(environ={}), cadence={"discount_announced": False})
+    assert fleet_failure_rate(reader, t0, t0 + 10 * 3600 * S, plain["cadence"]).announced == 0

@@ -10,6 +10,7 @@ import pytest
 
 from analytics.cadence import (
     advise,
+    count_announced,
     expected_waste,
     failure_rate,
     optimal_interval_s,
@@ -75,6 +76,25 @@ def test_failure_rate_moves_from_prior_to_history() -> None:
         failure_rate(1, 10.0, prior_faults=0)
 
 
+def test_warned_faults_leave_the_rate_the_interval_is_set_by() -> None:
+    prior = 1e-6
+    # 10 faults over 1e7 node-s, 6 of them warned of: the unwarned rate counts the 5 prior
+    # faults and the 4 unwarned ones over the same exposure
+    r = failure_rate(10, 1e7, prior_per_node_s=prior, announced=6)
+    assert r.per_node_s == pytest.approx(15 / (5e6 + 1e7))
+    assert r.unannounced().per_node_s == pytest.approx(9 / (5e6 + 1e7))
+    assert r.unannounced().mtbf_s(2) > r.mtbf_s(2)
+    # nothing warned of, or no history: the whole rate
+    assert failure_rate(10, 1e7, prior_per_node_s=prior).unannounced().per_node_s == r.per_node_s
+    assert failure_rate(0, 0.0, prior_per_node_s=prior).unannounced().per_node_s == prior
+    with pytest.raises(ValueError, match="announced"):
+        failure_rate(2, 10.0, announced=3)
+    faults = {"a": [100.0, 5000.0], "b": [300.0]}
+    warnings = {"a": [50.0, 4990.0], "b": [301.0], "c": [10.0]}
+    assert count_announced(faults, warnings, 60.0) == 2  # b's came after its fault
+    assert count_announced(faults, warnings, 5.0) == 0
+
+
 def test_advice_says_what_it_gains() -> None:
     rate = failure_rate(0, 0.0, prior_per_node_s=1 / (12 * 3 * 3600.0))  # 12 nodes: M = 3 h
     a = advise("llm", 12, 276.0, 3600.0, rate)
@@ -136,6 +156,25 @@ def test_cadence_saves_more_often_when_faults_are_frequent() -> None:
     assert max(tuned.intervals) < 3600.0
     assert tuned.checkpoint_s > flat.checkpoint_s  # more saves ...
     assert tuned.recompute_s < flat.recompute_s  # ... and less to recompute
+
+
+def test_cadence_leaves_out_the_faults_prediction_warned_of() -> None:
+    """Every fault warned of an hour before: with prediction on, the interval is set by the
+    unwarned rate (the prior alone), so the job saves less often than when it counts them."""
+    s = _setup(prior_scale=1e5, day_s=60_000.0)
+    faults = [Outage("n1", 5000.0 + k * 9000.0, 5500.0 + k * 9000.0, "xid79", slurm_sees=False)
+              for k in range(6)]  # fmt: skip
+    warned = [Alert(o.node, o.at_s - 600.0) for o in faults]
+    both = Levers(prediction=True, cadence=True)
+    discounted = simulate(faults, warned, s, both)
+    counted = simulate(faults, warned, _setup(prior_scale=1e5, day_s=60_000.0,
+                                             discount_announced=False), both)  # fmt: skip
+    assert discounted.moves == counted.moves == 1 and discounted.recompute_s == 0.0
+    # the first start sees no fault (the prior alone, the same in both); after the move the
+    # fleet has seen one, warned of: only the run that counts it saves more often for it
+    assert discounted.intervals[0] == counted.intervals[0]
+    assert discounted.intervals[1] > counted.intervals[1]
+    assert discounted.checkpoint_s < counted.checkpoint_s
 
 
 def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
