@@ -360,15 +360,11 @@ class LiveArm:
     def _start_analyze(self) -> None:
         w = self.work
         config = w / "analytics.toml"
-        predictor = cadence = ""
+        predictor = ""
         if self.s.model:
             predictor = f'[predictor]\nmodel = "{self.s.model}"\n' + "".join(
                 f"{k} = {json.dumps(v)}\n" for k, v in self.s.predictor
             )
-            # the engine's predicted-gpu-failure policy moves the job off a node at risk, so a
-            # fault it warned of costs no recomputation: the interval is for the others
-            horizon = dict(self.s.predictor).get("horizon_s", 7200)
-            cadence = f"discount_announced = true\nannounce_window_s = {float(horizon)}\n"
         config.write_text(
             f'[influxdb]\nurl = "{self.influxd.url}"\ndatabase = "{self.db}"\n'
             f'[dask]\nscheduler = "{self.scheduler}"\n'
@@ -380,7 +376,7 @@ class LiveArm:
             f'token_file = "{w}/secrets/token"\nhmac_secret_file = "{w}/secrets/hmac"\n'
             f"[cadence]\nprior_scale = {self.s.cadence_prior_scale:g}\n"
             f"min_interval_s = {self.s.cadence_min_interval_s}\n"
-            f"lookback_s = {float(self.spec.duration_s)}\n" + cadence + predictor
+            f"lookback_s = {float(self.spec.duration_s)}\n" + predictor
         )
         self.services.start("analyze", [*GPUWARDEN, "analyze", "run", "--config", str(config),
                             "--every", f"{self.s.analyze_every_s:g}s"])  # fmt: skip
