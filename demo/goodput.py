@@ -25,8 +25,8 @@ The levers, each on or off:
   it off the node before the fault (one restart, nothing recomputed);
 * ``cadence``: at each start the job checkpoints at the interval :func:`analytics.cadence.advise`
   gives for the failure rate seen so far (the fleet's faults, the StepFun prior scaled to the
-  scenario's time compression); with prediction on too, the faults an alert warned of are left
-  out (:meth:`analytics.cadence.FailureRate.unannounced`);
+  scenario's time compression); with prediction on and ``Setup.discount_announced``, the
+  faults an alert warned of are left out (:meth:`analytics.cadence.FailureRate.unannounced`);
 * ``isolation``: the fast path drains a node whose GPU broke within seconds, so no restart
   lands on it until it is repaired;
 * ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
@@ -104,9 +104,9 @@ class Setup:
     max_out: int = 3
     cooldown_s: float = 1800.0
     min_gain: float = 0.01
-    discount_announced: bool = True
+    discount_announced: bool = False
     """With prediction on, cadence counts only the faults no alert warned of (``[cadence]
-    discount_announced``, right where the engine moves jobs on risk alerts, as here)."""
+    discount_announced``; off, as the product's default)."""
     lemon_count: int = 3
     lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
     slurmd_timeout_s: float = 300.0

@@ -166,9 +166,9 @@ def test_cadence_leaves_out_the_faults_prediction_warned_of() -> None:
               for k in range(6)]  # fmt: skip
     warned = [Alert(o.node, o.at_s - 600.0) for o in faults]
     both = Levers(prediction=True, cadence=True)
-    discounted = simulate(faults, warned, s, both)
-    counted = simulate(faults, warned, _setup(prior_scale=1e5, day_s=60_000.0,
-                                             discount_announced=False), both)  # fmt: skip
+    discounted = simulate(faults, warned, _setup(prior_scale=1e5, day_s=60_000.0,
+                                                discount_announced=True), both)  # fmt: skip
+    counted = simulate(faults, warned, s, both)
     assert discounted.moves == counted.moves == 1 and discounted.recompute_s == 0.0
     # the first start sees no fault (the prior alone, the same in both); after the move the
     # fleet has seen one, warned of: only the run that counts it saves more often for it
