@@ -62,17 +62,45 @@ def straggler_cost_s(timings: pl.DataFrame, worker: str, first: int, last: int) 
     """What fixing one straggling rank gives back over samples ``first..last``: each step's
     wall time (its slowest rank) minus the slowest other rank's. ``timings``: ``worker, step,
     time_s`` (and ``steps``, how many steps a sample stands for; 1 if absent)."""
-    span = timings.filter(pl.col("step").is_between(first, last))
-    if span.is_empty():
-        return 0.0
-    weight = pl.col("steps").first() if "steps" in span.columns else pl.lit(1)
-    per_step = span.group_by("step").agg(
-        pl.col("time_s").max().alias("wall"),
-        pl.col("time_s").filter(pl.col("worker") != worker).max().alias("others"),
-        weight.alias("n"),
+    return straggler_costs(timings, {worker: (first, last)})[worker]
+
+
+def straggler_costs(
+    timings: pl.DataFrame,
+    spans: Mapping[str, tuple[int, int]],
+    weights: pl.DataFrame | None = None,
+) -> dict[str, float]:
+    """:func:`straggler_cost_s` of several ranks (``spans``: rank -> first and last sample),
+    from one pass over ``timings``. Only a step's slowest rank gives anything back by being
+    fixed, and then its time minus the next slowest rank's: so each step's leader, its time
+    and the runner-up's are found once, and a rank's cost is the sum over the steps it leads
+    (a tie gives nothing back, whichever rank leads). A 16,384-rank job has a hundred
+    stragglers; each used to cost a pass over its whole step log. ``weights``: ``step, steps``
+    when ``timings`` does not carry ``steps`` itself."""
+    if not spans:
+        return {}
+    weight = pl.col("steps").first() if "steps" in timings.columns else pl.lit(1)
+    per = timings.group_by("step", "worker").agg(pl.col("time_s").max(), weight.alias("n"))
+    lead = (
+        per.sort(["step", "time_s"], descending=[False, True])
+        .group_by("step", maintain_order=True)
+        .agg(
+            pl.col("worker").first().alias("leader"),
+            pl.col("time_s").first().alias("wall"),
+            pl.col("time_s").slice(1, 1).first().alias("runner_up"),
+            pl.col("n").first(),
+        )
+        .drop_nulls("runner_up")
     )
-    gain = (pl.col("wall") - pl.col("others")).clip(lower_bound=0.0) * pl.col("n")
-    return float(per_step.drop_nulls("others").select(gain.sum()).item() or 0.0)
+    if weights is not None:
+        lead = lead.drop("n").join(weights.select("step", pl.col("steps").alias("n")), on="step")
+    gain = (pl.col("wall") - pl.col("runner_up")).clip(lower_bound=0.0) * pl.col("n")
+    lead = lead.with_columns(gain.alias("gain"))
+    out = {}
+    for worker, (first, last) in spans.items():
+        mine = lead.filter((pl.col("leader") == worker) & pl.col("step").is_between(first, last))
+        out[worker] = float(mine["gain"].sum() or 0.0)
+    return out
 
 
 def badput(

@@ -219,11 +219,18 @@ def _reported(summary: pl.DataFrame, cfg: StragglerConfig) -> pl.DataFrame:
     return summary.filter(pl.col("persistence") >= cfg.report_persistence)
 
 
-def _first(df: pl.DataFrame, col: str, value: Any, key: str) -> Any:
-    if col not in df.columns:
-        return None
-    hit = df.filter(pl.col(key) == value)[col]
-    return hit[0] if hit.len() else None
+def _where_workers(df: pl.DataFrame, workers: pl.Series) -> dict[str, dict[str, Any]]:
+    """Each of ``workers``' first stage, data-parallel rank and node, in one pass (not a pass
+    per worker: a 16,384-rank job has a hundred stragglers)."""
+    cols = [c for c in ("stage", "dp_rank", "node") if c in df.columns]
+    if not cols or workers.is_empty():
+        return {}
+    firsts = (
+        df.filter(pl.col("worker").is_in(workers.implode()))
+        .group_by("worker", maintain_order=True)
+        .agg(*[pl.col(c).first() for c in cols])
+    )
+    return {str(r.pop("worker")): r for r in firsts.iter_rows(named=True)}
 
 
 def _from_row(kind: str, row: dict[str, Any], threshold: float, **who: Any) -> Straggler:
@@ -257,11 +264,13 @@ def detect(timings: pl.DataFrame, cfg: StragglerConfig | None = None) -> list[St
     peers = ["stage"] if staged else []
     ratios = _ratios(df, "worker", peers)
     flags, thr = _persistent(ratios, "worker", cfg)
-    for row in _reported(_summaries(flags, "worker"), cfg).iter_rows(named=True):
+    reported = _reported(_summaries(flags, "worker"), cfg)
+    where = _where_workers(
+        df, reported["worker"] if reported.height else pl.Series([], dtype=pl.String)
+    )
+    for row in reported.iter_rows(named=True):
         w = row["worker"]
-        stage = _first(df, "stage", w, "worker")
-        dp = _first(df, "dp_rank", w, "worker")
-        node = _first(df, "node", w, "worker")
+        stage, dp, node = (where.get(w, {}).get(c) for c in ("stage", "dp_rank", "node"))
         found.append(
             _from_row(
                 "worker",

@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from analytics.attribution import attribute
-from analytics.badput import straggler_cost_s
+from analytics.badput import straggler_costs
 from analytics.config import AnalyticsConfig
 from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
 from analytics.culprit import Stop, find_stop
@@ -287,12 +287,9 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
         )
         result.stragglers = detect(timings, cfg.stragglers)
         weights = ex.select(pl.col("sample").alias("step"), "steps")
-        weighted = timings.join(weights, on="step")
-        for s in result.stragglers:
-            if s.kind == "worker" and s.worker is not None:
-                result.straggler_cost_s[s.worker] = straggler_cost_s(
-                    weighted, s.worker, s.onset_step, s.last_step
-                )
+        spans = {s.worker: (s.onset_step, s.last_step) for s in result.stragglers
+                 if s.kind == "worker" and s.worker is not None}  # fmt: skip
+        result.straggler_cost_s = straggler_costs(timings, spans, weights)
         if "stage" in timings.columns:
             per_stage = timings.group_by("stage").agg(pl.col("node").unique().sort())
             result.stage_nodes = {
