@@ -16,6 +16,7 @@ the per-step, per-rank times are what straggler detection needs.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -205,17 +206,13 @@ def _hang(
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
     """MFU, goodput, energy and stragglers of one job over the window; whether it is hung."""
     reader = _reader(cfg)
+    # The GPUs' per-minute energy and power are read while the step log is (the reader's
+    # connection pool is thread-safe): influxd answers each query on one core, and for a
+    # 16,384-rank job these two are most of the task's time.
+    pool = ThreadPoolExecutor(max_workers=1)
     try:
-        steps = reader.read(
-            "job_step",
-            start_ns,
-            end_ns,
-            fields=["step_index", "step_time_s", "tokens_count"],
-            tags=["cluster", "node", "rank"],
-            where=_where(cfg, job=job),
-        ).drop_nulls(["step_index", "step_time_s", "rank"])
-        models = reader.read("job_model", None, end_ns, where=_where(cfg, job=job))
-        gpu = reader.aggregate(
+        gpu_read = pool.submit(
+            reader.aggregate,
             "gpu",
             {
                 "energy_j_total": "last:energy_j_total",
@@ -228,6 +225,15 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             group_tags=["node", "gpu"],
             where=_where(cfg, job=job),
         )
+        steps = reader.read(
+            "job_step",
+            start_ns,
+            end_ns,
+            fields=["step_index", "step_time_s", "tokens_count"],
+            tags=["cluster", "node", "rank"],
+            where=_where(cfg, job=job),
+        ).drop_nulls(["step_index", "step_time_s", "rank"])
+        models = reader.read("job_model", None, end_ns, where=_where(cfg, job=job))
         since = end_ns - int(cfg.hangs.lookback_s * 1e9)
         last = _last_per_rank(reader, cfg, job, "job_step", "step_index", since, end_ns)
         hang = _hang(reader, cfg, job, steps, end_ns, last)
@@ -239,7 +245,9 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             fields=["step_index", "save_s"],
             where=_where(cfg, job=job),
         ).drop_nulls(["step_index", "save_s"])
+        gpu = gpu_read.result()
     finally:
+        pool.shutdown(wait=True)
         reader.close()
     cluster = str(steps["cluster"].drop_nulls()[0]) if steps.height else ""
     result = JobResult(job=job, cluster=cluster or cfg["analysis"]["cluster"], hang=hang, stop=stop)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import csv
 import io
+import threading
 from collections.abc import Mapping, Sequence
 from urllib.parse import urlencode
 
@@ -128,10 +129,12 @@ class InfluxReader:
         self.headers = {"Accept": "application/csv", **auth_headers(username, password, token)}
         self.timeout = urllib3.Timeout(connect=5.0, read=timeout_s)
         self._pool: urllib3.PoolManager | None = None
+        self._pool_lock = threading.Lock()  # queries may come from several threads at once
 
     def query_csv(self, query: str) -> bytes:
-        if self._pool is None:
-            self._pool = urllib3.PoolManager(num_pools=2, maxsize=4, retries=False)
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = urllib3.PoolManager(num_pools=2, maxsize=4, retries=False)
         params = {
             "db": self.database,
             "q": query,
