@@ -188,6 +188,24 @@ def advise(
 # -- from the store ---------------------------------------------------------------------------
 
 
+def _findings(
+    reader: InfluxReader,
+    start_ns: int,
+    end_ns: int,
+    where: Mapping[str, str] | None,
+    **match: str,
+) -> pl.DataFrame:
+    """The findings about a node in ``[start_ns, end_ns)`` whose tags match: time and node."""
+    return reader.read(
+        "finding",
+        start_ns,
+        end_ns,
+        fields=["finding_id"],
+        tags=["node"],
+        where={**(where or {}), **match},
+    ).drop_nulls("node")
+
+
 def fleet_failure_rate(
     reader: InfluxReader,
     start_ns: int,
@@ -201,14 +219,7 @@ def fleet_failure_rate(
     reported; with the StepFun prior times ``prior_scale`` (1 in production; a compressed
     scenario sets its compression). With ``discount_announced``, it also counts the faults that
     a ``failure_risk`` finding named the node of within ``announce_window_s`` before."""
-    found = reader.read(
-        "finding",
-        start_ns,
-        end_ns,
-        fields=["finding_id"],
-        tags=["node"],
-        where={**(where or {}), "severity": "critical"},
-    ).drop_nulls("node")
+    found = _findings(reader, start_ns, end_ns, where, severity="critical")
     onsets: dict[str, list[float]] = {}
     merge_ns = int(float(cfg["merge_s"]) * 1e9)
     for (node,), times in found.group_by("node"):
@@ -220,14 +231,8 @@ def fleet_failure_rate(
     announced = 0
     if cfg["discount_announced"] and onsets:
         window_s = float(cfg["announce_window_s"])
-        risks = reader.read(
-            "finding",
-            start_ns - int(window_s * 1e9),
-            end_ns,
-            fields=["finding_id"],
-            tags=["node"],
-            where={**(where or {}), "kind": "failure_risk"},
-        ).drop_nulls("node")
+        since = start_ns - int(window_s * 1e9)
+        risks = _findings(reader, since, end_ns, where, kind="failure_risk")
         warnings: dict[str, list[float]] = {}
         for node, t in zip(risks["node"], risks["time"].dt.epoch("ns"), strict=True):
             warnings.setdefault(str(node), []).append(t / 1e9)
