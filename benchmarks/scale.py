@@ -104,7 +104,8 @@ def run_size(gpus: int, seconds: int, interval_s: int, workers: list[int], tmp: 
     rows = []
     root = tmp / f"influxd-{gpus}-{seconds}s-every-{interval_s}s"
     marker = root / "loaded.json"
-    with LocalInfluxd(root, data=STORE) as server:
+    # a reused store replays its write-ahead log first: minutes at 16,384 GPUs
+    with LocalInfluxd(root, data=STORE).start(timeout_s=1800) as server:
         gen = ScenarioGenerator(spec, seed=7)
         if marker.exists():
             loaded = json.loads(marker.read_text())
