@@ -16,11 +16,11 @@ def by_definition(timings: pl.DataFrame, worker: str, first: int, last: int) -> 
     rank's, times the steps the sample stands for; steps with no other rank give nothing."""
     total = 0.0
     for _, rows in timings.filter(pl.col("step").is_between(first, last)).group_by("step"):
-        others = rows.filter(pl.col("worker") != worker)["time_s"]
-        if others.is_empty():
+        others = rows.filter(pl.col("worker") != worker)["time_s"].to_list()
+        if not others:
             continue
         n = rows["steps"][0] if "steps" in rows.columns else 1
-        total += max(0.0, float(rows["time_s"].max()) - float(others.max())) * n
+        total += max(0.0, max(rows["time_s"].to_list()) - max(others)) * n
     return total
 
 
