@@ -4,6 +4,8 @@
     gpuwarden agent --once                                      # print one cycle, send nothing
                                                                 # (exit 1 if a source failed)
     gpuwarden agent --record /var/tmp/trace --cycles 360        # record what it would send
+    gpuwarden agent --print --cycles 3 --record-nvml nvml.json  # a GPU's NVML answers, as a
+                                                                # golden case (no store needed)
     gpuwarden agent --config agent.toml --print-config          # effective settings as TOML
 
 Settings come from the TOML file, then ``GPUWARDEN_<SECTION>_<KEY>`` environment variables
@@ -156,6 +158,11 @@ def main(argv: list[str] | None = None) -> int:
         help="print one cycle as line protocol; exit 1 if any source failed (a node check)",
     )
     parser.add_argument("--record", metavar="DIR", help="record to a trace instead of sending")
+    parser.add_argument(
+        "--print",
+        action="store_true",
+        help="print line protocol instead of sending (with --cycles: a run that needs no store)",
+    )
     parser.add_argument("--cycles", type=int, help="stop after N cycles")
     parser.add_argument(
         "--record-nvml",
@@ -184,7 +191,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     relay = None
     influx: InfluxSink | None = None
     sink: PointSink
-    if args.once:
+    if args.once or args.print:
         sink = LinePrinter(sys.stdout.write)
     elif args.record:
         sink = TraceRecorder(args.record, f"recorded by gpuwarden agent on {socket.gethostname()}",
