@@ -56,6 +56,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "nvlink": True,
         "gpm": True,
         "processes": True,
+        "pcie_concurrent": True,
         "events": "thread",
         "jobmap_dir": "/run/gpuwarden/jobs",
         "pod_resources_socket": "/var/lib/kubelet/pod-resources/kubelet.sock",

@@ -26,6 +26,8 @@ DCGM: Mapping[str, tuple[str, float, str, str]] = {
     "mem_util_pct": ("DCGM_FI_DEV_MEM_COPY_UTIL", 1.0, "gauge", "Memory utilization (in %)."),
     "mem_used_bytes": ("DCGM_FI_DEV_FB_USED", 1 / 2**20, "gauge",
                        "Framebuffer memory used (in MiB)."),
+    "mem_reserved_bytes": ("DCGM_FI_DEV_FB_RESERVED", 1 / 2**20, "gauge",
+                           "Framebuffer memory reserved (in MiB)."),
     "sm_clock_mhz": ("DCGM_FI_DEV_SM_CLOCK", 1.0, "gauge", "SM clock frequency (in MHz)."),
     "mem_clock_mhz": ("DCGM_FI_DEV_MEM_CLOCK", 1.0, "gauge", "Memory clock frequency (in MHz)."),
     "gpu_temp_c": ("DCGM_FI_DEV_GPU_TEMP", 1.0, "gauge", "GPU temperature (in C)."),

@@ -16,6 +16,10 @@ Calls whose real form is awkward are given a plain shape here:
   ``ERROR_NOT_READY`` (gpuwarden's own code), so those fields are left out once.
 * ``nvmlEventSetWait(timeout_ms)``: waits for a critical-XID event on any device and answers
   ``[device_index, event_type, event_data]`` or ``None`` on timeout.
+* ``nvmlDeviceGetMemoryInfo()``: ``[total, used, reserved]`` from the v2 struct, where ``used``
+  leaves out the driver's own reserve as nvidia-smi and DCGM do; ``[total, used]`` from v1
+  (``used`` then includes the reserve: 1.57 GB against v2's 0.93 GB on a REAL idle-ish H200,
+  driver 580.159.04) where the driver or binding has no v2.
 * ``nvmlDeviceGetGpuFabricInfo()``: ``[state, status, health_mask]`` from
   ``nvmlDeviceGetGpuFabricInfoV`` (``health_mask`` None where only the unversioned function
   exists); a GPU outside an NVLink fabric raises ``ERROR_NOT_SUPPORTED``.

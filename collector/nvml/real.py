@@ -26,6 +26,8 @@ from collector.nvml.backend import (
 )
 
 log = logging.getLogger(__name__)
+# what a driver without a versioned struct answers for it
+_NO_VERSION = (ERROR_FUNCTION_NOT_FOUND, ERROR_NOT_SUPPORTED, ERROR_ARGUMENT_VERSION_MISMATCH)
 
 
 def _text(value: Any) -> str:
@@ -98,6 +100,10 @@ def _field_value(fv: Any) -> list[Any]:
 class PynvmlBackend:
     """Answers calls from the driver. Construct freely; ``init`` loads libnvidia-ml."""
 
+    #: NVML is thread-safe, and some calls wait in the driver (the PCIe throughput's 20 ms
+    #: sample): the NVML source may make those at the same time (:class:`PcieSampler`)
+    concurrent_calls = True
+
     def __init__(self) -> None:
         self._nv: Any = None
         self._handles: dict[int, Any] = {}
@@ -106,6 +112,7 @@ class PynvmlBackend:
         self._fast_fields = False
         self._provenance = ""
         self._gpm_supported: dict[int, bool] = {}
+        self._memory_v2: bool | None = None  # None: not tried yet
         self._field_requests: dict[Any, tuple[Any, bytes, struct.Struct]] = {}
         self._lock = threading.Lock()
 
@@ -181,7 +188,20 @@ class PynvmlBackend:
         return [int(u.gpu), int(u.memory)]
 
     def _memory(self, device: int) -> list[int]:
-        m = self._nv.nvmlDeviceGetMemoryInfo(self._handle(device))
+        nv = self._nv
+        h = self._handle(device)
+        version = getattr(nv, "nvmlMemory_v2", None)
+        if version is not None and self._memory_v2 is not False:
+            try:
+                m = nv.nvmlDeviceGetMemoryInfo(h, version=version)
+            except nv.NVMLError as exc:  # a driver without v2; any other failure is real
+                if int(exc.value) not in _NO_VERSION:
+                    raise
+                self._memory_v2 = False
+            else:
+                self._memory_v2 = True
+                return [int(m.total), int(m.used), int(m.reserved)]
+        m = nv.nvmlDeviceGetMemoryInfo(h)
         return [int(m.total), int(m.used)]
 
     def _field_values(self, device: int, ids: Any) -> list[Any]:

@@ -260,6 +260,11 @@ class Recorder:
         self._state: dict[str, Any] = {}
         self._lock = threading.Lock()
 
+    @property
+    def concurrent_calls(self) -> bool:
+        """As the backend it records (its answers are noted under a lock)."""
+        return bool(getattr(self.inner, "concurrent_calls", False))
+
     def init(self) -> None:
         self.inner.init()
 

@@ -52,6 +52,8 @@ NOT_AVAILABLE_ULL = 2**64 - 1  # NVML_VALUE_NOT_AVAILABLE as unsigned long long
 VALUE_DOUBLE, VALUE_ULL, VALUE_SLL = 0, 3, 4  # nvmlValueType_t
 DEVICE_BASE = 0x1000  # handle of GPU i: this address plus i (never dereferenced)
 GPM_METRICS_GET_VERSION = 1
+FUNCTION_NOT_FOUND = 13
+MEMORY_V2 = 40 | 2 << 24  # nvmlMemory_v2: sizeof(nvmlMemory_v2_t) | 2 << 24
 FABRIC_INFO_V2 = 36 | 2 << 24  # nvmlGpuFabricInfo_v2: sizeof(nvmlGpuFabricInfo_v2_t) | 2 << 24
 
 
@@ -257,10 +259,25 @@ class FakeLibrary:
         return code
 
     def c_nvmlDeviceGetMemoryInfo(self, handle: Any, out: Any) -> int:
+        """v1: ``used`` counts the driver's reserve (a v2 recording's used + reserved)."""
         code, memory = self._ask(self._index(handle), "nvmlDeviceGetMemoryInfo")
         if code == SUCCESS:
-            total, used = memory
+            total, used = memory[0], sum(memory[1:])
             _obj(out).total, _obj(out).used, _obj(out).free = total, used, total - used
+        return code
+
+    def c_nvmlDeviceGetMemoryInfo_v2(self, handle: Any, out: Any) -> int:
+        """v2, where the recording holds ``[total, used, reserved]``; a recording of v1's two
+        numbers was made where the driver had no v2: function not found."""
+        if int(_obj(out).version) != MEMORY_V2:
+            return ARGUMENT_VERSION_MISMATCH
+        code, memory = self._ask(self._index(handle), "nvmlDeviceGetMemoryInfo")
+        if code == SUCCESS:
+            if len(memory) != 3:
+                return FUNCTION_NOT_FOUND
+            m = _obj(out)
+            m.total, m.used, m.reserved = memory
+            m.free = m.total - m.used - m.reserved
         return code
 
     def _fabric(self, handle: Any, out: Any, versioned: bool) -> int:

@@ -16,6 +16,9 @@ answered "not supported" is not asked again; a function the driver lacks is logg
 
 from __future__ import annotations
 
+import math
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -217,6 +220,7 @@ class Reader:
         self.backend = backend
         self.warn = warn
         self.errors = 0
+        self._lock = threading.Lock()  # PcieSampler's threads ask too
 
     def ask(self, dev: Device, label: str, name: str, *args: Any) -> Any:
         """The answer, or None when it is not available (never 0 or -1)."""
@@ -239,20 +243,71 @@ class Reader:
                 self.warn(f"perm:{name}", f"NVML: no permission for {name}; skipped (GPM and "
                           "some counters need root or CAP_SYS_ADMIN in a container)")  # fmt: skip
             else:
-                self.errors += 1
+                with self._lock:
+                    self.errors += 1
                 self.warn(f"err:{name}:{exc.code}", f"NVML: {exc}")
             return None
         except Exception as exc:  # a binding's or a driver's surprise costs this answer only
-            self.errors += 1
+            with self._lock:
+                self.errors += 1
             self.warn(f"exc:{name}:{type(exc).__name__}",
                       f"NVML: {name}[{dev.index}] raised {type(exc).__name__}: {exc}")  # fmt: skip
             return None
 
 
-def read_gpu(reader: Reader, dev: Device, gpm: bool) -> dict[str, Any]:
+# nvmlDeviceGetPcieThroughput samples for 20 ms before it answers (20.8 ms a call on a REAL
+# H200, driver 580.159.04; 0.02 ms for the other plain calls): asked one after another, TX and
+# RX cost 42 ms a GPU, 333 ms a cycle on 8 GPUs. The calls wait in the driver, not on a CPU,
+# and two at once on one GPU took 21 ms (docs/NVML-REAL.md), so :class:`PcieSampler` asks them
+# all at once.
+PCIE_LABELS = frozenset({"pcie_tx", "pcie_rx"})
+PCIE_CALLS = tuple(c for c in PLAIN_CALLS if c[0] in PCIE_LABELS)
+
+
+class PcieSampler:
+    """Every GPU's PCIe throughput, TX and RX, asked at the same time on a small pool of
+    threads (one per call; made at first use, closed with the source). Each answer is a
+    future that :func:`read_gpu` takes in the GPU's own turn, so a GPU lost during its sample
+    ends that GPU's cycle as any other call's loss does."""
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self._size = 0
+
+    def start(self, reader: Reader, devices: list[Device]) -> dict[int, dict[str, Future[Any]]]:
+        calls = [(d, c) for d in devices if not d.lost for c in PCIE_CALLS if c[0] not in d.skip]
+        if not calls:
+            return {}
+        if self._pool is None or self._size < len(calls):
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)
+            self._pool = ThreadPoolExecutor(len(calls), thread_name_prefix="nvml-pcie")
+            self._size = len(calls)
+        out: dict[int, dict[str, Future[Any]]] = {}
+        for dev, (label, name, args) in calls:
+            out.setdefault(dev.index, {})[label] = self._pool.submit(
+                reader.ask, dev, label, name, *args
+            )
+        return out
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def read_gpu(
+    reader: Reader, dev: Device, gpm: bool, pcie: dict[str, Future[Any]] | None = None
+) -> dict[str, Any]:
+    """One cycle's answers for ``dev``; ``pcie``: its PCIe throughput already being asked
+    (:class:`PcieSampler`), else it is asked here with the rest."""
     raw: dict[str, Any] = {}
     for label, name, args in PLAIN_CALLS:
-        raw[label] = reader.ask(dev, label, name, *args)
+        if pcie is not None and label in PCIE_LABELS:
+            future = pcie.get(label)
+            raw[label] = future.result() if future is not None else None
+        else:
+            raw[label] = reader.ask(dev, label, name, *args)
     raw["fields"] = reader.ask(dev, "fields", "nvmlDeviceGetFieldValues", dev.field_ids)
     if gpm:
         raw["gpm"] = reader.ask(dev, "gpm", "nvmlGpmMetricsGet", GPM_IDS)
@@ -271,13 +326,24 @@ def _pair(value: Any) -> tuple[float, float] | None:
     return None if a is None or b is None else (a, b)
 
 
+def _memory(value: Any, f: dict[str, Any]) -> None:
+    """``[total, used]`` (v1) or ``[total, used, reserved]`` (v2; used without the reserve)."""
+    if not isinstance(value, list) or len(value) not in (2, 3):
+        return
+    numbers = [_num(v) for v in value]
+    if any(n is None for n in numbers):
+        return
+    f["mem_total_bytes"], f["mem_used_bytes"] = int(value[0]), int(value[1])
+    if len(value) == 3:
+        f["mem_reserved_bytes"] = int(value[2])
+
+
 def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[int, dict[str, Any]]]:
     """GPU fields and per-link NVLink fields from one cycle's answers (pure)."""
     f: dict[str, Any] = {}
     if (util := _pair(raw.get("util"))) is not None:
         f["gpu_util_pct"], f["mem_util_pct"] = util
-    if (memory := _pair(raw.get("memory"))) is not None:
-        f["mem_total_bytes"], f["mem_used_bytes"] = int(memory[0]), int(memory[1])
+    _memory(raw.get("memory"), f)
     for label, name, static_label, static_name in CLOCKS:
         value = _num(raw.get(label))
         if value is not None:
@@ -327,7 +393,9 @@ def parse_gpu(dev: Device, raw: dict[str, Any]) -> tuple[dict[str, Any], dict[in
     if isinstance(gpm, list):
         for (name, _), answer in zip(GPM_METRICS.items(), gpm, strict=False):
             ok = isinstance(answer, list) and len(answer) == 2 and answer[0] == 0
-            if ok and (v := _num(answer[1])) is not None:
+            # NaN: GPM's two samples were too close together (a REAL H200 answered NaN for
+            # DRAM bandwidth over samples taken back to back); no reading, not a bad one
+            if ok and (v := _num(answer[1])) is not None and not math.isnan(v):
                 f[name] = v
     return f, links
 

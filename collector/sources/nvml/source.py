@@ -24,6 +24,7 @@ from collector.sources.nvml.poll import (
     Device,
     FieldLayout,
     GpuLostError,
+    PcieSampler,
     Reader,
     field_request,
     parse_gpu,
@@ -47,6 +48,8 @@ class NvmlSource:
         self.nvlink = bool(settings.get("nvlink", True))
         self.gpm = bool(settings.get("gpm", True))
         self.processes = bool(settings.get("processes", True))
+        self.pcie_concurrent = bool(settings.get("pcie_concurrent", True))
+        self._pcie = PcieSampler()
         self.events = str(settings.get("events", "thread"))
         if self.events not in MODES:
             raise SourceError(f"nvml.events must be thread, poll or off, got {self.events!r}")
@@ -141,11 +144,14 @@ class NvmlSource:
         points: list[Point] = []
         reads: list[tuple[Device, dict[str, Any]] | Point] = []  # a Point: the GPU was lost
         driver_asked = False
+        pcie = {}
+        if self.pcie_concurrent and getattr(self._backend, "concurrent_calls", False):
+            pcie = self._pcie.start(self._reader, self._devices)
         for dev in self._devices:
             if dev.lost and not answers_again(self._backend, dev):
                 continue
             try:
-                raw = read_gpu(self._reader, dev, self.gpm)
+                raw = read_gpu(self._reader, dev, self.gpm, pcie.get(dev.index))
                 if dev.info_ns is None or now_ns - dev.info_ns >= self.info_every_ns:
                     if not driver_asked:  # once for all the GPUs that are due
                         self._driver, driver_asked = driver_version(self._reader), True
@@ -207,6 +213,7 @@ class NvmlSource:
         return self._reader.errors if self._reader else 0
 
     def close(self) -> None:
+        self._pcie.close()
         self.xids.stop()
         self.tagger.close()
         if self._backend is not None and self._devices is not None:
