@@ -107,6 +107,11 @@ class Setup:
     discount_announced: bool = False
     """With prediction on, cadence counts only the faults no alert warned of (``[cadence]
     discount_announced``; off, as the product's default)."""
+    alert_action: str = "move"
+    """What a risk alert does: ``move`` (the default policy ``predicted-gpu-failure``:
+    checkpoint, drain, requeue) or ``checkpoint`` (a policy with ``actions = ["notify",
+    "checkpoint"]``: the job saves and carries on where it is; a false alarm costs one save,
+    not a save and a restart)."""
     lemon_count: int = 3
     lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
     slurmd_timeout_s: float = 300.0
@@ -126,6 +131,7 @@ class Badput:
     stops: int = 0
     failed_starts: int = 0
     moves: int = 0
+    warned_saves: int = 0
     intervals: list[float] = field(default_factory=list)
 
     @property
@@ -156,6 +162,7 @@ class _Day:
         self.s, self.levers = s, levers
         self.out_until: dict[str, float] = {}  # drained by gpuwarden, until then (inf: lemon)
         self.taken_out: dict[str, list[float]] = {}  # when gpuwarden took each node out
+        self.saved_on: dict[str, list[float]] = {}  # when an alert on it made the job save
         self.by_hand: dict[str, tuple[float, float]] = {}  # a person's drain: from, until
         self.trace: list[tuple[float, str, float, float, list[str]]] = []
 
@@ -175,10 +182,13 @@ class _Day:
         return not self.drained(node, t)
 
     def may_act(self, node: str, t: float) -> bool:
-        """Whether the engine's guards let a risk alert take ``node`` out: not within
-        ``cooldown_s`` of the last time, and not past the blast-radius cap."""
-        if any(0 <= t - x < self.s.cooldown_s for x in self.taken_out.get(node, [])):
+        """Whether the engine's guards let a risk alert act on ``node``: not within
+        ``cooldown_s`` of the last time, and (when it drains) not past the blast-radius cap."""
+        acted = self.taken_out.get(node, []) + self.saved_on.get(node, [])
+        if any(0 <= t - x < self.s.cooldown_s for x in acted):
             return False
+        if self.s.alert_action == "checkpoint":
+            return True
         return len({n for n in self.s.pool if self.drained(n, t)}) < self.s.max_out
 
     def drain(self, node: str, t: float, until_s: float) -> bool:
@@ -285,6 +295,12 @@ class _Day:
             seen_until = end + 1e-9
             if end >= s.day_s:
                 break
+            if alert is not None and not dead and s.alert_action == "checkpoint":
+                b.checkpoint_s += s.cost_s  # the engine's checkpoint request; it carries on
+                b.warned_saves += 1
+                self.saved_on.setdefault(alert.node, []).append(end)
+                t = end + s.cost_s
+                continue
             if alert is not None and not dead:
                 b.moves += 1
                 b.checkpoint_s += s.cost_s  # the engine's checkpoint request

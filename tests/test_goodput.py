@@ -234,3 +234,23 @@ def test_a_person_who_drains_the_broken_node_shortens_the_reactive_loss() -> Non
     assert (
         simulate([XID79], [], _setup(operator_s=900.0), Levers(isolation=True)).failed_starts == 0
     )
+
+
+def test_a_checkpoint_only_alert_saves_and_carries_on() -> None:
+    """``alert_action = "checkpoint"``: the job saves on the alert and stays where it is."""
+    s = _setup(alert_action="checkpoint")
+    warned = simulate([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True))
+    # saves at 3600-3700 and on the alert, 4000-4100; the fault at 5000 stops it: recompute
+    # 900 (not 1300); it restarts at 5600 on n0,n1 (no isolation): fails twice, as reactive
+    assert warned.moves == 0 and warned.warned_saves == 1 and warned.stops == 1
+    assert warned.recompute_s == pytest.approx(900.0)
+    assert warned.checkpoint_s == pytest.approx(s.cost_s * (2 + 3))  # + 3 after the restart
+    # a false alarm costs one save, not a save and a restart
+    false = simulate([], [Alert("n1", 4000.0)], s, Levers(prediction=True))
+    quiet = simulate([], [], s, Levers())
+    assert false.total_s - quiet.total_s == pytest.approx(s.cost_s)
+    moved = simulate([], [Alert("n1", 4000.0)], _setup(), Levers(prediction=True))
+    assert moved.total_s - quiet.total_s == pytest.approx(s.cost_s + s.restart_s)
+    # the cooldown holds: a second alert within 1800 s only notifies
+    twice = simulate([], [Alert("n1", 4000.0), Alert("n1", 5000.0)], s, Levers(prediction=True))
+    assert twice.warned_saves == 1
