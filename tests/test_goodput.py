@@ -106,7 +106,7 @@ def test_advice_says_what_it_gains() -> None:
     assert advise("llm", 12, 0.01, 3600.0, rate, min_interval_s=60.0).advised_s == 60.0
 
 
-def _setup(**kw: float) -> Setup:
+def _setup(**kw: float | str) -> Setup:
     base = dict(pool=("n0", "n1", "n2", "n3"), job_nodes=2, day_s=20_000.0, interval_s=3600.0,
                 cost_s=100.0, restart_s=600.0, horizon_s=3600.0, max_out=2)  # fmt: skip
     return Setup(**(base | kw))  # type: ignore[arg-type]
