@@ -232,7 +232,6 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             fields=["step_index", "step_time_s", "tokens_count"],
             tags=["cluster", "node", "rank"],
             where=_where(cfg, job=job),
-            by_series=True,  # one series a rank: influxd's merge of them is the cost
         ).drop_nulls(["step_index", "step_time_s", "rank"])
         models = reader.read("job_model", None, end_ns, where=_where(cfg, job=job))
         since = end_ns - int(cfg.hangs.lookback_s * 1e9)

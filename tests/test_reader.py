@@ -129,20 +129,3 @@ def test_aggregating_here_needs_buckets(loaded):
     with pytest.raises(ValueError, match="needs buckets"):
         loaded.aggregate("gpu", {"p": "last:power_w"}, 0, 1, every_s=None, group_tags=[],
                          here=True)  # fmt: skip
-
-
-def test_series_by_series_gives_the_same_rows_in_time_order(loaded):
-    """``by_series``: influxd answers per series (``GROUP BY *``); the frame has the merged
-    answer's rows in time order, the points of one time in series-key order (tags by name:
-    cluster, gpu, node), where the merged answer orders them its own way."""
-    kw = {"fields": ["power_w", "ecc_dbe_volatile_total"], "tags": ["cluster", "node", "gpu"]}
-    merged = loaded.read("gpu", **kw)
-    assert merged.height == 18
-    by_series = loaded.read("gpu", by_series=True, **kw)
-    assert by_series.equals(merged.sort(["time", "cluster", "gpu", "node"]))
-    window = {"where": {"node": "n2"}, **kw}
-    one = loaded.read("gpu", 10**18 + 10**9, 10**18 + 3 * 10**9, by_series=True, **window)
-    assert one.height == 4 and one["time"].is_sorted()
-    assert one.equals(
-        loaded.read("gpu", 10**18 + 10**9, 10**18 + 3 * 10**9, **window).sort(["time", "gpu"])
-    )

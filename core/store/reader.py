@@ -195,25 +195,15 @@ class InfluxReader:
         fields: Mapping[str, FieldType] | Sequence[str] | None = None,
         tags: Sequence[str] | None = None,
         where: Mapping[str, str | Sequence[str]] | None = None,
-        by_series: bool = False,
     ) -> pl.DataFrame:
         """A typed frame: ``time`` (Datetime ns, UTC), the tag columns, the field columns.
 
         Types come from the catalogue; for a measurement outside it pass ``fields`` as a
         mapping of name to :class:`FieldType`.
-
-        ``by_series``: InfluxDB answers series by series (``GROUP BY *``) and the frame
-        is put in time order here: the same rows as without it, the points of one time in
-        series-key order (a merged answer orders those its own way). A raw query over many
-        series costs influxd more per row the more series it merges into one time-ordered
-        stream: 4.4 us a row at 4,096 series, 8.1 at 16,384 (a job's step log, one series a
-        rank); series by series, 62 s instead of 95 s at 16,384 (docs/SCALE.md).
         """
         types = _field_types(measurement, fields)
         tag_names = list(tags) if tags is not None else list(_catalogue_tags(measurement))
         query = build_select(measurement, list(types), tag_names, start_ns, end_ns, where)
-        if by_series:  # every tag: the groups are the series, in series-key order
-            query += " GROUP BY *"
         df = self.raw(query)
         schema: dict[str, pl.DataType] = {"time": pl.Datetime("ns", "UTC")}
         schema.update({t: pl.String() for t in tag_names})
@@ -230,12 +220,7 @@ class InfluxReader:
                 columns.append((pl.col(name) == "true").alias(name))
             else:
                 columns.append(pl.col(name).cast(dtype))
-        out = df.select(columns)
-        if by_series:
-            # the series come in series-key order; a stable sort by time keeps it for the
-            # points of one time
-            out = out.sort("time", maintain_order=True)
-        return out
+        return df.select(columns)
 
     def tag_values(
         self,
