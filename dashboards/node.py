@@ -53,8 +53,12 @@ def _gpu_panels() -> list[tuple[str, list[AnyPanel]]]:
         ),
         graph(
             "Framebuffer memory",
-            "Memory used and the total",
-            S("gpu", agg("max", "mem_used_bytes", "mem_total_bytes"), group_tags=g),
+            "Memory used, the total, and what the driver reserves (NVML v2; not in used)",
+            S(
+                "gpu",
+                agg("max", "mem_used_bytes", "mem_total_bytes", "mem_reserved_bytes"),
+                group_tags=g,
+            ),
             unit="bytes",
             alias=PER_GPU,
         ),
