@@ -31,7 +31,15 @@ The levers, each on or off:
   lands on it until it is repaired;
 * ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
   gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` stays out for the rest of
-  the day (until an operator returns it).
+  the day (until an operator returns it);
+* ``async_save``: the job saves on its cadence through the job-side
+  :class:`collector.jobside.background_save.BackgroundSave`: a save holds training up for
+  ``snapshot_s`` (the copy to host memory), and the checkpoint is on storage ``cost_s -
+  snapshot_s`` later, while training goes on. A stop before that falls back to the save
+  before. One write at a time: an interval shorter than the write waits for it, and the wait
+  counts as held. Cadence then advises from the held time (what the job reports as
+  ``save_s``). A save the engine asks for is made durable before the job answers, so it costs
+  ``cost_s`` as before.
 
 The engine's guards hold in every arm that acts: at most ``max_out`` nodes out at once, and no
 second action on a node within ``cooldown_s`` of the last (a risk alert then only notifies).
@@ -50,7 +58,7 @@ from dataclasses import dataclass, field
 from analytics.cadence import advise, count_announced, failure_rate, stepfun_rate_per_node_s
 from simulation.faulttypes import Fault, of
 
-LEVERS = ("prediction", "cadence", "isolation", "lemon")
+LEVERS = ("prediction", "cadence", "isolation", "lemon", "async_save")
 
 
 @dataclass(frozen=True)
@@ -77,6 +85,7 @@ class Levers:
     cadence: bool = False
     isolation: bool = False
     lemon: bool = False
+    async_save: bool = False
 
     @classmethod
     def all(cls) -> Levers:
@@ -97,6 +106,8 @@ class Setup:
     day_s: float
     interval_s: float = 3600.0
     cost_s: float = 280.0
+    snapshot_s: float = 12.0
+    """With ``async_save``: how long a save holds training up (the copy to host memory)."""
     restart_s: float = 600.0
     horizon_s: float = 7200.0
     prior_scale: float = 150.0
@@ -165,6 +176,16 @@ class _Day:
         self.saved_on: dict[str, list[float]] = {}  # when an alert on it made the job save
         self.by_hand: dict[str, tuple[float, float]] = {}  # a person's drain: from, until
         self.trace: list[tuple[float, str, float, float, list[str]]] = []
+
+    @property
+    def held_s(self) -> float:
+        """How long a save on the job's cadence holds training up."""
+        return self.s.snapshot_s if self.levers.async_save else self.s.cost_s
+
+    @property
+    def write_s(self) -> float:
+        """How long a cadence save's write runs behind training (0: a synchronous save)."""
+        return max(0.0, self.s.cost_s - self.s.snapshot_s) if self.levers.async_save else 0.0
 
     def broken(self, node: str, t: float) -> Outage | None:
         return next((o for o in self.outages if o.node == node and o.at_s <= t < o.until_s), None)
@@ -240,7 +261,7 @@ class _Day:
         )
         if discount:
             rate = rate.unannounced()
-        a = advise("job", nodes, self.s.cost_s, self.s.interval_s, rate)
+        a = advise("job", nodes, self.held_s, self.s.interval_s, rate)
         return a.advised_s if a.gain >= self.s.min_gain else self.s.interval_s
 
     def detect_s(self, nodes: list[str], t: float) -> float:
@@ -288,9 +309,14 @@ class _Day:
                     None,
                 )
             end = min(stop, alert.at_s if alert else stop, s.day_s)
-            saves = math.floor((end - t) / (tau + s.cost_s))
-            last_save = t + saves * (tau + s.cost_s)
-            b.checkpoint_s += saves * s.cost_s
+            # a save every `period`: tau of training, then held (waiting for the previous
+            # write, then the snapshot); save k holds the state at t + k * period, on storage
+            # `write_s` later (a synchronous save: at once)
+            period = max(tau, self.write_s) + self.held_s
+            saves = math.floor((end - t) / period)
+            durable = saves - (1 if saves and t + saves * period + self.write_s > end else 0)
+            last_save = t + durable * period
+            b.checkpoint_s += saves * (period - tau)
             self.isolate_as_they_break(seen_until, end + 1e-9)
             seen_until = end + 1e-9
             if end >= s.day_s:

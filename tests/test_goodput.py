@@ -197,7 +197,7 @@ def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
 def test_ablation_has_every_arm() -> None:
     arms = ablation(every_subset([XID79], [Alert("n1", 4000.0)], _setup()))
     assert set(arms) == {"reactive", "all", "no-prediction", "no-cadence", "no-isolation",
-                         "no-lemon"}  # fmt: skip
+                         "no-lemon", "no-async_save"}  # fmt: skip
     assert arms["all"].total_s < arms["reactive"].total_s
 
 
@@ -217,7 +217,7 @@ def test_shapley_shares_add_up_to_the_saving() -> None:
     alerts = [Alert("n1", 4000.0)]
     runs = every_subset(outages, alerts, _setup())
     reactive, every, share = runs[frozenset()], runs[frozenset(LEVERS)], shapley(runs)
-    assert set(share) == {"prediction", "cadence", "isolation", "lemon"}
+    assert set(share) == {"prediction", "cadence", "isolation", "lemon", "async_save"}
     assert sum(share.values()) == pytest.approx(reactive.total_s - every.total_s)
     assert share["lemon"] == pytest.approx(0.0)  # no node taken out three times
     assert share["prediction"] > 0 and share["isolation"] > 0
@@ -254,3 +254,45 @@ def test_a_checkpoint_only_alert_saves_and_carries_on() -> None:
     # the cooldown holds: a second alert within 1800 s only notifies
     twice = simulate([], [Alert("n1", 4000.0), Alert("n1", 5000.0)], s, Levers(prediction=True))
     assert twice.warned_saves == 1
+
+
+def test_a_background_save_holds_training_only_for_its_snapshot() -> None:
+    s = _setup(snapshot_s=10.0)  # a 100 s save: 10 s copy, then 90 s written behind training
+    assert simulate([], [], s, Levers()).checkpoint_s == pytest.approx(5 * 100.0)  # every 3700 s
+    quiet = simulate([], [], s, Levers(async_save=True))
+    assert quiet.checkpoint_s == pytest.approx(5 * 10.0)  # every 3610 s: 5 saves by 20,000
+    # a fault at 5000: the save taken at 3610 (on disk at 3700) is where it resumes
+    hit = simulate([XID79], [], s, Levers(async_save=True))
+    assert hit.recompute_s == pytest.approx(5000.0 - 3610.0)
+
+
+def test_a_fault_while_the_save_is_written_falls_back_to_the_save_before() -> None:
+    s = _setup(snapshot_s=10.0, day_s=4000.0)  # the restart (at 4250) is past the day's end
+    during = Outage("n1", 3650.0, 6500.0, "xid79", slurm_sees=False)  # 3610 < 3650 < 3700
+    b = simulate([during], [], s, Levers(async_save=True))
+    assert b.checkpoint_s == pytest.approx(10.0)  # the snapshot was taken, and held training
+    assert b.recompute_s == pytest.approx(3650.0)  # but never reached storage: from the start
+
+
+def test_an_interval_shorter_than_the_write_waits_for_it() -> None:
+    s = _setup(snapshot_s=10.0, interval_s=50.0, day_s=1000.0)
+    # each save waits 40 s for the last write (90 s), then copies for 10: one every 100 s
+    assert simulate([], [], s, Levers(async_save=True)).checkpoint_s == pytest.approx(10 * 50.0)
+
+
+def test_cadence_advises_from_what_a_background_save_holds() -> None:
+    s = _setup(prior_scale=1e5, snapshot_s=10.0)
+    sync = simulate([XID79], [], s, Levers(cadence=True))
+    background = simulate([XID79], [], s, Levers(cadence=True, async_save=True))
+    assert len(background.intervals) == len(sync.intervals) == 4  # a start, three restarts
+    assert all(b < a for b, a in zip(background.intervals, sync.intervals, strict=True))
+    assert background.total_s < sync.total_s
+
+
+def test_a_save_the_engine_asks_for_is_durable_first() -> None:
+    s = _setup(snapshot_s=10.0)
+    warned = simulate([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True, async_save=True))
+    # a background save at 3610 (10 s), the requested save before the move (all 100 s), then
+    # restarted at 4700 on n2, n0: four background saves by 20,000
+    assert warned.moves == 1 and warned.checkpoint_s == pytest.approx(10.0 + 100.0 + 4 * 10.0)
+    assert warned.recompute_s == 0.0

@@ -12,6 +12,12 @@ what a production job does with gpuwarden:
   save held training up (``Reporter.checkpoint``: analytics advises the interval from it);
 * checkpoints at a new interval when asked (``<job>.interval`` request files, answered once
   applied; rank 0 alone decides when a save is due, so it alone applies it);
+* with ``GW_CKPT_ASYNC=1``, saves on its cadence in the background
+  (:class:`collector.jobside.background_save.BackgroundSave`): training waits only for the copy
+  of the state, and the ``save`` line is written once the checkpoint is on disk; a save the
+  engine asked for is made durable before it is acknowledged. ``GW_CKPT_WRITE_DELAY_S`` adds
+  that many seconds to every write (SIMULATED slow shared storage: this job's checkpoint is
+  a few hundred kB);
 * starts from the newest checkpoint in ``GW_CKPT_DIR`` (after a requeue: the last save);
 * dies when its process on a broken GPU is killed, or, on the other ranks, when the
   all-reduce finds that peer gone: srun then ends the step and the batch script exits 42,
@@ -23,6 +29,8 @@ Rank 0 appends one JSON line per event to ``GW_STEPLOG`` (``start``, ``step``, `
 
 from __future__ import annotations
 
+import copy
+import functools
 import json
 import os
 import time
@@ -33,6 +41,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from collector.jobside.background_save import BackgroundSave
 from collector.jobside.checkpoint_hook import CheckpointRequests
 from collector.jobside.reporter import Reporter
 
@@ -60,11 +69,23 @@ def newest_checkpoint(directory: Path) -> Path | None:
     return found[-1] if found else None
 
 
-def save(directory: Path, step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+def state_of(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    return {"step": step, "model": model.state_dict(), "opt": opt.state_dict()}
+
+
+def snapshot(step: int, model: torch.nn.Module, opt: torch.optim.Optimizer) -> dict[str, Any]:
+    """A copy of the state that the next optimizer steps cannot change (a background save)."""
+    return copy.deepcopy(state_of(step, model, opt))
+
+
+def save(directory: Path, saved: dict[str, Any], delay_s: float = 0.0) -> None:
     """Write then rename: a requeue never finds half a checkpoint. The last three are kept."""
+    if delay_s > 0:
+        time.sleep(delay_s)  # SIMULATED slow storage (GW_CKPT_WRITE_DELAY_S)
     directory.mkdir(parents=True, exist_ok=True)
+    step = int(saved["step"])
     tmp = directory / f".ckpt-{step:08d}.pt.tmp"
-    torch.save({"step": step, "model": model.state_dict(), "opt": opt.state_dict()}, tmp)
+    torch.save(saved, tmp)
     tmp.replace(directory / f"ckpt-{step:08d}.pt")
     for old in sorted(directory.glob("ckpt-*.pt"))[:-3]:
         old.unlink(missing_ok=True)
@@ -77,6 +98,8 @@ def main() -> None:
     step_s = float(env.get("GW_STEP_S", "1.0"))
     ckpt_dir = Path(env["GW_CKPT_DIR"])
     every_s = float(env.get("GW_CKPT_EVERY_S", "60"))
+    delay_s = float(env.get("GW_CKPT_WRITE_DELAY_S", "0"))
+    saver = BackgroundSave() if env.get("GW_CKPT_ASYNC", "0") == "1" else None
     total = int(env.get("GW_STEPS", "100000"))
     log = StepLog(env.get("GW_STEPLOG", ""), rank)
     hook = CheckpointRequests(directory=env["GW_REQUEST_DIR"])
@@ -131,13 +154,27 @@ def main() -> None:
         dist.all_reduce(flags, op=dist.ReduceOp.MAX)  # every rank saves at the same step
         if flags.any():
             if rank == 0:
+                why = "request" if flags[0] else "cadence"
                 t_save = time.monotonic()
-                save(ckpt_dir, step, model, opt)
-                rep.checkpoint(step, time.monotonic() - t_save, every_s)
-                log.write("save", step=step, why="request" if flags[0] else "cadence")
+                if saver is not None and not flags[0]:  # behind training; logged when durable
+
+                    def write(saved: dict[str, Any], why: str = why) -> None:
+                        save(ckpt_dir, saved, delay_s)
+                        log.write("save", step=int(saved["step"]), why=why, background=True)
+
+                    held_s = saver.save(step, functools.partial(snapshot, step, model, opt), write)
+                else:  # the engine waits for this one: durable before the acknowledgement
+                    if saver is not None:
+                        saver.wait()
+                    save(ckpt_dir, state_of(step, model, opt), delay_s)
+                    held_s = time.monotonic() - t_save
+                    log.write("save", step=step, why=why)
+                rep.checkpoint(step, held_s, every_s)
             dist.barrier()
             hook.acknowledge(step)
             saved_at = time.monotonic()
+    if saver is not None:
+        saver.wait()
     log.write("done", step=total)
     rep.close()
     dist.destroy_process_group()
