@@ -49,6 +49,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "ib_bucket_s": 10,
         "gpu_bucket_s": 60,
         "nodes_per_task": 32,
+        # a job's step log is read in groups of this many nodes (influxd merges fewer series)
+        "nodes_per_read": 128,
         "topology": "",
         "write_back": True,
         "spool_dir": "/var/lib/gpuwarden/analytics-spool",
@@ -209,8 +211,10 @@ def load_config(
         check_send(config["dask"]["scheduler"])
     if config["cadence"]["announce_window_s"] <= 0:
         raise ConfigError("cadence.announce_window_s must be positive")
-    if a["nodes_per_task"] < 1 or config["dask"]["workers"] < 1:
-        raise ConfigError("analysis.nodes_per_task and dask.workers must be at least 1")
+    if a["nodes_per_task"] < 1 or a["nodes_per_read"] < 1 or config["dask"]["workers"] < 1:
+        raise ConfigError(
+            "analysis.nodes_per_task, analysis.nodes_per_read and dask.workers must be at least 1"
+        )
     try:
         config.drift  # noqa: B018  (validates [drift] now, not at the first analysis)
         config.hangs  # noqa: B018

@@ -8,6 +8,10 @@ by the Dask runner with 1 and with 2 worker processes (LocalCluster). Reported p
 time, the driver's and the workers' peak memory (each process's VmHWM), and the bytes read
 from influxd (its ``httpd`` statistics, ``queryRespBytes``).
 
+Each size is analysed with the store at rest (:func:`settle`): the hour in influxd's TSM
+files, none of it in its in-memory cache, as a production store holds all but its last
+minutes. A job's step log is read ``analysis.nodes_per_read`` nodes at a time (128).
+
 Then the exponent of time against GPUs (least squares on log-log, best of the worker counts
 at each size): 1.0 is linear. Last lines: ``scale_exponent=<b>`` and ``gpus_<largest>_s=<x>``
 (target: <= 300 s at 16,384 GPUs; the largest size run is the one printed).
@@ -71,11 +75,47 @@ def fit_exponent(points: list[tuple[int, float]]) -> float:
     return num / den if den else float("nan")
 
 
-STORE = {"cache-snapshot-memory-size": 2**30, "cache-max-memory-size": 4 * 2**30}
+STORE: dict[str, int | str] = {
+    "cache-snapshot-memory-size": 2**30,
+    "cache-max-memory-size": 4 * 2**30,
+    "cache-snapshot-write-cold-duration": "10s",
+}
 """influxd's ``[data]`` settings here. With its defaults (a 25 MB cache snapshot) the
 16,384-GPU load ran at 2,400 points/s: every snapshot wrote a TSM file keyed by all of the
 fleet's ~1.6 M series-fields with a handful of values each, then compacted it. A store for a
-fleet this size needs its cache sized to hold several samples of every series."""
+fleet this size needs its cache sized to hold several samples of every series. Once the load
+stops, the cache is written to TSM files after 10 s (influxd's default: 10 min), and
+:func:`settle` waits for that before the analysis."""
+
+
+def _engine_busy(server: LocalInfluxd) -> tuple[int, int]:
+    """(bytes in influxd's in-memory caches, compactions running), from ``/debug/vars``."""
+    with urllib.request.urlopen(f"{server.url}/debug/vars", timeout=30) as resp:
+        stats = json.loads(resp.read())
+    cached = running = 0
+    for key, entry in stats.items():
+        values = entry.get("values", {}) if isinstance(entry, dict) else {}
+        if key.startswith("tsm1_cache"):
+            cached += int(values.get("memBytes", 0))
+        elif key.startswith("tsm1_engine"):
+            running += sum(int(v) for k, v in values.items() if k.endswith("CompactionsActive"))
+    return cached, running
+
+
+def settle(server: LocalInfluxd, timeout_s: float = 3600.0) -> float:
+    """Wait until the store is at rest: its cache written to TSM files and no compaction
+    running (three polls in a row), as a production store holds every hour but its last
+    minutes. Without this the stores differ by size: the 1,024-GPU hour fits in the 1 GiB
+    cache, the 16,384-GPU one half does, and a query pays to sort cached points that TSM
+    files hold sorted. Seconds waited."""
+    t0 = time.perf_counter()
+    quiet = 0
+    while quiet < 3:
+        if time.perf_counter() - t0 > timeout_s:
+            raise TimeoutError(f"influxd still busy after {timeout_s:.0f} s")
+        quiet = quiet + 1 if _engine_busy(server) == (0, 0) else 0
+        time.sleep(5.0)
+    return time.perf_counter() - t0
 
 
 def load(server: LocalInfluxd, gen: ScenarioGenerator, spool: Path) -> dict:
@@ -115,9 +155,11 @@ def run_size(gpus: int, seconds: int, interval_s: int, workers: list[int], tmp: 
             marker.write_text(json.dumps(loaded))
             how = f"loaded in {loaded['load_s']:.0f} s"
         points, fields, load_s = loaded["points"], loaded["fields"], loaded["load_s"]
+        settled_s = settle(server)
         print(f"SIMULATED {gpus:,} GPUs ({nodes} nodes), {seconds} s every {interval_s} s: "
               f"{points:,} points, {fields:,} fields {how} "
-              f"({fields / load_s:,.0f} fields/s into influxd here)", flush=True)  # fmt: skip
+              f"({fields / load_s:,.0f} fields/s into influxd here); at rest after "
+              f"{settled_s:.0f} s more", flush=True)  # fmt: skip
         topo = tmp / f"topology-{gpus}.csv"
         write_topology(dict(zip(gen.node_names, gen.switch_of, strict=True)), topo)
         cfg = with_overrides(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -20,8 +21,11 @@ from analytics.config import DEFAULTS, load_config, with_overrides
 from analytics.emit import findings, points
 from analytics.mfu import model_flops_per_token
 from analytics.runner import DaskExecutor, LocalExecutor, analyse
+from analytics.tasks import job_task, read_steps
 from analytics.topology import TopologyError, load_topology, write_topology
 from core.catalogue import check_point
+from core.store.lineprotocol import Point
+from core.store.reader import InfluxReader
 from core.store.sink import InfluxSink, SinkConfig
 from simulation.generator import TAGS, ScenarioGenerator
 from simulation.spec import load_spec
@@ -334,3 +338,34 @@ def test_badput_splits_a_restart_and_a_straggler_by_cause(influxd, influx_db, tm
     assert b.mixed_config_s == 0.0
     (f,) = [f for f in findings(a) if f.kind == "straggler"]
     assert f.evidence["fix_gain_s"] == pytest.approx(b.straggler_s, abs=0.01)
+
+
+def test_a_job_read_in_node_groups_gives_what_one_read_gives(influxd, influx_db, tmp_path):
+    """``analysis.nodes_per_read``: the step log read three nodes at a time (influxd merges
+    fewer series per query) is the same frame, row for row, as one read, and so is the job's
+    whole result; a rank reported without a ``node`` tag is in it too."""
+    gen, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=600)
+    orphan = Point("job_step", {"cluster": gen.spec.cluster, "job": "llm-13b", "rank": "9999"},
+                   {"step_index": 1, "step_time_s": 1.0}, start + 10**9)  # fmt: skip
+    sink = InfluxSink(SinkConfig(url=influxd.url, database=influx_db,
+                                 spool_dir=str(tmp_path / "spool2")))  # fmt: skip
+    sink.write_points([orphan])
+    assert sink.close(timeout_s=60)
+    grouped = with_overrides(cfg, analysis={"nodes_per_read": 3})
+    reader = InfluxReader(**cfg.reader_kwargs())
+    try:
+        nodes = reader.indexed_tag_values("job_step", "node", {"job": "llm-13b"})
+        assert len(nodes) == len(gen.node_names) > 3  # so several groups
+        one = read_steps(reader, cfg, "llm-13b", start, end)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            several = read_steps(reader, grouped, "llm-13b", start, end, pool)
+    finally:
+        reader.close()
+    assert one.height > 0 and "9999" in set(one["rank"])
+    assert several.equals(one)
+    a, b = job_task(cfg, "llm-13b", start, end), job_task(grouped, "llm-13b", start, end)
+    assert b.mfu is not None  # every rank, and the one without a node tag:
+    assert len(b.rank_node) == len(nodes) * gen.spec.gpus_per_node + 1
+    for f in dataclasses.fields(a):
+        x, y = getattr(a, f.name), getattr(b, f.name)
+        assert x.equals(y) if isinstance(x, pl.DataFrame) else x == y, f.name
