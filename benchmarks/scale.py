@@ -219,6 +219,10 @@ def main() -> None:
               f"{r['worker_mib']:>10.0f} {r['read_bytes'] / 2**20:>9.0f}")  # fmt: skip
     best = {g: min(r["seconds"] for r in rows if r["gpus"] == g) for g in sizes}
     exponent = fit_exponent(sorted(best.items())) if len(best) > 1 else float("nan")
+    if len(sizes) > 1:
+        for n in workers:  # 1 worker: the whole work in turn; more: also how well it spreads
+            each = sorted((r["gpus"], r["seconds"]) for r in rows if r["workers"] == n)
+            print(f"exponent with {n} worker(s): {fit_exponent(each):.2f}")
     print(f"scale_exponent={exponent:.2f}")
     print(f"gpus_{max(sizes)}_s={best[max(sizes)]:.1f}")
 

@@ -57,6 +57,12 @@ class Settings:
 
     step_s: float = 1.0
     checkpoint_every_s: float = 60.0
+    #: SIMULATED slow storage: seconds added to each checkpoint write (the job's state is a few
+    #: hundred kB; a 13B job's synchronous save, 276 s, is 4.6 s at the loop's 60x scale)
+    checkpoint_write_s: float = 0.0
+    #: the proactive arm saves on its cadence in the background (the ``async_save`` lever:
+    #: ``collector.jobside.background_save``); the reactive arm saves synchronously
+    background_saves: bool = True
     agent_interval_s: float = 1.0
     xid_follow_s: float = 0.1  # the agents' [xid] follow_s
     analyze_every_s: float = 15.0
@@ -395,6 +401,8 @@ class LiveArm:
             "GW_REQUEST_DIR": str(w / "requests"),
             "GW_STEPLOG": str(w / "steps.jsonl"),
             "GW_CKPT_EVERY_S": str(self.s.checkpoint_every_s),
+            "GW_CKPT_WRITE_DELAY_S": str(self.s.checkpoint_write_s),
+            "GW_CKPT_ASYNC": "1" if self.arm != "reactive" and self.s.background_saves else "0",
             "GW_STEP_S": str(self.s.step_s),
             "GPUWARDEN_CLUSTER": self.spec.cluster,
         }

@@ -83,7 +83,7 @@ def arm_lines(r: ArmResult) -> list[str]:
         f"  Slurm drains (sinfo)             {', '.join(drains) or 'none'}",
         f"  job (its step log)               {len(lost.runs)} runs, {lost.steps_done} steps; "
         f"{len(lost.stops)} stops: {lost.recomputed} steps recomputed, "
-        f"{lost.idle_s:.0f} s not stepping",
+        f"{lost.idle_s:.0f} s not stepping; {lost.saves_s:.1f} s held by saves",
         f"  work lost                        {lost.gpu_h:.3f} GPU-h ({lost.lost_s:.0f} s of "
         f"{r.gpus} GPUs)",
     ]

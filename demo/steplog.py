@@ -14,7 +14,13 @@ A job that is not stepping when the observation ends (``end``) has lost the same
 paid: the time since its last step, and the steps since its newest checkpoint, which its next
 run will do again.
 
-Work lost is ``recomputed x step time + time not stepping``, in seconds of the whole job, and
+Within a run, a **save holds training up**: the gap from the saved step to the next one, less
+one step's time (a synchronous save: the whole write; a background save: the copy of the
+state). Gaps at steps without a save are not counted: they are the pace of the machine, the
+same in every arm.
+
+Work lost is ``recomputed x step time + time not stepping + time held by saves``, in seconds
+of the whole job, and
 in GPU-hours for the GPUs the job holds. The live loop runs at real time, so these are the
 live run's own seconds, not a scaled-up figure.
 """
@@ -60,9 +66,12 @@ class WorkLost:
     step_s: float
     gpus: int
 
+    saves_s: float = 0.0
+    """Training held up by saves, within runs (see the module docstring)."""
+
     @property
     def lost_s(self) -> float:
-        return sum(s.lost_s for s in self.stops)
+        return sum(s.lost_s for s in self.stops) + self.saves_s
 
     @property
     def gpu_h(self) -> float:
@@ -126,4 +135,10 @@ def work_lost(path: Path, *, step_s: float, gpus: int, end: float | None = None)
             recomputed = last.last_step - newest
             idle = end - last_at - step_s
             stops.append(Stop(last_at, end, recomputed, idle, recomputed * step_s + idle))
-    return WorkLost(runs, stops, step_s, gpus)
+    held = 0.0
+    for r in runs:
+        at = dict(r.steps)
+        for step in {s for s, _, _ in r.saves}:
+            if step in at and step + 1 in at:
+                held += max(0.0, at[step + 1] - at[step] - step_s)
+    return WorkLost(runs, stops, step_s, gpus, held)

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -18,6 +17,8 @@ from collector.jobside.background_save import BackgroundSave
 from core.checkpoint import ack_path, request_path, write_json_atomic
 from testbed.influxd import free_port
 from tests.remediation_util import poll
+from tests.torchrun_util import step_events as _events
+from tests.torchrun_util import torchrun_argv
 
 
 def test_training_waits_for_the_snapshot_not_the_write() -> None:
@@ -81,12 +82,6 @@ def test_a_failed_write_is_raised_to_the_training_loop_not_lost() -> None:
 torch = pytest.importorskip("torch", reason="scripts/bootstrap.sh installs the CPU build of torch")
 
 
-def _events(log: Path) -> list[dict]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-
-
 def test_a_real_job_trains_while_its_checkpoint_is_written(tmp_path: Path) -> None:
     """Each background save is logged once it is on disk, after steps the job trained while
     the (SIMULATED 1.5 s slow) write ran; a save the engine asks for is on disk before it is
@@ -110,11 +105,7 @@ def test_a_real_job_trains_while_its_checkpoint_is_written(tmp_path: Path) -> No
     }
 
     def start(steps: int) -> subprocess.Popen:
-        argv = [
-            sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-            "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}",
-            "-m", "testbed.jobs.train_job",
-        ]  # fmt: skip
+        argv = torchrun_argv("testbed.jobs.train_job", free_port())
         out = (tmp_path / "torchrun.log").open("a")
         return subprocess.Popen(
             argv, env=env | {"GW_STEPS": str(steps)}, stdout=out, stderr=subprocess.STDOUT

@@ -9,7 +9,6 @@ import itertools
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -34,6 +33,8 @@ from remediation.model import Action, Outcome
 from remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
+from tests.torchrun_util import step_events as _events
+from tests.torchrun_util import torchrun_argv
 
 S = 1_000_000_000
 
@@ -58,12 +59,6 @@ def test_the_hook_applies_an_interval_once_and_ignores_bad_ones(tmp_path: Path) 
 
 
 torch = pytest.importorskip("torch", reason="scripts/bootstrap.sh installs the CPU build of torch")
-
-
-def _events(log: Path) -> list[dict]:
-    if not log.exists():
-        return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
 
 
 def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
@@ -92,11 +87,7 @@ def test_a_real_job_reports_its_saves_is_advised_and_takes_a_new_interval(
         "GW_STEPLOG": str(steplog),
     }
     port = free_port()
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-        "-m", "testbed.jobs.train_job",
-    ]  # fmt: skip
+    argv = torchrun_argv("testbed.jobs.train_job", port)
     out = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT)
     t_start = time.time_ns()

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -28,6 +27,7 @@ from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
 from tests.test_analytics import _load
+from tests.torchrun_util import torchrun_argv
 
 S = 10**9
 NO_BEATS = pl.DataFrame()
@@ -230,11 +230,7 @@ def test_a_real_torchrun_job_that_hangs_is_found_and_its_stuck_rank_named(
         "GW_HANG_RANK": "1",
         "GW_HANG_AT": "20",
     }
-    argv = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes=1", "--nproc-per-node=2",
-        "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
-        "-m", "testbed.jobs.hang_job",
-    ]  # fmt: skip
+    argv = torchrun_argv("testbed.jobs.hang_job", port)
     log = (tmp_path / "torchrun.log").open("w")
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
     cfg = with_overrides(

@@ -50,3 +50,16 @@ def test_a_run_killed_before_its_first_step_counts_in_the_time_not_stepping(tmp_
     w = work_lost(log(tmp_path, events), step_s=1.0, gpus=8)
     assert (len(w.runs), len(w.stops)) == (3, 1)
     assert (w.recomputed, w.idle_s) == (5, 20.0)  # 31 - 10 - 1
+
+
+def test_a_save_that_holds_training_up_is_lost_time(tmp_path):
+    """A save at step 5 that held the job 3 s (step 6 at t = 9 instead of 6), one at step 8
+    that held nothing (a background save's copy); a slow step without a save is not counted."""
+    events = run(0, 0, range(1, 6), saves=(5,))  # steps 1-5 at t = 1..5
+    events += [{"event": "step", "t": 9.0, "step": 6}, {"event": "step", "t": 10.0, "step": 7},
+               {"event": "step", "t": 11.0, "step": 8},
+               {"event": "save", "t": 11.5, "step": 8, "why": "cadence", "background": True},
+               {"event": "step", "t": 12.0, "step": 9},
+               {"event": "step", "t": 15.0, "step": 10}]  # fmt: skip
+    w = work_lost(log(tmp_path, events), step_s=1.0, gpus=8)
+    assert w.stops == [] and w.saves_s == 3.0 and w.lost_s == 3.0
