@@ -20,6 +20,7 @@ notifies; the job keeps its checkpoint cadence; Slurm requeues a failed job by i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -184,6 +185,26 @@ class Services:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+@contextlib.contextmanager
+def signals_held(signums: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM)) -> Iterator[None]:
+    """Stop every part without being cut short: a second Ctrl-C (or a SIGTERM) while the parts
+    are being stopped would end the cleanup half way and leave Slurm, the agents and Dask
+    running. Such a signal is noted, and raised as :class:`KeyboardInterrupt` once the block is
+    done. Outside the main thread (where Python cannot set handlers) it does nothing."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    caught: list[int] = []
+    previous = {s: signal.signal(s, lambda signum, frame: caught.append(signum)) for s in signums}
+    try:
+        yield
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    if caught:
+        raise KeyboardInterrupt(f"signal {caught[0]} while every part was being stopped")
 
 
 def wait_for(check: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -562,5 +583,6 @@ class LiveLoop:
                      f"{self.spec.duration_s} s")  # fmt: skip
             live.run(schedule(live) if schedule is not None else ())
         finally:
-            result = live.stop()
+            with signals_held():
+                result = live.stop()
         return result

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 
 from demo.accounting import Move, Stop, compare, last_checkpoint
+from demo.live import signals_held
 from testbed.slurm import slurm_available
 
 H = 3600.0
@@ -114,3 +117,21 @@ def test_the_backtest_gives_the_figures_the_readme_quotes(
     # the spare back from repair on an older driver (SIMULATED config_drift, fixed at 10 h)
     assert "nodes set up unlike the fleet  node-013" in summary
     assert "driver 535.129.03 (fleet 550.90.07" in page and "ECC off (fleet on" in page
+
+
+def test_a_second_interrupt_does_not_cut_the_stop_of_every_part_short() -> None:
+    """Stopping an arm's parts runs to its end through a Ctrl-C and a SIGTERM; the
+    interrupt is raised after, and the handlers are put back."""
+    before = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
+    stopped = []
+    raised = pytest.raises(KeyboardInterrupt, match="while every part was being stopped")
+    with raised, signals_held():
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        stopped.append("slurm")  # the handlers ran between these lines, and raised nothing
+        stopped.append("agents")
+    assert stopped == ["slurm", "agents"]
+    assert (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)) == before
+    with signals_held():  # nothing caught: nothing raised
+        stopped.append("again")
+    assert stopped[-1] == "again"
