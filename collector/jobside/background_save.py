@@ -42,8 +42,6 @@ class BackgroundSave:
         self._lock = threading.Lock()
         self.durable_step: int | None = None
         """The step of the newest checkpoint whose write has finished."""
-        self.write_s: float | None = None
-        """How long the last finished write took (it ran behind training)."""
 
     @property
     def in_flight(self) -> bool:
@@ -72,7 +70,6 @@ class BackgroundSave:
         return time.monotonic() - t0
 
     def _write(self, step: int, write: Callable[[Any], None], copy: Any) -> None:
-        t0 = time.monotonic()
         try:
             write(copy)
         except BaseException as exc:  # kept for the training thread: see wait()
@@ -81,4 +78,3 @@ class BackgroundSave:
             return
         with self._lock:
             self.durable_step = step
-            self.write_s = time.monotonic() - t0
