@@ -39,8 +39,8 @@ from typing import Any
 
 import polars as pl
 
-from analytics.scalars import num
-from core.catalogue import CLOCK_EVENT_REASONS
+from gpuwarden.analytics.scalars import num
+from gpuwarden.core.catalogue import CLOCK_EVENT_REASONS
 
 SLOW_REASONS = (
     "hw_slowdown",

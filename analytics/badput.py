@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analytics.mfu import JobThroughput
+from gpuwarden.analytics.mfu import JobThroughput
 
 CAUSES = ("checkpoint", "recompute", "restart", "hang", "straggler", "mixed_config")
 

@@ -28,8 +28,8 @@ from typing import Any
 
 import polars as pl
 
-from core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
-from core.store.reader import InfluxReader
+from gpuwarden.core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
+from gpuwarden.core.store.reader import InfluxReader
 
 DAY_S = 86_400.0
 

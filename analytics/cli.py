@@ -22,22 +22,22 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analytics.config import AnalyticsConfig, load_config
-from analytics.importers import (
+from gpuwarden.analytics.config import AnalyticsConfig, load_config
+from gpuwarden.analytics.importers import (
     TraceFormatError,
     cite,
     optype_slowdowns,
     read_minibatch_csv,
     read_whatif_trace,
 )
-from analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
-from analytics.silence import Confirmed
-from analytics.stragglers import Straggler, detect
-from analytics.whatif import job_slowdown
-from core.config import ConfigError
-from core.errors import GpuwardenError
-from core.metrics import Metric
-from core.timeparse import duration_arg, parse_when
+from gpuwarden.analytics.runner import Analysis, analyse, executor_from_config, stderr_progress
+from gpuwarden.analytics.silence import Confirmed
+from gpuwarden.analytics.stragglers import Straggler, detect
+from gpuwarden.analytics.whatif import job_slowdown
+from gpuwarden.core.config import ConfigError
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.metrics import Metric
+from gpuwarden.core.timeparse import duration_arg, parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
 NS = 1_000_000_000
@@ -140,9 +140,9 @@ def _write(
     cfg: AnalyticsConfig, a: Analysis, extra: tuple[list[Any], list[Any]] = ([], [])
 ) -> tuple[int, int]:
     """Write the analysis' points and findings (and ``extra``: the risk scorer's) back."""
-    from analytics.emit import findings, points
-    from core.poster import FindingPoster
-    from core.store.sink import InfluxSink, SinkConfig
+    from gpuwarden.analytics.emit import findings, points
+    from gpuwarden.core.poster import FindingPoster
+    from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 
     found = findings(a) + list(extra[1])
     pts = points(a, found) + list(extra[0])
@@ -200,7 +200,7 @@ def _run(args: argparse.Namespace) -> int:
     window = float(cfg["analysis"]["window_s"])
     model = None
     if cfg["predictor"]["model"]:
-        from analytics.predict.model import ModelError, RiskModel
+        from gpuwarden.analytics.predict.model import ModelError, RiskModel
 
         try:
             model = RiskModel.load(cfg["predictor"]["model"])
@@ -217,7 +217,7 @@ def _run(args: argparse.Namespace) -> int:
     counts = ServiceCounts()
     metrics = None
     if args.every and cfg["analysis"]["metrics_listen"]:
-        from core.metrics import serve_metrics
+        from gpuwarden.core.metrics import serve_metrics
 
         metrics = serve_metrics(cfg["analysis"]["metrics_listen"], counts.metrics)
     try:
@@ -307,15 +307,15 @@ def _risk(
     cfg: AnalyticsConfig, model: Any, start: int, end: int, executor: Any
 ) -> tuple[list[Any], list[Any]]:
     """Failure risk of every GPU that reported in the window, at its end."""
-    from analytics.predict.scoring import score
-    from core.store.reader import InfluxReader
+    from gpuwarden.analytics.predict.scoring import score
+    from gpuwarden.core.store.reader import InfluxReader
 
     reader = InfluxReader(**cfg.reader_kwargs())
     try:
         nodes = reader.tag_values("gpu", "node", "power_w", start, end)
     finally:
         reader.close()
-    from analytics.predict.model import ModelError
+    from gpuwarden.analytics.predict.model import ModelError
 
     if not nodes:
         log.warning("failure risk not scored: no GPU reported power_w in the window")
@@ -334,8 +334,8 @@ def _risk(
 
 
 def _predict(args: argparse.Namespace) -> int:
-    from analytics.predict.cli import run as predict_run
-    from analytics.predict.model import ModelError
+    from gpuwarden.analytics.predict.cli import run as predict_run
+    from gpuwarden.analytics.predict.model import ModelError
 
     cfg = _config(args)
     if cfg is None:
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     run.add_argument("--every", type=duration_arg, help="run periodically, e.g. 60s")
     run.add_argument("--local", action="store_true", help="single process, no Dask")
     run.add_argument("--no-write", action="store_true", help="print only; write nothing back")
-    from analytics.predict.cli import add_commands
+    from gpuwarden.analytics.predict.cli import add_commands
 
     add_commands(sub)
     args = ap.parse_args(argv)

@@ -11,15 +11,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from analytics.congestion import CongestionConfig
-from analytics.culprit import StopConfig
-from analytics.drift import DriftConfig
-from analytics.drift import config_from as drift_config
-from analytics.hangs import HangConfig
-from analytics.hangs import config_from as hang_config
-from analytics.stragglers import StragglerConfig
-from core.config import ConfigError, merge_config, read_secret
-from core.xidcat import DEFAULT_FATAL_XIDS
+from gpuwarden.analytics.congestion import CongestionConfig
+from gpuwarden.analytics.culprit import StopConfig
+from gpuwarden.analytics.drift import DriftConfig
+from gpuwarden.analytics.drift import config_from as drift_config
+from gpuwarden.analytics.hangs import HangConfig
+from gpuwarden.analytics.hangs import config_from as hang_config
+from gpuwarden.analytics.stragglers import StragglerConfig
+from gpuwarden.core.config import ConfigError, merge_config, read_secret
+from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS
 
 SENT_SECRETS = "_secrets"  # [influxdb] key with_secrets() fills; never read from a file
 

@@ -29,8 +29,8 @@ from typing import Any
 
 import polars as pl
 
-from analytics.counters import IB32_MAX, rates
-from analytics.scalars import num
+from gpuwarden.analytics.counters import IB32_MAX, rates
+from gpuwarden.analytics.scalars import num
 
 PORT_KEYS = ("node", "hca", "port")
 RATE_COUNTERS = (

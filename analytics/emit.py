@@ -24,12 +24,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from analytics.cadence import Advice
-from analytics.culprit import Stop
-from analytics.runner import Analysis
-from analytics.tasks import CONGESTION_FIELDS, JobResult
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.analytics.cadence import Advice
+from gpuwarden.analytics.culprit import Stop
+from gpuwarden.analytics.runner import Analysis
+from gpuwarden.analytics.tasks import CONGESTION_FIELDS, JobResult
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 SOURCE = "analytics"
 KIND = {"worker": "straggler", "stage": "pipeline_imbalance", "spread": "load_imbalance"}

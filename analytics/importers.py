@@ -20,7 +20,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics.errors import AnalyticsError
+from gpuwarden.analytics.errors import AnalyticsError
 
 COMPUTE_OPS = ("forward-compute", "backward-compute")
 _WHATIF_COLUMNS = ("dp_rank", "stage", "rank", "step", "optype", "mb_id", "duration")

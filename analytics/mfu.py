@@ -25,9 +25,9 @@ from typing import Any
 
 import polars as pl
 
-from analytics.counters import increases
-from analytics.errors import AnalyticsError
-from analytics.scalars import num
+from gpuwarden.analytics.counters import increases
+from gpuwarden.analytics.errors import AnalyticsError
+from gpuwarden.analytics.scalars import num
 
 T = 1e12
 PEAK_DENSE_FLOPS: dict[str, dict[str, float]] = {

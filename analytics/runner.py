@@ -32,13 +32,13 @@ from typing import Any
 
 import polars as pl
 
-from analytics.badput import Badput, badput
-from analytics.cadence import Advice, fleet_failure_rate, job_advice
-from analytics.config import AnalyticsConfig, check_send
-from analytics.congestion import SwitchReport, job_impact, rank_switches
-from analytics.drift import Drift, JobMix
-from analytics.silence import Silence, silent_nodes
-from analytics.tasks import (
+from gpuwarden.analytics.badput import Badput, badput
+from gpuwarden.analytics.cadence import Advice, fleet_failure_rate, job_advice
+from gpuwarden.analytics.config import AnalyticsConfig, check_send
+from gpuwarden.analytics.congestion import SwitchReport, job_impact, rank_switches
+from gpuwarden.analytics.drift import Drift, JobMix
+from gpuwarden.analytics.silence import Silence, silent_nodes
+from gpuwarden.analytics.tasks import (
     DriftResult,
     JobResult,
     PortsResult,
@@ -47,8 +47,8 @@ from analytics.tasks import (
     job_task,
     ports_task,
 )
-from analytics.topology import load_topology
-from core.store.reader import InfluxReader
+from gpuwarden.analytics.topology import load_topology
+from gpuwarden.core.store.reader import InfluxReader
 
 log = logging.getLogger(__name__)
 

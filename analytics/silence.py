@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from core.store.reader import InfluxReader
+from gpuwarden.core.store.reader import InfluxReader
 
 log = logging.getLogger(__name__)
 NS = 1_000_000_000

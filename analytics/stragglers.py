@@ -39,7 +39,7 @@ from typing import Any
 
 import polars as pl
 
-from analytics.scalars import num
+from gpuwarden.analytics.scalars import num
 
 MAD_TO_SIGMA = 1.4826
 

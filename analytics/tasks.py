@@ -22,14 +22,14 @@ from typing import Any
 
 import polars as pl
 
-from analytics.attribution import attribute
-from analytics.badput import straggler_costs
-from analytics.config import AnalyticsConfig
-from analytics.congestion import RATE_COUNTERS, port_rates, switch_series
-from analytics.culprit import Stop, find_stop
-from analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
-from analytics.hangs import Hang, find_hang, silence
-from analytics.mfu import (
+from gpuwarden.analytics.attribution import attribute
+from gpuwarden.analytics.badput import straggler_costs
+from gpuwarden.analytics.config import AnalyticsConfig
+from gpuwarden.analytics.congestion import RATE_COUNTERS, port_rates, switch_series
+from gpuwarden.analytics.culprit import Stop, find_stop
+from gpuwarden.analytics.drift import INFO_FIELDS, Drift, JobMix, find_drift, find_job_mix
+from gpuwarden.analytics.hangs import Hang, find_hang, silence
+from gpuwarden.analytics.mfu import (
     JobThroughput,
     Mfu,
     ModelShape,
@@ -41,8 +41,8 @@ from analytics.mfu import (
     throughput,
     with_attempts,
 )
-from analytics.stragglers import Straggler, detect
-from core.store.reader import InfluxReader
+from gpuwarden.analytics.stragglers import Straggler, detect
+from gpuwarden.core.store.reader import InfluxReader
 
 CONGESTION_FIELDS = (
     "xmit_util_ratio",

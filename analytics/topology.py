@@ -13,7 +13,7 @@ from pathlib import Path
 
 import polars as pl
 
-from analytics.errors import AnalyticsError
+from gpuwarden.analytics.errors import AnalyticsError
 
 
 class TopologyError(AnalyticsError, ValueError):

@@ -37,12 +37,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from collector import sources
-from collector.agent import Agent
-from collector.nvml.real import PynvmlBackend
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.base import SourceContext
-from core.store.lineprotocol import encode_points
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent
+from gpuwarden.collector.nvml.real import PynvmlBackend
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.store.lineprotocol import encode_points
 from testbed.nvml.fakelib import FakeLibrary, installed
 from testbed.sysfstree import build_node_tree
 

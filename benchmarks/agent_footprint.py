@@ -169,7 +169,7 @@ def main(cycles: int, interval_s: float) -> None:
                 before = gpu_points(influxd)
                 if name == "agent":
                     results[name] = run_agent(
-                        python, ["gpuwarden:main", "agent"], config, work, None, cycles
+                        python, ["gpuwarden.cli:main", "agent"], config, work, None, cycles
                     )
                 else:
                     tree = baseline_tree(root)

@@ -15,10 +15,10 @@ import json
 import tempfile
 from pathlib import Path
 
-from collector import cli as agent_cli
-from collector.aggregate import AggregatingSink
-from collector.config import load_config
-from core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.collector import cli as agent_cli
+from gpuwarden.collector.aggregate import AggregatingSink
+from gpuwarden.collector.config import load_config
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from testbed.influxd import LocalInfluxd
 from testbed.sysfstree import build_node_tree
 

@@ -23,14 +23,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from analytics.config import load_config, with_overrides
-from analytics.congestion import RATE_COUNTERS
-from analytics.runner import Analysis, DaskExecutor, LocalExecutor, analyse
-from analytics.topology import write_topology
-from core.store.reader import InfluxReader
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import ScenarioSpec, parse_spec
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.congestion import RATE_COUNTERS
+from gpuwarden.analytics.runner import Analysis, DaskExecutor, LocalExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.core.store.reader import InfluxReader
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec, parse_spec
 from testbed.influxd import LocalInfluxd
 
 

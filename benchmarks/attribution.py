@@ -32,14 +32,14 @@ from typing import Any
 
 import numpy as np
 
-from analytics.config import load_config, with_overrides
-from analytics.runner import Analysis, LocalExecutor, analyse
-from analytics.topology import write_topology
 from benchmarks.analytics import _spec as bench_spec
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.causes import CAUSES, NONE, Score, score, true_causes
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import ScenarioSpec, parse_spec
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.runner import Analysis, LocalExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.causes import CAUSES, NONE, Score, score, true_causes
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec, parse_spec
 from testbed.influxd import LocalInfluxd
 
 JOB = "llm"

@@ -13,9 +13,9 @@ import time
 from influxdb_client import Point as ClientPoint
 from influxdb_client import WritePrecision
 
-from core.store.lineprotocol import Point, encode_points
-from core.store.lineprotocol.frame import encode_frame
-from simulation.synthetic import FIELDS, TAGS, gpu_frame
+from gpuwarden.core.store.lineprotocol import Point, encode_points
+from gpuwarden.core.store.lineprotocol.frame import encode_frame
+from gpuwarden.simulation.synthetic import FIELDS, TAGS, gpu_frame
 
 
 def main() -> None:

@@ -41,8 +41,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from analytics.config import load_config, with_overrides
-from analytics.predict.model import RiskModel
 from demo.backtest import SCENARIO, risk_alerts
 from demo.goodput import (
     LEVERS,
@@ -59,9 +57,11 @@ from demo.goodput import (
     simulate,
 )
 from demo.train_model import MODEL
-from simulation.cli import stream_scenario
-from simulation.generator import ScenarioGenerator
-from simulation.spec import load_spec
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.generator import ScenarioGenerator
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd
 
 COST_S = 148.8 * 13 / 7  # PyTorch/IBM 7B synchronous DCP, scaled to 13B

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.synthetic import FIELDS, TAGS, gpu_frame
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.synthetic import FIELDS, TAGS, gpu_frame
 from testbed.influxd import LocalInfluxd
 
 

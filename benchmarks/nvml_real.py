@@ -35,12 +35,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from collector import sources
-from collector.agent import Agent
-from collector.config import load_config
-from collector.nvml.backend import NvmlError
-from collector.nvml.real import PynvmlBackend
-from collector.sources.base import SourceContext
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent
+from gpuwarden.collector.config import load_config
+from gpuwarden.collector.nvml.backend import NvmlError
+from gpuwarden.collector.nvml.real import PynvmlBackend
+from gpuwarden.collector.sources.base import SourceContext
 
 
 class Null:

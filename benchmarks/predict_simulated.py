@@ -22,11 +22,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from analytics.config import load_config, with_overrides
-from analytics.predict.cli import dataset, evaluate, summary_lines, train
-from analytics.runner import DaskExecutor
-from simulation.cli import stream_scenario
-from simulation.spec import load_spec
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.predict.cli import dataset, evaluate, summary_lines, train
+from gpuwarden.analytics.runner import DaskExecutor
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd
 
 DAY_NS = 86_400 * 10**9

@@ -13,10 +13,10 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from analytics.predict.history import HISTORY_FEATURES
-from analytics.predict.metrics import AtThreshold, at_threshold, pr_auc, random_pr_auc
-from analytics.predict.model import fit_selected, time_split
-from analytics.predict.stepfun import SOURCE, problem
+from gpuwarden.analytics.predict.history import HISTORY_FEATURES
+from gpuwarden.analytics.predict.metrics import AtThreshold, at_threshold, pr_auc, random_pr_auc
+from gpuwarden.analytics.predict.model import fit_selected, time_split
+from gpuwarden.analytics.predict.stepfun import SOURCE, problem
 
 
 def _f1(a: AtThreshold) -> float:

@@ -27,12 +27,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from core.finding import Finding, Severity
-from remediation.adapters.slurm import SlurmAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Adapter, Outcome, Status
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.adapters.slurm import SlurmAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Adapter, Outcome, Status
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.slurm import LocalSlurm
 
 

@@ -33,12 +33,12 @@ import urllib.parse
 import urllib.request
 from pathlib import Path
 
-from analytics.config import load_config, with_overrides
-from analytics.runner import DaskExecutor, analyse
-from analytics.topology import write_topology
 from benchmarks.analytics import _spec, _summary
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.runner import DaskExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
 from testbed.influxd import LocalInfluxd
 
 

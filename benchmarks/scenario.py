@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from simulation.generator import ScenarioGenerator
-from simulation.spec import parse_spec
+from gpuwarden.simulation.generator import ScenarioGenerator
+from gpuwarden.simulation.spec import parse_spec
 
 
 def main() -> None:

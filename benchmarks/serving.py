@@ -36,11 +36,11 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from collector.relay import ReporterRelay
-from core.finding import Finding, Severity
-from core.retry import Backoff
-from core.signing import SIGNATURE_HEADER, sign
-from remediation.audit import read_records
+from gpuwarden.collector.relay import ReporterRelay
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.retry import Backoff
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.remediation.audit import read_records
 from testbed.influxd import free_port
 from testbed.k8s import FakeKubernetes
 

@@ -29,12 +29,12 @@ import time
 from pathlib import Path
 
 from benchmarks.remediation_latency import Quiet, wait_for
-from core.finding import Finding, Severity
-from remediation.adapters.slurm import SlurmAdapter
-from remediation.audit import AuditLog
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Adapter
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.adapters.slurm import SlurmAdapter
+from gpuwarden.remediation.audit import AuditLog
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Adapter
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.slurm import LocalSlurm
 
 WEIGHTS = {"gpu01": 1, "gpu02": 2, "gpu03": 3, "gpu04": 4}

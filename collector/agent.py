@@ -21,11 +21,11 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from collector.errors import CollectorError
-from collector.plausible import Screen
-from collector.sources import Source
-from core.finding import Finding
-from core.store.lineprotocol import Point
+from gpuwarden.collector.errors import CollectorError
+from gpuwarden.collector.plausible import Screen
+from gpuwarden.collector.sources import Source
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 
@@ -263,7 +263,7 @@ class TraceRecorder:
 
     def __init__(self, directory: str, origin: str, *, simulated: bool) -> None:
         try:  # a trace is Parquet, written with polars: only --record needs it
-            from core.store.trace import TraceWriter
+            from gpuwarden.core.store.trace import TraceWriter
         except ImportError as exc:
             raise CollectorError(
                 f"--record writes a gpuwarden trace and needs polars ({exc}): install "
@@ -299,7 +299,7 @@ class LinePrinter:
         self.write = write
 
     def write_points(self, points: Iterable[Point]) -> None:
-        from core.store.lineprotocol import encode_points
+        from gpuwarden.core.store.lineprotocol import encode_points
 
         for line in encode_points(points):
             self.write(line + "\n")

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from core.catalogue import CATALOGUE, Kind
-from core.store.lineprotocol import Point
+from gpuwarden.core.catalogue import CATALOGUE, Kind
+from gpuwarden.core.store.lineprotocol import Point
 
 NS = 1_000_000_000
 DEFAULT_MEASUREMENTS = ("gpu", "gpu_nvlink", "ib_port", "power", "thermal", "node_os")

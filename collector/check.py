@@ -46,14 +46,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.config import AgentConfig, load_config
-from collector.gpucount import bus_gpus
-from collector.sources.infiniband import discover
-from core.errors import GpuwardenError
-from core.finding import Finding, Severity
-from core.poster import FindingPoster
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink
+from gpuwarden.collector.config import AgentConfig, load_config
+from gpuwarden.collector.gpucount import bus_gpus
+from gpuwarden.collector.sources.infiniband import discover
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.poster import FindingPoster
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink
 
 PASS, FAIL, UNAVAILABLE = "pass", "fail", "unavailable"
 
@@ -72,11 +72,11 @@ def _nvml(config: AgentConfig) -> tuple[int, set[str]] | str:
     try:
         backend: Any
         if n["backend"] == "recorded":
-            from collector.nvml.recorded import RecordedBackend
+            from gpuwarden.collector.nvml.recorded import RecordedBackend
 
             backend = RecordedBackend(n["recording"])
         else:
-            from collector.nvml.real import PynvmlBackend
+            from gpuwarden.collector.nvml.real import PynvmlBackend
 
             backend = PynvmlBackend()
         backend.init()

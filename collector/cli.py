@@ -25,18 +25,18 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from collector import sources
-from collector.agent import Agent, LinePrinter, PointSink, SourceHealth, TraceRecorder
-from collector.config import AgentConfig, ConfigError, load_config
-from collector.health import HealthGate
-from collector.nvml.recorded import Recorder
-from collector.relay import ReporterRelay
-from collector.sources.base import SourceContext
-from core.errors import GpuwardenError
-from core.finding import Finding
-from core.poster import FindingPoster
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent, LinePrinter, PointSink, SourceHealth, TraceRecorder
+from gpuwarden.collector.config import AgentConfig, ConfigError, load_config
+from gpuwarden.collector.health import HealthGate
+from gpuwarden.collector.nvml.recorded import Recorder
+from gpuwarden.collector.relay import ReporterRelay
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.poster import FindingPoster
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink
 
 log = logging.getLogger("gpuwarden.agent")
 
@@ -65,7 +65,7 @@ def build_agent(
             settings["backend_instance"] = nvml
         made.append(sources.create(name, context, settings))
     if a["write_every_s"] > 0:  # collect every interval_s, write once per window
-        from collector.aggregate import AggregatingSink
+        from gpuwarden.collector.aggregate import AggregatingSink
 
         if a["write_every_s"] < a["interval_s"]:
             raise ConfigError("[agent] write_every_s must be 0 or at least interval_s")
@@ -106,7 +106,7 @@ def build_agent(
     if h["healthy_after_s"] > 0:
         check = None
         if h["check_probes"]:
-            from collector import check as node_check
+            from gpuwarden.collector import check as node_check
 
             probes = list(h["check_probes"])
             unknown = sorted(set(probes) - set(node_check.PROBES))
@@ -127,7 +127,7 @@ def build_agent(
         )
     hooks = [gate.cycle] if gate is not None else []
     if h["gpu_count_check"]:
-        from collector.gpucount import GpuCountWatch
+        from gpuwarden.collector.gpucount import GpuCountWatch
 
         watch = GpuCountWatch(
             context.cluster,
@@ -208,7 +208,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     if influx is not None and config["agent"]["reporter_listen"]:
         tls = None
         if config["agent"]["reporter_tls_cert_file"]:
-            from core.tls import server_context
+            from gpuwarden.core.tls import server_context
 
             a = config["agent"]
             tls = server_context(a["reporter_tls_cert_file"], a["reporter_tls_key_file"])
@@ -217,8 +217,8 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
     metrics = None
     if config["agent"]["metrics_listen"] and not args.once:
-        from collector.metrics import agent_metrics
-        from core.metrics import serve_metrics
+        from gpuwarden.collector.metrics import agent_metrics
+        from gpuwarden.core.metrics import serve_metrics
 
         stats = (lambda: influx.stats().fields()) if influx else None
         metrics = serve_metrics(
@@ -280,11 +280,11 @@ def _nvml_recorder(config: AgentConfig) -> Recorder:
     import platform
 
     if config["nvml"]["backend"] == "recorded":
-        from collector.nvml.recorded import RecordedBackend
+        from gpuwarden.collector.nvml.recorded import RecordedBackend
 
         inner: Any = RecordedBackend(config["nvml"]["recording"], loop=config["nvml"]["loop"])
     else:
-        from collector.nvml.real import PynvmlBackend
+        from gpuwarden.collector.nvml.real import PynvmlBackend
 
         inner = PynvmlBackend()
     return Recorder(inner, note=f"recorded by gpuwarden agent on {platform.node()}")

@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError, merge_config
-from core.store.sink import SinkConfig
-from core.xidcat import DEFAULT_FATAL_XIDS
+from gpuwarden.core.config import ConfigError, merge_config
+from gpuwarden.core.store.sink import SinkConfig
+from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS
 
 __all__ = ["DEFAULTS", "AgentConfig", "ConfigError", "load_config"]
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible, 3D controller

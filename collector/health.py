@@ -31,8 +31,8 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 NS = 1_000_000_000
 # GPU fields whose value (field -> the value that is bad) keeps a node from being called healthy

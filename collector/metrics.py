@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from core.metrics import Metric
-from core.store.lineprotocol import Point
+from gpuwarden.core.metrics import Metric
+from gpuwarden.core.store.lineprotocol import Point
 
 #: catalogue field -> (dcgm-exporter name, factor to its unit, kind, its help text)
 DCGM: Mapping[str, tuple[str, float, str, str]] = {

@@ -17,8 +17,8 @@ import logging
 import math
 from collections.abc import Mapping
 
-from core.catalogue import CATALOGUE, Measurement
-from core.store.lineprotocol import Point
+from gpuwarden.core.catalogue import CATALOGUE, Measurement
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

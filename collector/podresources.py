@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from collector.errors import CollectorError
+from gpuwarden.collector.errors import CollectorError
 
 log = logging.getLogger(__name__)
 # grpc's C core would print its own INFO lines to stderr (e.g. at every kubelet restart); the

@@ -30,11 +30,11 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
-from core.catalogue import CATALOGUE, Producer, check_point
-from core.errors import LineProtocolError
-from core.store.lineprotocol import EncodeStats, Point, encode_points
-from core.store.lineprotocol.strict import PRECISIONS, parse_lines
-from core.tls import http_server
+from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
+from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
+from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
+from gpuwarden.core.tls import http_server
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.errors import ConfigError
+from gpuwarden.core.errors import ConfigError
 
 __all__ = ["ConfigError", "merge_config", "read_secret", "read_toml"]
 

@@ -37,7 +37,7 @@ class FaultRecord:
 
 @cache
 def stepfun_faults() -> tuple[FaultRecord, ...]:
-    path = resources.files("core").joinpath("data/stepfun/stepfun_fault_intervals.csv")
+    path = resources.files("gpuwarden.core").joinpath("data/stepfun/stepfun_fault_intervals.csv")
     rows = csv.DictReader(path.read_text(encoding="utf-8-sig").splitlines())
     return tuple(
         FaultRecord(

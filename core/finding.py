@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from core.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Literal
 
-from core.tls import http_server
+from gpuwarden.core.tls import http_server
 
 log = logging.getLogger(__name__)
 

@@ -30,10 +30,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.finding import Finding
-from core.retry import RETRY_STATUSES, Backoff
-from core.signing import SIGNATURE_HEADER, sign
-from core.tls import client_context
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.retry import RETRY_STATUSES, Backoff
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.tls import client_context
 
 log = logging.getLogger(__name__)
 

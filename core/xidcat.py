@@ -53,7 +53,7 @@ def _severity(resolution: str, description: str) -> str:
 
 @cache
 def catalogue() -> Mapping[int, XidInfo]:
-    text = resources.files("core").joinpath("data/xid/xid_catalog.csv").read_text("utf-8")
+    text = resources.files("gpuwarden.core").joinpath("data/xid/xid_catalog.csv").read_text("utf-8")
     out: dict[int, XidInfo] = {}
     for row in csv.DictReader(io.StringIO(text)):
         resolution = " ".join(row["immediate_resolution"].split())

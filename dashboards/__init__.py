@@ -6,14 +6,14 @@ Six dashboards (fleet, node & GPU, job, fabric, power & thermal, health & risk) 
 (:mod:`dashboards.cli`), and rendered without Grafana by :mod:`dashboards.render`.
 """
 
-from dashboards.errors import (
+from gpuwarden.dashboards.errors import (
     CatalogueNameError,
     DashboardError,
     InvalidDashboardError,
     PushError,
     QueryFailedError,
 )
-from dashboards.export import BOARDS, encode, generate, load
+from gpuwarden.dashboards.export import BOARDS, encode, generate, load
 
 __all__ = [
     "BOARDS",

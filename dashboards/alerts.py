@@ -20,7 +20,7 @@ from grafana_foundation_sdk.builders import expr
 from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.models import alerting as am
 
-from dashboards.influxql import Agg, Cond, Select, Target
+from gpuwarden.dashboards.influxql import Agg, Cond, Select, Target
 
 GROUP = "gpuwarden"
 Op = Literal["gt", "lt"]

@@ -12,9 +12,9 @@ import re
 from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
-from core.catalogue import CATALOGUE
-from dashboards.grafana import referenced_variables
-from dashboards.influxql import DATASOURCE_TYPE
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.dashboards.grafana import referenced_variables
+from gpuwarden.dashboards.influxql import DATASOURCE_TYPE
 
 GRID_COLUMNS = 24
 _IDENT = re.compile(r'"((?:[^"\\]|\\.)*)"')

@@ -18,13 +18,13 @@ from typing import Any
 import urllib3
 import yaml
 
-from core.config import ConfigError
-from core.timeparse import parse_when
-from dashboards.alerts import contact_points_file, rules_file
-from dashboards.config import grafana_token, load_config
-from dashboards.errors import DashboardError, PushError
-from dashboards.export import encode, generate
-from dashboards.grafana import parse_duration
+from gpuwarden.core.config import ConfigError
+from gpuwarden.core.timeparse import parse_when
+from gpuwarden.dashboards.alerts import contact_points_file, rules_file
+from gpuwarden.dashboards.config import grafana_token, load_config
+from gpuwarden.dashboards.errors import DashboardError, PushError
+from gpuwarden.dashboards.export import encode, generate
+from gpuwarden.dashboards.grafana import parse_duration
 
 Config = Mapping[str, Mapping[str, Any]]
 
@@ -146,8 +146,8 @@ def push(cfg: Config, url: str, token: str) -> list[str]:
 
 
 def _render(args: argparse.Namespace, cfg: Config) -> int:
-    from dashboards.influx import InfluxQLClient
-    from dashboards.render import render_all
+    from gpuwarden.dashboards.influx import InfluxQLClient
+    from gpuwarden.dashboards.render import render_all
 
     client = InfluxQLClient(
         args.influx_url or cfg["influxdb"]["url"], args.database or cfg["influxdb"]["database"]

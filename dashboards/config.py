@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError, merge_config, read_secret
+from gpuwarden.core.config import ConfigError, merge_config, read_secret
 
 DEFAULTS: dict[str, dict[str, Any]] = {
     "influxdb": {
@@ -57,7 +57,7 @@ def grafana_token(
     env = os.environ if environ is None else environ
     if env.get("GRAFANA_TOKEN"):
         return env["GRAFANA_TOKEN"].strip()
-    from dashboards.errors import DashboardError
+    from gpuwarden.dashboards.errors import DashboardError
 
     try:
         return read_secret(cfg["grafana"]["token_file"])

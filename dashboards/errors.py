@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from core.errors import GpuwardenError
+from gpuwarden.core.errors import GpuwardenError
 
 
 class DashboardError(GpuwardenError):

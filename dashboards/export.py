@@ -10,10 +10,10 @@ from grafana_foundation_sdk.cog.encoder import JSONEncoder
 from grafana_foundation_sdk.cog.plugins import register_default_plugins
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards import fabric, fleet, health, job, node, power
-from dashboards.check import problems_across
-from dashboards.errors import InvalidDashboardError
-from dashboards.influxql import register
+from gpuwarden.dashboards import fabric, fleet, health, job, node, power
+from gpuwarden.dashboards.check import problems_across
+from gpuwarden.dashboards.errors import InvalidDashboardError
+from gpuwarden.dashboards.influxql import register
 
 #: name -> builder, in the order the dashboards link to each other
 BOARDS: dict[str, Callable[[], model.Dashboard]] = {

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.influxql import Agg, Cond, Scope, agg
-from dashboards.panels import board, graph, heat, marks, states
+from gpuwarden.dashboards.influxql import Agg, Cond, Scope, agg
+from gpuwarden.dashboards.panels import board, graph, heat, marks, states
 
 UID = "gpuwarden-fabric"
 S = Scope("cluster", "node", "hca")

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.influxql import Agg, Cond, Scope
-from dashboards.panels import board, graph, grid, heat, marks
+from gpuwarden.dashboards.influxql import Agg, Cond, Scope
+from gpuwarden.dashboards.panels import board, graph, grid, heat, marks
 
 UID = "gpuwarden-health"
 S = Scope("cluster", "node")

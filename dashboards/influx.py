@@ -13,8 +13,8 @@ from typing import Any
 
 import urllib3
 
-from core.store.transport import auth_headers
-from dashboards.errors import QueryFailedError
+from gpuwarden.core.store.transport import auth_headers
+from gpuwarden.dashboards.errors import QueryFailedError
 
 
 @dataclass(frozen=True)

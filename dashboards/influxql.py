@@ -25,8 +25,8 @@ from grafana_foundation_sdk.cog import runtime as cogruntime
 from grafana_foundation_sdk.cog import variants as cogvariants
 from grafana_foundation_sdk.models import dashboard as model
 
-from core.catalogue import CATALOGUE, FieldSpec, FieldType, Kind, Measurement
-from dashboards.errors import CatalogueNameError
+from gpuwarden.core.catalogue import CATALOGUE, FieldSpec, FieldType, Kind, Measurement
+from gpuwarden.dashboards.errors import CatalogueNameError
 
 DATASOURCE_TYPE = "influxdb"
 DATASOURCE_VAR = "datasource"

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.influxql import Agg, Cond, Scope, agg
-from dashboards.panels import XID_COLUMNS, board, graph, grid, marks, single
+from gpuwarden.dashboards.influxql import Agg, Cond, Scope, agg
+from gpuwarden.dashboards.panels import XID_COLUMNS, board, graph, grid, marks, single
 
 UID = "gpuwarden-job"
 S = Scope("cluster", "job")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from core.catalogue import CATALOGUE
-from dashboards.influxql import Agg, Scope, Select, agg
-from dashboards.panels import XID_COLUMNS, AnyPanel, board, graph, grid, marks, states
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.dashboards.influxql import Agg, Scope, Select, agg
+from gpuwarden.dashboards.panels import XID_COLUMNS, AnyPanel, board, graph, grid, marks, states
 
 UID = "gpuwarden-node"
 S = Scope("cluster", "node", "gpu")

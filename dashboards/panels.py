@@ -17,8 +17,8 @@ from grafana_foundation_sdk.cog import builder as cogbuilder
 from grafana_foundation_sdk.models import common
 from grafana_foundation_sdk.models import dashboard as model
 
-from core.catalogue import CATALOGUE
-from dashboards.influxql import (
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.dashboards.influxql import (
     DATASOURCE,
     DATASOURCE_TYPE,
     DATASOURCE_VAR,

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from grafana_foundation_sdk.models import dashboard as model
 
-from dashboards.influxql import Agg, Scope, agg
-from dashboards.panels import board, graph, grid, states
+from gpuwarden.dashboards.influxql import Agg, Scope, agg
+from gpuwarden.dashboards.panels import board, graph, grid, states
 
 UID = "gpuwarden-power"
 S = Scope("cluster", "node", "job")

@@ -26,9 +26,9 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from dashboards.check import panels
-from dashboards.grafana import ALL, QueryContext, interpolate, legend
-from dashboards.influx import InfluxQLClient, Series
+from gpuwarden.dashboards.check import panels
+from gpuwarden.dashboards.grafana import ALL, QueryContext, interpolate, legend
+from gpuwarden.dashboards.influx import InfluxQLClient, Series
 
 PX_PER_COLUMN = 64
 PX_PER_ROW = 34

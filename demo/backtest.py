@@ -39,32 +39,32 @@ from typing import Any
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.emit import findings as analysis_findings
-from analytics.emit import points as analysis_points
-from analytics.predict.cli import dataset
-from analytics.predict.evaluate import alert_starts
-from analytics.predict.model import RiskModel
-from analytics.runner import Analysis, LocalExecutor, analyse
-from analytics.topology import write_topology
-from core.finding import Finding, Severity
-from core.store.sink import InfluxSink, SinkConfig
-from dashboards.cli import export as export_dashboards
-from dashboards.config import load_config as dashboards_config
 from demo.accounting import Comparison, Move, Stop, compare
 from demo.report import write_report
 from demo.train_model import MODEL, parse_seeds, train_model
-from remediation.adapters.kubernetes import KubernetesAdapter
-from remediation.adapters.slurm import SlurmAdapter
-from remediation.adapters.webhook import WebhookAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.cli import action_point
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Action, Adapter, Outcome
-from remediation.policy import DEFAULT_POLICIES, load_policies
-from simulation.cli import stream_scenario
-from simulation.generator import ScenarioGenerator
-from simulation.spec import ScenarioSpec, load_spec
+from gpuwarden.analytics.config import AnalyticsConfig, load_config, with_overrides
+from gpuwarden.analytics.emit import findings as analysis_findings
+from gpuwarden.analytics.emit import points as analysis_points
+from gpuwarden.analytics.predict.cli import dataset
+from gpuwarden.analytics.predict.evaluate import alert_starts
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.runner import Analysis, LocalExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.dashboards.cli import export as export_dashboards
+from gpuwarden.dashboards.config import load_config as dashboards_config
+from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
+from gpuwarden.remediation.adapters.slurm import SlurmAdapter
+from gpuwarden.remediation.adapters.webhook import WebhookAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.cli import action_point
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Action, Adapter, Outcome
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.generator import ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec, load_spec
 from testbed.influxd import LocalInfluxd
 from testbed.k8s import FakeKubernetes
 from testbed.slurm import LocalSlurm

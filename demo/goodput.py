@@ -55,8 +55,13 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from analytics.cadence import advise, count_announced, failure_rate, stepfun_rate_per_node_s
-from simulation.faulttypes import Fault, of
+from gpuwarden.analytics.cadence import (
+    advise,
+    count_announced,
+    failure_rate,
+    stepfun_rate_per_node_s,
+)
+from gpuwarden.simulation.faulttypes import Fault, of
 
 LEVERS = ("prediction", "cadence", "isolation", "lemon", "async_save")
 

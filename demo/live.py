@@ -38,10 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from demo.steplog import WorkLost, work_lost
-from remediation.audit import read_records
-from remediation.policy import DEFAULT_POLICIES
-from simulation.spec import ScenarioSpec, parse_spec
-from simulation.twin.hardware import Twin
+from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.policy import DEFAULT_POLICIES
+from gpuwarden.simulation.spec import ScenarioSpec, parse_spec
+from gpuwarden.simulation.twin.hardware import Twin
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.jobs.launch import REQUEUE_EXIT, batch_script, task_script
 from testbed.slurm import LocalSlurm

@@ -14,8 +14,8 @@ from typing import Any
 import numpy as np
 
 from demo.live import ArmResult
-from simulation.faulttypes import REGISTRY
-from simulation.spec import ScenarioSpec
+from gpuwarden.simulation.faulttypes import REGISTRY
+from gpuwarden.simulation.spec import ScenarioSpec
 
 ARM_WORDS = {
     "reactive": "the engine only notifies; the job and Slurm recover by themselves",

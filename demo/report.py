@@ -14,7 +14,7 @@ from typing import Any
 
 import matplotlib
 
-from analytics.badput import CAUSES
+from gpuwarden.analytics.badput import CAUSES
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -22,11 +22,11 @@ import numpy as np
 import polars as pl
 from matplotlib.lines import Line2D
 
-from analytics.predict.model import RiskModel
-from analytics.runner import Analysis
 from demo.accounting import Comparison
-from simulation.generator import ScenarioGenerator
-from simulation.spec import ScenarioSpec
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.runner import Analysis
+from gpuwarden.simulation.generator import ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec
 
 H = 3600.0
 ACTION_MARK = {"checkpoint": ("o", "tab:green"), "drain": ("v", "tab:blue"),

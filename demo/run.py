@@ -27,7 +27,7 @@ from pathlib import Path
 from demo.live import ArmResult, LiveLoop, Settings, placed
 from demo.live_report import summary, write_report
 from demo.train_live_model import LIVE_PREDICTOR, MODEL
-from simulation.spec import load_spec
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd
 
 REAL = (

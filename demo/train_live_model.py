@@ -26,13 +26,13 @@ from typing import Any
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.predict.cli import dataset, train
-from analytics.predict.evaluate import event_report
-from analytics.predict.model import RiskModel
-from analytics.runner import LocalExecutor
-from simulation.cli import stream_scenario
-from simulation.spec import ScenarioSpec, load_spec, parse_spec
+from gpuwarden.analytics.config import AnalyticsConfig, load_config, with_overrides
+from gpuwarden.analytics.predict.cli import dataset, train
+from gpuwarden.analytics.predict.evaluate import event_report
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.runner import LocalExecutor
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.spec import ScenarioSpec, load_spec, parse_spec
 from testbed.influxd import LocalInfluxd
 
 MODEL = Path(__file__).parent / "model" / "live-risk-model.pkl"

@@ -16,12 +16,12 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.predict.cli import dataset, train
-from analytics.predict.model import RiskModel
-from analytics.runner import LocalExecutor
-from simulation.cli import stream_scenario
-from simulation.spec import load_spec
+from gpuwarden.analytics.config import AnalyticsConfig, load_config, with_overrides
+from gpuwarden.analytics.predict.cli import dataset, train
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.runner import LocalExecutor
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd
 
 DAY_NS = 86_400 * 10**9

@@ -22,18 +22,18 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError, read_secret
-from core.finding import Finding, FindingError
-from core.signing import SIGNATURE_HEADER, sign
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink, SinkConfig
-from core.tls import client_context, server_context
-from remediation.adapters import create
-from remediation.audit import AuditLog, read_records
-from remediation.config import RemediationConfig, load_config
-from remediation.engine import Engine
-from remediation.model import Action, AdapterError, Outcome
-from remediation.server import Endpoint, make_server
+from gpuwarden.core.config import ConfigError, read_secret
+from gpuwarden.core.finding import Finding, FindingError
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.tls import client_context, server_context
+from gpuwarden.remediation.adapters import create
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.config import RemediationConfig, load_config
+from gpuwarden.remediation.engine import Engine
+from gpuwarden.remediation.model import Action, AdapterError, Outcome
+from gpuwarden.remediation.server import Endpoint, make_server
 
 log = logging.getLogger("gpuwarden.remediate")
 

@@ -16,10 +16,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from core.config import ConfigError, merge_config, read_toml
-from remediation.adapters import ADAPTERS
-from remediation.engine import EngineSettings
-from remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
+from gpuwarden.core.config import ConfigError, merge_config, read_toml
+from gpuwarden.remediation.adapters import ADAPTERS
+from gpuwarden.remediation.engine import EngineSettings
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
 
 
 def adapter_defaults(name: str) -> dict[str, Any]:

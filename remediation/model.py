@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol, runtime_checkable
 
-from remediation.errors import RemediationError
+from gpuwarden.remediation.errors import RemediationError
 
 
 class ActionKind(StrEnum):

@@ -36,9 +36,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.finding import SUBJECT_KEYS, Finding, Severity
-from remediation.errors import RemediationError
-from remediation.model import ActionKind, NodeFacts
+from gpuwarden.core.finding import SUBJECT_KEYS, Finding, Severity
+from gpuwarden.remediation.errors import RemediationError
+from gpuwarden.remediation.model import ActionKind, NodeFacts
 
 SEVERITY_RANK = {Severity.INFO: 0, Severity.WARNING: 1, Severity.CRITICAL: 2}
 

@@ -50,12 +50,12 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
-from core.metrics import Metric, render
-from core.signing import SIGNATURE_HEADER, verify_signature
-from core.timeparse import parse_iso
-from core.tls import http_server
-from remediation.engine import Engine, EngineClosedError
+from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from gpuwarden.core.metrics import Metric, render
+from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
+from gpuwarden.core.timeparse import parse_iso
+from gpuwarden.core.tls import http_server
+from gpuwarden.remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)
 

@@ -56,18 +56,18 @@ echo "load pid $load_pid" >>"$out/log.txt"
       --format=csv,noheader
   done 2>&1
 } >"$out/smi.txt"
-GPUWARDEN_AGENT_INTERVAL_S=2 "$py" gpuwarden.py agent --print --cycles 3 \
+GPUWARDEN_AGENT_INTERVAL_S=2 "$py" -m gpuwarden agent --print --cycles 3 \
   --record-nvml "$out/nvml-load.json" >/dev/null
 echo "record (load): exit $?" >>"$out/log.txt"
-"$py" gpuwarden.py agent --once >"$out/once.lp"
+"$py" -m gpuwarden agent --once >"$out/once.lp"
 echo "agent --once: exit $?" >>"$out/log.txt"
 "$py" -m benchmarks.nvml_calls >"$out/bench.txt"
 echo "calls: exit $?" >>"$out/log.txt"
 "$py" -m benchmarks.nvml_real --recording "$out/nvml-load.json" >>"$out/bench.txt"
 echo "bench: exit $?" >>"$out/log.txt"
 wait "$load_pid"
-"$py" gpuwarden.py check --json >"$out/check.json"
+"$py" -m gpuwarden check --json >"$out/check.json"
 echo "check: exit $?" >>"$out/log.txt"
-GPUWARDEN_AGENT_INTERVAL_S=2 "$py" gpuwarden.py agent --print --cycles 3 \
+GPUWARDEN_AGENT_INTERVAL_S=2 "$py" -m gpuwarden agent --print --cycles 3 \
   --record-nvml "$out/nvml-idle.json" >/dev/null
 echo "record (idle): exit $?" >>"$out/log.txt"

@@ -4,4 +4,4 @@ signature), job timelines, calibration on REAL public data, the scenario library
 Everything it produces is SIMULATED, and says so.
 """
 
-import core as _core  # noqa: F401  (its allocator default must precede polars)
+import gpuwarden.core as _core  # noqa: F401  (its allocator default must precede polars)

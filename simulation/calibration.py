@@ -18,7 +18,7 @@ from importlib import resources
 import numpy as np
 from numpy.typing import NDArray
 
-DATA_PACKAGE = "simulation.data"
+DATA_PACKAGE = "gpuwarden.simulation.data"
 
 
 @dataclass(frozen=True)

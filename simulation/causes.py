@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from simulation.faulttypes import of
-from simulation.generator import ScenarioGenerator
+from gpuwarden.simulation.faulttypes import of
+from gpuwarden.simulation.generator import ScenarioGenerator
 
 CAUSES = ("gpu", "pcie", "power", "nic", "stage")
 """Most local first: a rank slowed by several faults is blamed on the first."""

@@ -21,13 +21,13 @@ from pathlib import Path
 
 import polars as pl
 
-from core.errors import GpuwardenError
-from core.store.sink import InfluxSink, SinkConfig
-from core.store.trace import NS, ReplayStats, TraceReader, TraceWriter, replay
-from core.timeparse import parse_when
-from simulation.errors import SimulationError
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import ScenarioSpec, library_names, load_spec
+from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.trace import NS, ReplayStats, TraceReader, TraceWriter, replay
+from gpuwarden.core.timeparse import parse_when
+from gpuwarden.simulation.errors import SimulationError
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec, library_names, load_spec
 
 
 def generate_trace(scenario: str | Path, seed: int, out: str | Path) -> TraceReader:

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, FaultRecord, stepfun_faults
-from simulation.faulttypes import DAY, DEFAULTS, REGISTRY, Fault, FaultDefaults, draw_xid
-from simulation.spec import FaultSpec, ScenarioSpec
+from gpuwarden.core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, FaultRecord, stepfun_faults
+from gpuwarden.simulation.faulttypes import DAY, DEFAULTS, REGISTRY, Fault, FaultDefaults, draw_xid
+from gpuwarden.simulation.spec import FaultSpec, ScenarioSpec
 
 
 def resolve(

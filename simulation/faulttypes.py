@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 from numpy.typing import NDArray
 
-from simulation.calibration import summit_xid_weights
+from gpuwarden.simulation.calibration import summit_xid_weights
 
 DAY = 86_400.0
 IB_RATE_GBPS = 200.0

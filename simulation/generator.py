@@ -30,12 +30,12 @@ from numpy.typing import NDArray
 from scipy.signal import lfilter  # type: ignore[import-untyped]
 from scipy.special import ndtr  # type: ignore[import-untyped]
 
-from core.catalogue import CATALOGUE
-from simulation.calibration import LOAD_CORRELATION, acmetrace, lingjun_tors
-from simulation.faults import resolve_all
-from simulation.faulttypes import Chunk, Fault, Window, of
-from simulation.jobs import JobSchedule
-from simulation.spec import MEASUREMENTS, ScenarioSpec
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.simulation.calibration import LOAD_CORRELATION, acmetrace, lingjun_tors
+from gpuwarden.simulation.faults import resolve_all
+from gpuwarden.simulation.faulttypes import Chunk, Fault, Window, of
+from gpuwarden.simulation.jobs import JobSchedule
+from gpuwarden.simulation.spec import MEASUREMENTS, ScenarioSpec
 
 NS = 1_000_000_000
 LATENT_TAU_S = 900.0  # how long a GPU's load level persists (AR(1) time constant)

@@ -16,8 +16,8 @@ import numpy as np
 import polars as pl
 from numpy.typing import NDArray
 
-from simulation.faulttypes import Fault, Ranks, of
-from simulation.spec import JobSpec, ScenarioSpec
+from gpuwarden.simulation.faulttypes import Fault, Ranks, of
+from gpuwarden.simulation.spec import JobSpec, ScenarioSpec
 
 NS = 1_000_000_000
 HEARTBEAT_S = 30.0

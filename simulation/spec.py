@@ -12,9 +12,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from core.timeparse import parse_iso
-from simulation.errors import SimulationError
-from simulation.faulttypes import FAULT_TYPES, REGISTRY
+from gpuwarden.core.timeparse import parse_iso
+from gpuwarden.simulation.errors import SimulationError
+from gpuwarden.simulation.faulttypes import FAULT_TYPES, REGISTRY
 
 
 class ScenarioError(SimulationError):
@@ -185,7 +185,7 @@ def load_spec(path_or_name: str | Path) -> ScenarioSpec:
             raise ScenarioError(f"cannot read scenario {path}: {exc}") from None
         default = path.stem
     else:
-        res = resources.files("simulation.library").joinpath(f"{path_or_name}.toml")
+        res = resources.files("gpuwarden.simulation.library").joinpath(f"{path_or_name}.toml")
         if not res.is_file():
             raise ScenarioError(
                 f"no scenario {str(path_or_name)!r}; the library has {library_names()}"
@@ -199,5 +199,5 @@ def load_spec(path_or_name: str | Path) -> ScenarioSpec:
 
 
 def library_names() -> list[str]:
-    lib = resources.files("simulation.library")
+    lib = resources.files("gpuwarden.simulation.library")
     return sorted(p.name[:-5] for p in lib.iterdir() if p.name.endswith(".toml"))

@@ -19,7 +19,7 @@ from typing import Any
 
 import grpc
 
-from collector.podresources import GPU_RESOURCE, SERVICE, messages
+from gpuwarden.collector.podresources import GPU_RESOURCE, SERVICE, messages
 
 
 class FakeKubelet:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 
-from remediation.model import Action, ActionKind, Inventory, Outcome, Status
+from gpuwarden.remediation.model import Action, ActionKind, Inventory, Outcome, Status
 
 
 class RecordingAdapter:

@@ -24,30 +24,30 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.emit import findings, points
-from analytics.predict.cli import dataset, train
-from analytics.predict.model import RiskModel
-from analytics.predict.scoring import score
-from analytics.runner import LocalExecutor, analyse
-from analytics.topology import write_topology
-from collector import sources
-from collector.agent import Agent
-from collector.jobside.reporter import Reporter
-from collector.sources.base import SourceContext
-from collector.sources.infiniband import COUNTERS
-from core.catalogue import check_point
-from core.finding import Finding
-from core.store.sink import InfluxSink, SinkConfig
-from remediation.adapters.kubernetes import KubernetesAdapter
-from remediation.adapters.webhook import WebhookAdapter
-from remediation.audit import AuditLog
-from remediation.cli import action_point
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Action, Adapter, Outcome
-from remediation.policy import DEFAULT_POLICIES, load_policies
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import MEASUREMENTS, load_spec
+from gpuwarden.analytics.config import AnalyticsConfig, load_config, with_overrides
+from gpuwarden.analytics.emit import findings, points
+from gpuwarden.analytics.predict.cli import dataset, train
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.predict.scoring import score
+from gpuwarden.analytics.runner import LocalExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent
+from gpuwarden.collector.jobside.reporter import Reporter
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.infiniband import COUNTERS
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
+from gpuwarden.remediation.adapters.webhook import WebhookAdapter
+from gpuwarden.remediation.audit import AuditLog
+from gpuwarden.remediation.cli import action_point
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Action, Adapter, Outcome
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import MEASUREMENTS, load_spec
 from testbed.influxd import LocalInfluxd
 from testbed.k8s import FakeKubernetes
 from tests.test_golden import GOLDEN, materialise

@@ -9,7 +9,7 @@ import json
 import signal
 import time
 
-from core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 
 BASE_NS = 1_700_000_000_000_000_000
 

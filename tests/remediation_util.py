@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from core.finding import Finding, Severity
+from gpuwarden.core.finding import Finding, Severity
 from testbed.scheduler import RecordingAdapter
 
 __all__ = ["RecordingAdapter", "poll", "risk"]

@@ -20,20 +20,20 @@ from typing import ClassVar
 
 import pytest
 
-from collector import cli as agent_cli
-from collector import sources
-from collector.agent import Agent, TraceRecorder
-from collector.config import ConfigError, load_config
-from collector.jobside.reporter import Reporter
-from collector.nvml.backend import NvmlError
-from collector.nvml.recorded import RecordedBackend, Recorder
-from collector.relay import ReporterRelay
-from collector.sources.base import SourceContext, SourceError
-from core.catalogue import check_point
-from core.store.lineprotocol import Point
-from core.store.lineprotocol.strict import parse_lines
-from core.store.sink import InfluxSink, SinkConfig
-from core.store.trace import TraceReader, replay
+from gpuwarden.collector import cli as agent_cli
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent, TraceRecorder
+from gpuwarden.collector.config import ConfigError, load_config
+from gpuwarden.collector.jobside.reporter import Reporter
+from gpuwarden.collector.nvml.backend import NvmlError
+from gpuwarden.collector.nvml.recorded import RecordedBackend, Recorder
+from gpuwarden.collector.relay import ReporterRelay
+from gpuwarden.collector.sources.base import SourceContext, SourceError
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.lineprotocol.strict import parse_lines
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.trace import TraceReader, replay
 from testbed.sysfstree import build_node_tree
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -259,7 +259,7 @@ class Flaky:
 def test_a_source_that_keeps_failing_is_logged_once_per_streak_and_error(caplog):
     script = ["no driver"] * 5 + ["driver too old"] * 3 + [""] * 2 + ["no driver"]
     agent = Agent([Flaky(script)], ListSink(), cluster="c", node="n")
-    caplog.set_level("DEBUG", logger="collector.agent")
+    caplog.set_level("DEBUG", logger="gpuwarden.collector.agent")
     batches = [agent.collect(i) for i in range(len(script))]
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     again = "(logged again when the error changes or it recovers)"
@@ -310,7 +310,7 @@ class SlowOnce(Slow):
 
 
 def test_a_source_that_hung_and_returned_is_said_to_work_again(caplog):
-    caplog.set_level("WARNING", logger="collector.agent")
+    caplog.set_level("WARNING", logger="gpuwarden.collector.agent")
     sink = ListSink()
     slow = SlowOnce(0.5)
     agent = Agent([slow, Fine()], sink, cluster="c", node="n", interval_s=0.05,
@@ -543,7 +543,7 @@ def test_slurm_prolog_and_epilog_maintain_the_job_map(tmp_path):
     import os
     import subprocess
 
-    from collector.attribution import JobResolver
+    from gpuwarden.collector.attribution import JobResolver
 
     deploy = Path(__file__).parent.parent / "deploy" / "slurm"
     env = {

@@ -14,11 +14,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from collector import sources
-from collector.agent import Agent
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.base import SourceContext
-from core.store.lineprotocol import Point
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.store.lineprotocol import Point
 from testbed.sysfstree import build_node_tree
 
 H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"

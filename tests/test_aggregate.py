@@ -15,16 +15,16 @@ from pathlib import Path
 
 import pytest
 
-from analytics.config import load_config as load_analytics_config
-from analytics.config import with_overrides
-from analytics.tasks import read_port_rates
-from collector import cli as agent_cli
-from collector.aggregate import AggregatingSink
-from collector.config import ConfigError, load_config
-from core.catalogue import check_point
-from core.store.lineprotocol import Point
-from core.store.reader import InfluxReader
-from core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.analytics.config import load_config as load_analytics_config
+from gpuwarden.analytics.config import with_overrides
+from gpuwarden.analytics.tasks import read_port_rates
+from gpuwarden.collector import cli as agent_cli
+from gpuwarden.collector.aggregate import AggregatingSink
+from gpuwarden.collector.config import ConfigError, load_config
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.reader import InfluxReader
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from testbed.sysfstree import advance
 from tests.test_agent import write_config
 

@@ -17,18 +17,18 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analytics.config import DEFAULTS, load_config, with_overrides
-from analytics.emit import findings, points
-from analytics.mfu import model_flops_per_token
-from analytics.runner import DaskExecutor, LocalExecutor, analyse
-from analytics.tasks import job_task, read_steps
-from analytics.topology import TopologyError, load_topology, write_topology
-from core.catalogue import check_point
-from core.store.lineprotocol import Point
-from core.store.reader import InfluxReader
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import load_spec
+from gpuwarden.analytics.config import DEFAULTS, load_config, with_overrides
+from gpuwarden.analytics.emit import findings, points
+from gpuwarden.analytics.mfu import model_flops_per_token
+from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor, analyse
+from gpuwarden.analytics.tasks import job_task, read_steps
+from gpuwarden.analytics.topology import TopologyError, load_topology, write_topology
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.reader import InfluxReader
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import load_spec
 
 MEASUREMENTS = ("gpu", "ib_port", "job_step", "job_model")
 
@@ -154,7 +154,7 @@ def test_results_are_written_back_in_catalogue_terms(influxd, influx_db, tmp_pat
     pts = points(a, found)
     for p in pts:
         check_point(p.measurement, p.tags, p.fields)
-    from analytics.cli import _write
+    from gpuwarden.analytics.cli import _write
 
     n_found, n_points = _write(cfg, a)
     assert (n_found, n_points) == (len(found), len(pts))
@@ -169,7 +169,7 @@ def test_results_are_written_back_in_catalogue_terms(influxd, influx_db, tmp_pat
 
 
 def test_unreachable_influxdb_is_a_clear_error(tmp_path):
-    from core.store.reader import QueryError
+    from gpuwarden.core.store.reader import QueryError
 
     cfg = with_overrides(load_config(environ={}), influxdb={"url": "http://127.0.0.1:9"})
     with pytest.raises(QueryError, match="unreachable"):
@@ -202,8 +202,8 @@ def test_analytics_sample_config_equals_defaults():
 def test_cli_run_writes_back_and_posts_findings_with_the_token(
     influxd, influx_db, tmp_path, capsys
 ):
-    from analytics.cli import main
-    from core.finding import Finding
+    from gpuwarden.analytics.cli import main
+    from gpuwarden.core.finding import Finding
     from tests.scripted_server import ScriptedServer
 
     _, _, cfg, (start, end) = _load(influxd, influx_db, tmp_path, "slow-gpu", duration_s=1800)
@@ -280,7 +280,7 @@ def test_mfu_estimate_from_gpm_for_a_job_that_reports_nothing(influxd, influx_db
 def test_goodput_counts_every_step_when_only_every_nth_is_reported():
     """A reporter that sends every 10th step: time and tokens stand for the whole run, and a
     restart from a checkpoint still shows as re-done work."""
-    from analytics.mfu import throughput
+    from gpuwarden.analytics.mfu import throughput
 
     def rows(indices, t0):
         return [

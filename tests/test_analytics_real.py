@@ -16,10 +16,10 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analytics.cli import main
-from analytics.counters import IB32_MAX, increases
-from analytics.importers import TraceFormatError, read_minibatch_csv, read_whatif_trace
-from analytics.mfu import (
+from gpuwarden.analytics.cli import main
+from gpuwarden.analytics.counters import IB32_MAX, increases
+from gpuwarden.analytics.importers import TraceFormatError, read_minibatch_csv, read_whatif_trace
+from gpuwarden.analytics.mfu import (
     JobThroughput,
     ModelShape,
     UnknownGpuError,
@@ -27,8 +27,8 @@ from analytics.mfu import (
     gpu_family,
     peak_flops,
 )
-from analytics.stragglers import detect
-from analytics.whatif import job_slowdown, makespan, one_f_one_b
+from gpuwarden.analytics.stragglers import detect
+from gpuwarden.analytics.whatif import job_slowdown, makespan, one_f_one_b
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if not DATA.exists():
@@ -193,7 +193,7 @@ def test_counter_increases_handle_reset_and_saturation():
 
 def test_attribution_tells_gpu_pcie_link_and_nic_apart():
     """SIMULATED node telemetry, built by hand: one case per cause."""
-    from analytics.attribution import attribute
+    from gpuwarden.analytics.attribution import attribute
 
     def gpus(clock3: float, x8_from: int = 20) -> pl.DataFrame:
         """GPU 3's SM clock, and from which sample on its PCIe link runs at x8 of x16."""

@@ -17,11 +17,11 @@ from typing import Any
 import polars as pl
 import pytest
 
-from analytics.attribution import attribute
-from analytics.runner import Analysis
 from benchmarks.attribution import JOB, blamed_causes, mix_spec, run_scenario, truth_for
-from simulation.causes import CAUSES, Score, score, true_causes
-from simulation.generator import ScenarioGenerator
+from gpuwarden.analytics.attribution import attribute
+from gpuwarden.analytics.runner import Analysis
+from gpuwarden.simulation.causes import CAUSES, Score, score, true_causes
+from gpuwarden.simulation.generator import ScenarioGenerator
 from testbed.influxd import LocalInfluxd
 
 pytestmark = pytest.mark.influxdb

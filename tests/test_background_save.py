@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from collector.jobside.background_save import BackgroundSave
-from core.checkpoint import ack_path, request_path, write_json_atomic
+from gpuwarden.collector.jobside.background_save import BackgroundSave
+from gpuwarden.core.checkpoint import ack_path, request_path, write_json_atomic
 from testbed.influxd import free_port
 from tests.remediation_util import poll
 from tests.torchrun_util import step_events as _events

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from analytics.badput import straggler_cost_s, straggler_costs
+from gpuwarden.analytics.badput import straggler_cost_s, straggler_costs
 
 
 def by_definition(timings: pl.DataFrame, worker: str, first: int, last: int) -> float:

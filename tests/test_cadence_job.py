@@ -14,23 +14,32 @@ from pathlib import Path
 
 import pytest
 
-from analytics.cadence import fleet_failure_rate, optimal_interval_s, stepfun_rate_per_node_s
-from analytics.config import load_config, with_overrides
-from analytics.emit import findings, points
-from analytics.runner import Analysis, LocalExecutor, analyse
-from collector.jobside.checkpoint_hook import CheckpointRequests
-from core.catalogue import check_point
-from core.checkpoint import interval_ack_path, interval_path, interval_request, write_json_atomic
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
-from core.store.reader import InfluxReader
-from core.store.sink import InfluxSink, SinkConfig
-from remediation.adapters.slurm import SlurmAdapter
-from remediation.adapters.webhook import WebhookAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Action, Outcome
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.analytics.cadence import (
+    fleet_failure_rate,
+    optimal_interval_s,
+    stepfun_rate_per_node_s,
+)
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.emit import findings, points
+from gpuwarden.analytics.runner import Analysis, LocalExecutor, analyse
+from gpuwarden.collector.jobside.checkpoint_hook import CheckpointRequests
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.checkpoint import (
+    interval_ack_path,
+    interval_path,
+    interval_request,
+    write_json_atomic,
+)
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.reader import InfluxReader
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.remediation.adapters.slurm import SlurmAdapter
+from gpuwarden.remediation.adapters.webhook import WebhookAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Action, Outcome
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
 from tests.torchrun_util import step_events as _events

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from core.catalogue import CATALOGUE, TAGS, FieldType, Kind, check_point, measurement
-from core.finding import Finding, FindingError, Severity
+from gpuwarden.core.catalogue import CATALOGUE, TAGS, FieldType, Kind, check_point, measurement
+from gpuwarden.core.finding import Finding, FindingError, Severity
 
 SNAKE = re.compile(r"^[a-z][a-z0-9]*(_[a-z0-9]+)*$")
 # A field name ends in its unit or says what kind of number it is.

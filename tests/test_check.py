@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from collector import check
-from collector.config import load_config
+from gpuwarden.collector import check
+from gpuwarden.collector.config import load_config
 from testbed.sysfstree import build_node_tree, hca_port
 from tests.test_gpucount import pci_tree
 

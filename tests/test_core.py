@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import (
+from gpuwarden.core.errors import (
     ConfigError,
     GpuwardenError,
     LineProtocolError,
@@ -18,10 +18,10 @@ from core.errors import (
     SpoolError,
     StoreError,
 )
-from core.poster import FindingPoster
-from core.retry import Backoff
-from core.signing import SIGNATURE_HEADER, verify_signature
-from core.timeparse import duration_arg, parse_duration_s, parse_iso, parse_when
+from gpuwarden.core.poster import FindingPoster
+from gpuwarden.core.retry import Backoff
+from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
+from gpuwarden.core.timeparse import duration_arg, parse_duration_s, parse_iso, parse_when
 from tests.remediation_util import risk
 from tests.scripted_server import Reply, ScriptedServer
 
@@ -165,7 +165,7 @@ def test_durations_parse_with_or_without_a_unit() -> None:
 def test_v2_without_influxdb_client_is_a_clear_configuration_error(monkeypatch) -> None:
     import importlib.util
 
-    from core.store import transport
+    from gpuwarden.core.store import transport
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
@@ -178,20 +178,20 @@ def test_v2_without_influxdb_client_is_a_clear_configuration_error(monkeypatch) 
 
 
 def test_one_error_tree() -> None:
-    from analytics.errors import AnalyticsError
-    from analytics.mfu import UnknownGpuError
-    from collector.errors import CollectorError
-    from collector.sources.base import SourceError
-    from core.finding import FindingError
-    from core.store.reader import QueryError
-    from core.store.trace import TraceError
-    from dashboards.errors import DashboardError
-    from remediation.engine import EngineClosedError
-    from remediation.errors import RemediationError
-    from remediation.model import AdapterError
-    from remediation.policy import PolicyError
-    from simulation.errors import SimulationError
-    from simulation.spec import ScenarioError
+    from gpuwarden.analytics.errors import AnalyticsError
+    from gpuwarden.analytics.mfu import UnknownGpuError
+    from gpuwarden.collector.errors import CollectorError
+    from gpuwarden.collector.sources.base import SourceError
+    from gpuwarden.core.finding import FindingError
+    from gpuwarden.core.store.reader import QueryError
+    from gpuwarden.core.store.trace import TraceError
+    from gpuwarden.dashboards.errors import DashboardError
+    from gpuwarden.remediation.engine import EngineClosedError
+    from gpuwarden.remediation.errors import RemediationError
+    from gpuwarden.remediation.model import AdapterError
+    from gpuwarden.remediation.policy import PolicyError
+    from gpuwarden.simulation.errors import SimulationError
+    from gpuwarden.simulation.spec import ScenarioError
     from testbed.errors import InfluxdError, TestbedError
     from testbed.slurm import SlurmError
 

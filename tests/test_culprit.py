@@ -8,14 +8,14 @@ import time
 import polars as pl
 import pytest
 
-from analytics.config import load_config, with_overrides
-from analytics.culprit import StopConfig, find_stop
-from analytics.emit import findings
-from analytics.runner import LocalExecutor, analyse
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink, SinkConfig
-from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.culprit import StopConfig, find_stop
+from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.runner import LocalExecutor, analyse
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 
 S = 1_000_000_000
 T0 = 1_790_000_000 * S

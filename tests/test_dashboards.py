@@ -17,18 +17,18 @@ from typing import Any
 import pytest
 import yaml
 
-from core.catalogue import CATALOGUE
-from dashboards.alerts import rule_specs, rules_file
-from dashboards.check import catalogue_problems, problems, queries
-from dashboards.cli import main as dashboards_cli
-from dashboards.config import DEFAULTS as DASHBOARD_DEFAULTS
-from dashboards.config import load_config as load_dashboards_config
-from dashboards.errors import CatalogueNameError, QueryFailedError
-from dashboards.export import encode, generate, load
-from dashboards.grafana import ALL, QueryContext, interpolate, referenced_variables
-from dashboards.influx import InfluxQLClient
-from dashboards.influxql import Agg, Select
-from dashboards.render import render_all
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.dashboards.alerts import rule_specs, rules_file
+from gpuwarden.dashboards.check import catalogue_problems, problems, queries
+from gpuwarden.dashboards.cli import main as dashboards_cli
+from gpuwarden.dashboards.config import DEFAULTS as DASHBOARD_DEFAULTS
+from gpuwarden.dashboards.config import load_config as load_dashboards_config
+from gpuwarden.dashboards.errors import CatalogueNameError, QueryFailedError
+from gpuwarden.dashboards.export import encode, generate, load
+from gpuwarden.dashboards.grafana import ALL, QueryContext, interpolate, referenced_variables
+from gpuwarden.dashboards.influx import InfluxQLClient
+from gpuwarden.dashboards.influxql import Agg, Select
+from gpuwarden.dashboards.render import render_all
 from testbed.influxd import LocalInfluxd
 from tests.dashboard_data import AGENT_NODE, Dataset
 from tests.dashboard_data import load as load_data

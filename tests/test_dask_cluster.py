@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from analytics.config import load_config, with_overrides
-from analytics.emit import findings
-from analytics.runner import DaskExecutor, LocalExecutor, analyse
-from analytics.topology import write_topology
-from core.config import ConfigError
-from core.store.sink import InfluxSink, SinkConfig
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import load_spec
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor, analyse
+from gpuwarden.analytics.topology import write_topology
+from gpuwarden.core.config import ConfigError
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd, free_port
 from tests.remediation_util import poll
 

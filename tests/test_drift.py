@@ -11,17 +11,17 @@ from typing import Any
 import polars as pl
 import pytest
 
-from analytics.config import load_config, with_overrides
-from analytics.drift import DriftConfig, find_drift, find_job_mix
-from analytics.emit import findings
-from analytics.runner import Analysis, LocalExecutor, analyse
-from collector import sources
-from collector.sources.base import SourceContext
-from core.catalogue import check_point
-from core.config import ConfigError
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink, SinkConfig
-from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.drift import DriftConfig, find_drift, find_job_mix
+from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.runner import Analysis, LocalExecutor, analyse
+from gpuwarden.collector import sources
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.config import ConfigError
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 from tests.test_golden import GOLDEN
 
 S = 10**9

@@ -12,10 +12,10 @@ from pathlib import Path
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector import sources
-from collector.attribution import NO_JOB, JobHistory, JobInfo
-from collector.sources.base import SourceContext
-from core.finding import Finding
+from gpuwarden.collector import sources
+from gpuwarden.collector.attribution import NO_JOB, JobHistory, JobInfo
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.finding import Finding
 
 S = 10**9
 A = JobInfo("81234", "3", "3")

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from collector.sources.nvml.poll import Device, parse_gpu
-from core.finding import Finding
+from gpuwarden.collector.sources.nvml.poll import Device, parse_gpu
+from gpuwarden.core.finding import Finding
 from tests.test_golden import GOLDEN, run_case
 from tests.test_nvml_real_path import collect, fake, installed
 
@@ -100,7 +100,7 @@ def test_a_driver_without_the_versioned_call_still_gives_the_registration(tmp_pa
 
 
 def test_a_driver_with_no_fabric_call_reports_everything_else(tmp_path, caplog):
-    caplog.set_level("WARNING", logger="collector.sources.nvml")
+    caplog.set_level("WARNING", logger="gpuwarden.collector.sources.nvml")
     missing = {"nvmlDeviceGetGpuFabricInfoV", "nvmlDeviceGetGpuFabricInfo"}
     with installed(fake("nvml-h100-8gpu")) as library:
         full = _gpu_fields(collect(library, tmp_path))
@@ -116,10 +116,10 @@ def test_the_alert_cordons_the_node_through_the_default_policy():
     """Grafana's rule fires per GPU; the remediation endpoint turns the firing alert into a
     ``fabric_unregistered`` finding, and the default policy stops new work on the node
     without touching what runs there."""
-    from dashboards.alerts import rules_file
-    from dashboards.config import load_config
-    from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
-    from remediation.server import alert_finding
+    from gpuwarden.dashboards.alerts import rules_file
+    from gpuwarden.dashboards.config import load_config
+    from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+    from gpuwarden.remediation.server import alert_finding
 
     rules = rules_file(load_config(environ={}))["groups"][0]["rules"]
     rule = next(r for r in rules if r["uid"] == "gw-fabric-unregistered")
@@ -140,8 +140,8 @@ def test_a_gpu_left_out_of_the_fabric_is_a_finding_on_the_fast_path(tmp_path, ca
     """GPU 1 of the CONSTRUCTED driver-reload case is still registering at its last step: with
     a grace shorter than that, the agent raises one ``fabric_unregistered`` finding for it (the
     registered GPU 0 raises none); a longer grace raises nothing."""
-    from collector import sources
-    from collector.sources.base import SourceContext
+    from gpuwarden.collector import sources
+    from gpuwarden.collector.sources.base import SourceContext
 
     def findings(grace_s: float, cycles: int) -> list[Finding]:
         found: list[Finding] = []

@@ -22,12 +22,12 @@ from pathlib import Path
 
 import pytest
 
-from collector import sources
-from collector.plausible import Screen
-from collector.sources.base import SourceContext
-from core.catalogue import check_point
-from core.finding import Finding
-from core.store.lineprotocol import encode_points
+from gpuwarden.collector import sources
+from gpuwarden.collector.plausible import Screen
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.store.lineprotocol import encode_points
 
 GOLDEN = Path(__file__).parent / "golden"
 CASES = sorted(p.name for p in GOLDEN.iterdir() if (p / "case.toml").exists())
@@ -138,7 +138,7 @@ def test_the_recorder_captures_everything_the_source_asks(tmp_path: Path, monkey
     """``python -m testbed.nvml.record`` (run where a GPU is) re-recording the CONSTRUCTED
     8x H100 case through the same Recorder: the new case replays to the same line protocol,
     so a real recording made with it is a complete golden case."""
-    from collector.nvml.recorded import RecordedBackend
+    from gpuwarden.collector.nvml.recorded import RecordedBackend
     from testbed.nvml import record
 
     source = GOLDEN / "nvml-h100-8gpu"

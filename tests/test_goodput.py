@@ -8,14 +8,6 @@ import math
 
 import pytest
 
-from analytics.cadence import (
-    advise,
-    count_announced,
-    expected_waste,
-    failure_rate,
-    optimal_interval_s,
-    stepfun_rate_per_node_s,
-)
 from demo.goodput import (
     LEVERS,
     Alert,
@@ -28,6 +20,14 @@ from demo.goodput import (
     saved_pct,
     shapley,
     simulate,
+)
+from gpuwarden.analytics.cadence import (
+    advise,
+    count_announced,
+    expected_waste,
+    failure_rate,
+    optimal_interval_s,
+    stepfun_rate_per_node_s,
 )
 
 

@@ -11,9 +11,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from collector.gpucount import GpuCountWatch, bus_gpus
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.collector.gpucount import GpuCountWatch, bus_gpus
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "tests/golden/nvml-h100-8gpu/nvml.json"

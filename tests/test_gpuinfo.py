@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from collector import sources
-from collector.sources.base import SourceContext
-from collector.sources.nvml.info import parse_info
+from gpuwarden.collector import sources
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.nvml.info import parse_info
 from tests.test_golden import GOLDEN
 from tests.test_nvml_real_path import collect, fake, installed
 
@@ -93,7 +93,7 @@ def test_a_driver_that_answers_none_of_it_costs_only_the_info(tmp_path):
 def test_text_that_is_not_utf8_does_not_fail_the_call():
     """A serial or VBIOS string from an EEPROM holding garbage: replaced, not an exception
     that would fail the whole NVML source."""
-    from collector.nvml.real import _plain
+    from gpuwarden.collector.nvml.real import _plain
 
     assert _plain(b"16501\xff\xfe24") == "16501\ufffd\ufffd24"
     assert _plain([b"\xc3", 1]) == ["\ufffd", 1]
@@ -102,7 +102,7 @@ def test_text_that_is_not_utf8_does_not_fail_the_call():
 def test_a_call_that_raises_something_unexpected_costs_only_its_answer(tmp_path, caplog):
     """Not an NVML error but an exception from the binding (say a struct it cannot decode) on
     one GPU's call: that field is left out, every other field and GPU is kept, said once."""
-    from collector.nvml.recorded import RecordedBackend
+    from gpuwarden.collector.nvml.recorded import RecordedBackend
 
     class Surprising(RecordedBackend):
         def call(self, device, name, *args):
@@ -110,7 +110,7 @@ def test_a_call_that_raises_something_unexpected_costs_only_its_answer(tmp_path,
                 raise ValueError("cannot decode the answer")
             return super().call(device, name, *args)
 
-    caplog.set_level("WARNING", logger="collector.sources.nvml")
+    caplog.set_level("WARNING", logger="gpuwarden.collector.sources.nvml")
     context = SourceContext("c", "n1", sysfs=tmp_path, procfs=tmp_path)
     backend = Surprising(GOLDEN / "nvml-h100-8gpu" / "nvml.json")
     source = sources.create("nvml", context, {"backend_instance": backend, "events": "poll"})

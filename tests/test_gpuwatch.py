@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
-from collector import sources
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.base import SourceContext
-from core.finding import Finding, Severity
+from gpuwarden.collector import sources
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.finding import Finding, Severity
 from tests.test_golden import GOLDEN
 
 S = 10**9
@@ -29,7 +29,7 @@ class Faulty(RecordedBackend):
         self.remap_failed = 0
 
     def call(self, device: int | None, name: str, *args: Any) -> Any:
-        from collector.sources.nvml.poll import GPU_FIELD_IDS
+        from gpuwarden.collector.sources.nvml.poll import GPU_FIELD_IDS
 
         answer = super().call(device, name, *args)
         if name == "nvmlDeviceGetFieldValues" and device == 6 and len(answer) > 1:
@@ -99,9 +99,9 @@ def test_the_first_cycle_only_learns(tmp_path):
 def test_an_alert_and_the_agents_own_finding_meet_the_same_policy(uid, policy):
     """Each Grafana rule that means what an agent finding means carries that finding's kind,
     so the default policy that acts on the agent's fast path acts on the page too."""
-    from dashboards.alerts import rule_specs
-    from dashboards.config import load_config
-    from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+    from gpuwarden.dashboards.alerts import rule_specs
+    from gpuwarden.dashboards.config import load_config
+    from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 
     spec = next(r for r in rule_specs(load_config(environ={})) if r.uid == uid)
     finding = Finding(spec.kind, {"cluster": "c", "node": "n1", "gpu": "0"}, Severity.CRITICAL, 0)

@@ -18,12 +18,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from analytics.config import load_config, with_overrides
-from analytics.emit import findings
-from analytics.hangs import HangConfig, find_hang, pace, silence
-from analytics.runner import LocalExecutor, analyse
-from core.config import ConfigError
-from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.hangs import HangConfig, find_hang, pace, silence
+from gpuwarden.analytics.runner import LocalExecutor, analyse
+from gpuwarden.core.config import ConfigError
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 from testbed.influxd import free_port
 from tests.remediation_util import poll
 from tests.test_analytics import _load

@@ -8,11 +8,11 @@ import threading
 
 import pytest
 
-from collector import cli as agent_cli
-from collector.config import ConfigError, load_config
-from collector.health import HealthGate
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.collector import cli as agent_cli
+from gpuwarden.collector.config import ConfigError, load_config
+from gpuwarden.collector.health import HealthGate
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 from tests.test_agent import GOLDEN, H100, ListSink, write_config
 
 S = 1_000_000_000

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("core", "collector", "analytics", "remediation", "dashboards", "simulation", "testbed")
+PACKAGES = ("core", "collector", "analytics", "remediation", "dashboards", "simulation")
 HEAVY = (
     "polars", "numpy", "dask", "sklearn", "scipy", "matplotlib", "kubernetes", "grpc",
     "influxdb_client", "yaml", "grafana_foundation_sdk", "torch",
@@ -48,30 +48,39 @@ def test_the_import_rule_holds() -> None:
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The Python files of every root package and demo/, with pyproject.toml: what the
-    linter reads, in a place a test can break."""
+    """The Python files of every root package, testbed/ and demo/, with gpuwarden/ (its
+    links to the product folders) and pyproject.toml: what the linter reads, in a place a
+    test can break."""
     out = tmp_path_factory.mktemp("tree")
-    for pkg in (*PACKAGES, "demo"):
+    for pkg in (*PACKAGES, "testbed", "demo", "gpuwarden"):
         for src in (ROOT / pkg).rglob("*.py"):
             dst = out / src.relative_to(ROOT)
+            if dst.parent.name in PACKAGES and dst.parent.parent.name == "gpuwarden":
+                continue  # reached through a link, copied with its folder
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, dst)
+    for pkg in PACKAGES:
+        (out / "gpuwarden" / pkg).symlink_to(Path("..") / pkg)
     shutil.copyfile(ROOT / "pyproject.toml", out / "pyproject.toml")
     return out
 
 
 VIOLATIONS = [
     # (contract id, module that gets the import, the import)
-    ("core", "core/finding.py", "import collector.agent"),
-    ("products", "collector/health.py", "import analytics.mfu"),
-    ("products", "remediation/adapters/slurm.py", "from collector.jobside import checkpoint_hook"),
-    ("products", "dashboards/panels.py", "import remediation.policy"),
+    ("core", "core/finding.py", "import gpuwarden.collector.agent"),
+    ("products", "collector/health.py", "import gpuwarden.analytics.mfu"),
+    (
+        "products",
+        "remediation/adapters/slurm.py",
+        "from gpuwarden.collector.jobside import checkpoint_hook",
+    ),
+    ("products", "dashboards/panels.py", "import gpuwarden.remediation.policy"),
     ("product-not-tools", "remediation/cli.py", "import testbed.influxd"),
-    ("product-not-tools", "analytics/runner.py", "import simulation.generator"),
-    ("simulation", "simulation/generator.py", "import analytics.runner"),
-    ("testbed", "testbed/k8s.py", "import remediation.engine"),
-    ("acyclic", "collector/sources/events.py", "import collector.sources.xid"),
-    ("acyclic", "collector/sources/nvml/poll.py", "import collector.sources.nvml.info"),
+    ("product-not-tools", "analytics/runner.py", "import gpuwarden.simulation.generator"),
+    ("simulation", "simulation/generator.py", "import gpuwarden.analytics.runner"),
+    ("testbed", "testbed/k8s.py", "import gpuwarden.remediation.engine"),
+    ("acyclic", "collector/sources/events.py", "import gpuwarden.collector.sources.xid"),
+    ("acyclic", "collector/sources/nvml/poll.py", "import gpuwarden.collector.sources.nvml.info"),
 ]
 
 
@@ -105,11 +114,11 @@ def test_the_job_side_libraries_load_only_the_standard_library() -> None:
     got = loaded_by(
         "import json, sys\n"
         "before = set(sys.modules)\n"
-        "from collector.jobside.reporter import Reporter\n"
-        "from collector.jobside.checkpoint_hook import CheckpointRequests\n"
-        "import core.checkpoint\n"
+        "from gpuwarden.collector.jobside.reporter import Reporter\n"
+        "from gpuwarden.collector.jobside.checkpoint_hook import CheckpointRequests\n"
+        "import gpuwarden.core.checkpoint\n"
         "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
-        "ours = {'core', 'collector'}\n"
+        "ours = {'gpuwarden'}\n"
         "print(json.dumps(sorted(new - set(sys.stdlib_module_names) - ours)))"
     )
     assert got == [], f"the job-side libraries import {got}"
@@ -133,10 +142,10 @@ def test_the_agent_loads_none_of_the_heavy_libraries(tmp_path: Path) -> None:
     )
     got = loaded_by(
         "import contextlib, io, json, sys\n"
-        "import gpuwarden\n"
+        "from gpuwarden.cli import main\n"
         "out = io.StringIO()\n"
         "with contextlib.redirect_stdout(out):\n"
-        f"    rc = gpuwarden.main(['agent', '--config', {str(config)!r}, '--once'])\n"
+        f"    rc = main(['agent', '--config', {str(config)!r}, '--once'])\n"
         "lines = out.getvalue().splitlines()\n"
         f"heavy = sorted(m for m in {HEAVY!r} if m in sys.modules)\n"
         "print(json.dumps({'rc': rc, 'gpu_points': sum(l.startswith('gpu,') for l in lines),"
@@ -155,7 +164,7 @@ def test_the_launcher_names_the_missing_extra() -> None:
             sys.executable,
             "-c",
             "import sys; sys.modules['polars'] = None\n"
-            "import gpuwarden; raise SystemExit(gpuwarden.main(['analyze', 'run']))",
+            "from gpuwarden.cli import main; raise SystemExit(main(['analyze', 'run']))",
         ],
         cwd=ROOT,
         capture_output=True,
@@ -167,34 +176,37 @@ def test_the_launcher_names_the_missing_extra() -> None:
 
 
 def test_the_launcher_lists_its_commands_and_refuses_others(capsys) -> None:
-    import gpuwarden
+    from gpuwarden.cli import main
 
-    assert gpuwarden.main(["--help"]) == 0
+    assert main(["--help"]) == 0
     listing = capsys.readouterr().out
     for name in ("agent", "analyze", "remediate", "dashboards", "replay", "demo"):
         assert f"  {name} " in listing
-    assert gpuwarden.main(["frobnicate"]) == 2
+    assert main(["frobnicate"]) == 2
     assert "unknown command 'frobnicate'" in capsys.readouterr().err
-    assert gpuwarden.main([]) == 2
+    assert main([]) == 2
 
 
 def test_each_command_loads_only_its_own_package() -> None:
     """``gpuwarden <command> --help`` imports the command's package and core, no other."""
     got = loaded_by(
         "import contextlib, io, json, sys\n"
-        "import gpuwarden\n"
-        "ours = ('collector', 'analytics', 'remediation', 'dashboards', 'simulation', "
-        "'testbed', 'demo')\n"
+        "from gpuwarden.cli import main\n"
+        "ours = ('collector', 'analytics', 'remediation', 'dashboards', 'simulation')\n"
+        "def top(m):\n"
+        "    parts = m.split('.')\n"
+        "    return parts[1] if parts[0] == 'gpuwarden' and len(parts) > 1 else parts[0]\n"
+        "every = set(ours) | {'testbed', 'demo'}\n"
         "result = {}\n"
         "for name in ('agent', 'analyze', 'remediate', 'dashboards', 'replay'):\n"
-        "    for m in [m for m in sys.modules if m.split('.')[0] in ours]:\n"
+        "    for m in [m for m in sys.modules if top(m) in every]:\n"
         "        del sys.modules[m]\n"
         "    with contextlib.redirect_stdout(io.StringIO()):\n"
         "        try:\n"
-        "            gpuwarden.main([name, '--help'])\n"
+        "            main([name, '--help'])\n"
         "        except SystemExit:\n"
         "            pass\n"
-        "    result[name] = sorted({m.split('.')[0] for m in sys.modules} & set(ours))\n"
+        "    result[name] = sorted({top(m) for m in sys.modules} & every)\n"
         "print(json.dumps(result))"
     )
     assert got == {

@@ -10,10 +10,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.catalogue import CATALOGUE
-from core.errors import LineProtocolError
-from core.store.lineprotocol import EncodeStats, Point, Precision, encode_point, encode_points
-from core.store.lineprotocol.frame import encode_frame, plan_fields
+from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.store.lineprotocol import (
+    EncodeStats,
+    Point,
+    Precision,
+    encode_point,
+    encode_points,
+)
+from gpuwarden.core.store.lineprotocol.frame import encode_frame, plan_fields
 from tests import strategies as hs
 
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from analytics.emit import SOURCE as ANALYTICS
 from demo.live import ArmResult, LiveArm, LiveLoop, Settings, twin_scenario
 from demo.train_live_model import LIVE_PREDICTOR, MODEL
+from gpuwarden.analytics.emit import SOURCE as ANALYTICS
 from testbed.influxd import LocalInfluxd
 from testbed.slurm import slurm_available
 

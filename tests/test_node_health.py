@@ -28,15 +28,15 @@ from pathlib import Path
 
 import pytest
 
-from collector.check import Result, check_finding
-from collector.episodes import Episodes
-from collector.health import HealthGate
-from core.finding import Finding, Severity
-from remediation.audit import AuditLog, read_records
-from remediation.cli import main as remediate
-from remediation.engine import Engine, EngineSettings
-from remediation.model import NodeFacts
-from remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
+from gpuwarden.collector.check import Result, check_finding
+from gpuwarden.collector.episodes import Episodes
+from gpuwarden.collector.health import HealthGate
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import NodeFacts
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.k8s import FakeKubernetes
 from testbed.slurm import LocalSlurm, slurm_available
@@ -163,8 +163,8 @@ def test_return_by_a_check_command_the_engine_runs(tmp_path: Path) -> None:
 
 
 def test_the_return_requirement_is_validated(tmp_path: Path) -> None:
-    from core.config import ConfigError
-    from remediation.config import load_config
+    from gpuwarden.core.config import ConfigError
+    from gpuwarden.remediation.config import load_config
 
     bad = tmp_path / "r.toml"
     bad.write_text('[engine]\nreturn_requires = "hope"\n')
@@ -218,7 +218,7 @@ def test_a_policy_selects_nodes_by_name_partition_feature_and_label() -> None:
 
 
 def test_kubernetes_labels_choose_the_policy(tmp_path: Path) -> None:
-    from remediation.adapters.kubernetes import KubernetesAdapter
+    from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
 
     fake = FakeKubernetes(token="k").start()
     try:
@@ -415,7 +415,7 @@ def test_a_node_the_engine_drained_comes_back_only_after_a_passing_check(
 
 @needs_slurm
 def test_slurm_features_and_partitions_choose_the_policy(tmp_path: Path) -> None:
-    from remediation.adapters.slurm import SlurmAdapter
+    from gpuwarden.remediation.adapters.slurm import SlurmAdapter
 
     nodes = ["gpu01", "gpu02"]
     with LocalSlurm(tmp_path / "slurm", nodes, features={"gpu01": ["h100", "nvswitch"]}) as slurm:

@@ -20,12 +20,12 @@ import math
 import threading
 from pathlib import Path
 
-from collector import cli
-from collector.nvml.backend import ERROR_GPU_IS_LOST, NvmlError
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.base import SourceContext
-from collector.sources.nvml import NvmlSource
-from collector.sources.nvml.poll import GPM_METRICS, Device, parse_gpu
+from gpuwarden.collector import cli
+from gpuwarden.collector.nvml.backend import ERROR_GPU_IS_LOST, NvmlError
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.nvml import NvmlSource
+from gpuwarden.collector.sources.nvml.poll import GPM_METRICS, Device, parse_gpu
 from testbed.nvml.fakelib import installed
 from tests.test_golden import GOLDEN, run_case
 from tests.test_nvml_real_path import RealPath, fake

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from collector import sources
-from collector.nvml.real import PynvmlBackend
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.base import SourceContext, SourceError
+from gpuwarden.collector import sources
+from gpuwarden.collector.nvml.real import PynvmlBackend
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.base import SourceContext, SourceError
 from testbed.nvml.fakelib import FakeLibrary, installed
 from tests.test_golden import CASES, GOLDEN, run_case
 
@@ -53,7 +53,7 @@ def test_the_real_path_gives_what_the_recorded_backend_gives(case, tmp_path):
 def test_pynvmls_own_field_wrapper_gives_the_same(tmp_path, monkeypatch):
     """Where pynvml's field struct does not have the layout the fast unpacking reads, the
     backend goes through pynvml's wrapper instead; both must give the same lines."""
-    from collector.nvml import real
+    from gpuwarden.collector.nvml import real
 
     monkeypatch.setattr(real, "_fast_fields_possible", lambda nv: False)
     case = "nvml-a100-8gpu"  # per-lane CRC counters: the most varied field answers
@@ -66,7 +66,7 @@ def test_every_nvml_value_type_is_decoded():
     """The fast path reads the 8-byte union as one unsigned number; each type converts."""
     import struct
 
-    from collector.nvml.real import _FIELD, _decode_fields
+    from gpuwarden.collector.nvml.real import _FIELD, _decode_fields
 
     members = [(0, "=d", -2.5), (1, "=I", 4_000_000_000), (3, "=Q", 2**64 - 1),
                (4, "=q", -(2**40)), (5, "=i", -7), (6, "=H", 65_535)]  # fmt: skip
@@ -125,7 +125,7 @@ def test_a_driver_before_r535_still_gives_the_clock_event_reasons(tmp_path):
 
 
 def test_a_driver_with_no_process_call_at_all_reports_everything_else(tmp_path, caplog):
-    caplog.set_level("WARNING", logger="collector.sources.nvml")
+    caplog.set_level("WARNING", logger="gpuwarden.collector.sources.nvml")
     missing = {f"nvmlDeviceGetComputeRunningProcesses_v{v}" for v in (2, 3)}
     with installed(fake("nvml-h100-8gpu", missing=missing)) as library:
         cycles = collect(library, tmp_path, cycles=3)
@@ -186,7 +186,7 @@ def test_a_failing_event_wait_costs_the_events_of_that_cycle_only(tmp_path, capl
 
 
 def test_the_event_thread_retries_after_a_failed_wait(tmp_path, monkeypatch):
-    from collector.sources.nvml import xids as nvml_source
+    from gpuwarden.collector.sources.nvml import xids as nvml_source
 
     monkeypatch.setattr(nvml_source, "EVENT_RETRY_S", 0.01)
     library = fake("nvml-gpu-lost", errors={("nvmlEventSetWait_v2", None): 999})

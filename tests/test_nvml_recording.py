@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from collector.nvml.backend import (
+from gpuwarden.collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,
     NvmlError,
 )
-from collector.nvml.recorded import RecordedBackend
-from collector.sources.nvml.poll import field_request
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.sources.nvml.poll import field_request
 
 GOLDEN = Path(__file__).parent / "golden"
 PCIE_TX_BYTES = (197, 0)  # NVML_FI_DEV_PCIE_COUNT_TX_BYTES: never asked for when recorded
@@ -66,15 +66,15 @@ def test_an_agent_that_starts_with_a_gpu_already_lost_reports_it_and_the_rest(tm
     """Found by the twin cluster: a GPU lost before the NVML source's first cycle answered
     nothing at discovery, and the source failed as a whole (an unbound variable), every
     cycle. Now the lost GPU is a ``gpu_lost`` event and the other GPUs are read."""
-    from collector.nvml.backend import ERROR_GPU_IS_LOST
-    from collector.sources.base import SourceContext
-    from collector.sources.nvml import NvmlSource
-    from core.store.lineprotocol import encode_points
+    from gpuwarden.collector.nvml.backend import ERROR_GPU_IS_LOST
+    from gpuwarden.collector.sources.base import SourceContext
+    from gpuwarden.collector.sources.nvml import NvmlSource
+    from gpuwarden.core.store.lineprotocol import encode_points
 
     class LostFromTheStart(RecordedBackend):
         def call(self, device, name, *args):
             if device == 2:
-                from collector.nvml.backend import NvmlError
+                from gpuwarden.collector.nvml.backend import NvmlError
 
                 raise NvmlError(ERROR_GPU_IS_LOST, name)
             return super().call(device, name, *args)

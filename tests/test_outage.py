@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from core.store.reader import InfluxReader
+from gpuwarden.core.store.reader import InfluxReader
 
 pytestmark = [pytest.mark.influxdb, pytest.mark.slow]
 

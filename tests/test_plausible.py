@@ -15,15 +15,15 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from collector import sources
-from collector.agent import Agent
-from collector.nvml.recorded import RecordedBackend
-from collector.plausible import Screen
-from collector.sources.base import SourceContext
-from collector.sources.nvml.poll import PLAIN_CALLS, Device, parse_gpu
-from core.catalogue import CATALOGUE, Kind, Producer
-from core.store.lineprotocol import Point
-from core.store.lineprotocol.strict import parse_lines
+from gpuwarden.collector import sources
+from gpuwarden.collector.agent import Agent
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.plausible import Screen
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.nvml.poll import PLAIN_CALLS, Device, parse_gpu
+from gpuwarden.core.catalogue import CATALOGUE, Kind, Producer
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.lineprotocol.strict import parse_lines
 from testbed.sysfstree import build_node_tree
 from tests.test_agent import ListSink
 from tests.test_golden import CASES, GOLDEN
@@ -142,7 +142,7 @@ def test_a_gpu_whose_field_batch_is_garbage_costs_only_that_gpu(tmp_path, caplog
                 return [None] * len(answer)
             return answer
 
-    caplog.set_level(logging.WARNING, logger="collector.sources.nvml")
+    caplog.set_level(logging.WARNING, logger="gpuwarden.collector.sources.nvml")
     context = SourceContext("c", "n", sysfs=tmp_path, procfs=tmp_path)
     backend = Garbled(GOLDEN / "nvml-h100-8gpu" / "nvml.json")
     source = sources.create("nvml", context, {"backend_instance": backend, "events": "poll"})

@@ -20,10 +20,10 @@ from typing import Any
 import grpc
 import pytest
 
-from collector import cli as agent_cli
-from collector import sources
-from collector.nvml.recorded import RecordedBackend
-from collector.podresources import (
+from gpuwarden.collector import cli as agent_cli
+from gpuwarden.collector import sources
+from gpuwarden.collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.podresources import (
     STALE_AFTER_S,
     Holder,
     PodResources,
@@ -31,8 +31,8 @@ from collector.podresources import (
     gpu_holders,
     messages,
 )
-from collector.sources.base import SourceContext
-from core.store.lineprotocol import Point
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.store.lineprotocol import Point
 from testbed.kubelet import FakeKubelet
 from tests.test_agent import write_config
 
@@ -303,8 +303,8 @@ def test_the_agent_configuration_reaches_the_kubelet(tmp_path):
 def test_the_reporter_in_a_pod_names_the_job_as_the_agent_does(node, tmp_path, monkeypatch):
     """MFU joins the reporter's steps with the agent's GPU points by job: inside a pod with no
     job in its environment both must say ``<namespace>/<pod>``."""
-    from collector.attribution import parse_environ
-    from collector.jobside.reporter import Reporter, pod_job
+    from gpuwarden.collector.attribution import parse_environ
+    from gpuwarden.collector.jobside.reporter import Reporter, pod_job
 
     nvml, backend, kubelet, procfs = node
     pod_process(procfs, 4100)

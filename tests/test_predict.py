@@ -9,10 +9,10 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.predict.history import DAY_S, HISTORY_FEATURES, FaultEvent, history_frame
-from analytics.predict.metrics import at_threshold, lead_times, pr_auc, random_pr_auc
-from analytics.predict.model import ModelError, RiskModel, fit, fit_selected, time_split
-from analytics.predict.stepfun import problem
+from gpuwarden.analytics.predict.history import DAY_S, HISTORY_FEATURES, FaultEvent, history_frame
+from gpuwarden.analytics.predict.metrics import at_threshold, lead_times, pr_auc, random_pr_auc
+from gpuwarden.analytics.predict.model import ModelError, RiskModel, fit, fit_selected, time_split
+from gpuwarden.analytics.predict.stepfun import problem
 
 
 def test_history_features_see_only_the_past() -> None:

@@ -14,17 +14,17 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.cli import main as analyze
-from analytics.config import AnalyticsConfig, load_config, with_overrides
-from analytics.predict.cli import dataset, label_events
-from analytics.predict.dataset import Dataset
-from analytics.predict.evaluate import alert_starts, first_failures
-from analytics.predict.model import RiskModel, fit
-from analytics.predict.scoring import score
-from analytics.predict.telemetry import FEATURES
-from analytics.runner import LocalExecutor
-from simulation.cli import stream_scenario
-from simulation.spec import FaultSpec, ScenarioSpec, load_spec
+from gpuwarden.analytics.cli import main as analyze
+from gpuwarden.analytics.config import AnalyticsConfig, load_config, with_overrides
+from gpuwarden.analytics.predict.cli import dataset, label_events
+from gpuwarden.analytics.predict.dataset import Dataset
+from gpuwarden.analytics.predict.evaluate import alert_starts, first_failures
+from gpuwarden.analytics.predict.model import RiskModel, fit
+from gpuwarden.analytics.predict.scoring import score
+from gpuwarden.analytics.predict.telemetry import FEATURES
+from gpuwarden.analytics.runner import LocalExecutor
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.spec import FaultSpec, ScenarioSpec, load_spec
 from testbed.influxd import LocalInfluxd
 
 HOUR = 3600

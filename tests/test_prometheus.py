@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from collector.metrics import DCGM, agent_metrics, gpu_metrics
-from core.metrics import Metric, render
-from core.signing import SIGNATURE_HEADER, sign
-from core.store.lineprotocol import Point
+from gpuwarden.collector.metrics import DCGM, agent_metrics, gpu_metrics
+from gpuwarden.core.metrics import Metric, render
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.store.lineprotocol import Point
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.prometheus import LocalPrometheus, Target, prometheus_binary
 from tests.remediation_util import poll, risk
@@ -189,7 +189,7 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
 
 
 def test_agent_metrics_show_a_failing_source() -> None:
-    from collector.agent import SourceHealth
+    from gpuwarden.collector.agent import SourceHealth
 
     class FakeAgent:
         def __init__(self) -> None:

@@ -5,9 +5,15 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from core.store.lineprotocol import Point
-from core.store.reader import InfluxReader, QueryError, build_select, quote_ident, quote_literal
-from core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.reader import (
+    InfluxReader,
+    QueryError,
+    build_select,
+    quote_ident,
+    quote_literal,
+)
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 
 pytestmark = pytest.mark.influxdb
 

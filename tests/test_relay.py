@@ -19,11 +19,11 @@ import pytest
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from collector.relay import LOG_EVERY_S, MAX_BODY, ReporterRelay
-from core.catalogue import check_point
-from core.errors import LineProtocolError
-from core.store.lineprotocol import Point, encode_point
-from core.store.lineprotocol.strict import PRECISIONS, parse_lines
+from gpuwarden.collector.relay import LOG_EVERY_S, MAX_BODY, ReporterRelay
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.store.lineprotocol import Point, encode_point
+from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
 from tests import strategies as hs
 
 NOW = 1_700_000_000_123_456_789
@@ -396,7 +396,7 @@ def test_everything_the_reporter_sends_is_accepted(relay):
     """The training-side reporter, every option used, a NaN loss (a diverging run) and its
     heartbeat included: nothing it sends is refused (the NaN field is left out by its
     encoder, the step kept)."""
-    from collector.jobside.reporter import Reporter
+    from gpuwarden.collector.jobside.reporter import Reporter
 
     r, sink = relay
     rep = Reporter("j1", 3, url=f"http://{r.address[0]}:{r.address[1]}", flush_interval_s=0.01)
@@ -417,7 +417,7 @@ def test_everything_the_reporter_sends_is_accepted(relay):
 
 def test_refusals_are_counted_in_self_metrics_and_logged_sparingly(relay, caplog):
     r, _ = relay
-    with caplog.at_level(logging.WARNING, logger="collector.relay"):
+    with caplog.at_level(logging.WARNING, logger="gpuwarden.collector.relay"):
         for _ in range(5):
             assert post(r, b"cpu v=1")[0] == 400
         assert post(r, STEP.encode())[0] == 204
@@ -430,6 +430,6 @@ def test_refusals_are_counted_in_self_metrics_and_logged_sparingly(relay, caplog
     assert check_point(own.measurement, own.tags, own.fields) == []
     assert r.stats_point("c", "n", 8).fields["points_count"] == 0  # per cycle, not a total
     r._said_at -= LOG_EVERY_S
-    with caplog.at_level(logging.WARNING, logger="collector.relay"):
+    with caplog.at_level(logging.WARNING, logger="gpuwarden.collector.relay"):
         assert post(r, b"cpu v=1")[0] == 400
     assert "refused 5 request(s)" in caplog.records[-1].getMessage()

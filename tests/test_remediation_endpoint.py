@@ -17,15 +17,15 @@ from typing import Any
 
 import pytest
 
-from core.signing import SIGNATURE_HEADER, sign, verify_signature
-from remediation.adapters.webhook import WebhookAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.cli import main as remediate
-from remediation.config import defaults, load_config
-from remediation.engine import Engine, EngineClosedError, EngineSettings
-from remediation.model import Action, ActionKind
-from remediation.policy import DEFAULT_POLICIES, load_policies
-from remediation.server import Endpoint, make_server
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign, verify_signature
+from gpuwarden.remediation.adapters.webhook import WebhookAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.remediation.config import defaults, load_config
+from gpuwarden.remediation.engine import Engine, EngineClosedError, EngineSettings
+from gpuwarden.remediation.model import Action, ActionKind
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.remediation.server import Endpoint, make_server
 from testbed.alertmanager import LocalAlertmanager, alertmanager_binary
 from testbed.k8s import FakeKubernetes
 from tests.remediation_util import RecordingAdapter, risk
@@ -517,7 +517,7 @@ def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
     import subprocess
     import sys
 
-    from core.poster import FindingPoster
+    from gpuwarden.core.poster import FindingPoster
     from testbed.influxd import LocalInfluxd, free_port
     from tests.remediation_util import poll
 
@@ -539,7 +539,7 @@ def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
             f'spool_dir = "{tmp_path}/spool"\n'
         )
         proc = subprocess.Popen(
-            [sys.executable, "-m", "remediation.cli", "--config", str(config), "serve"],
+            [sys.executable, "-m", "gpuwarden.remediation.cli", "--config", str(config), "serve"],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},

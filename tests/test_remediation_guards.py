@@ -10,11 +10,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.finding import Finding, Severity
-from remediation.audit import AuditLog, read_records
-from remediation.engine import Engine, EngineSettings
-from remediation.model import MUTATING, ActionKind
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import MUTATING, ActionKind
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from tests.remediation_util import RecordingAdapter, risk
 
 NODES = {f"gpu{i:02d}": ("a" if i < 12 else "b") for i in range(20)}
@@ -221,7 +221,7 @@ def test_failing_adapter_stops_the_ladder_and_is_audited(tmp_path: Path) -> None
     engine, sched, _ = make_engine(tmp_path, max_nodes_out=5, max_fraction_out=1.0)
 
     def broken(action):
-        from remediation.model import AdapterError
+        from gpuwarden.remediation.model import AdapterError
 
         if action.kind is ActionKind.DRAIN:
             raise AdapterError("scontrol: Invalid node name specified")

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from remediation.adapters.kubernetes import KubernetesAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.engine import Engine, EngineSettings
-from remediation.model import Action, ActionKind, AdapterError
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import Action, ActionKind, AdapterError
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.k8s import FakeKubernetes, matches_labels
 from tests.remediation_util import RecordingAdapter, risk
 

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from core.finding import Finding, Severity
-from remediation.adapters.slurm import SPARE_REASON, SlurmAdapter
-from remediation.audit import AuditLog, read_records
-from remediation.engine import Engine, EngineSettings
-from remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.adapters.slurm import SPARE_REASON, SlurmAdapter
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.slurm import LocalSlurm, slurm_available
 from tests.remediation_util import RecordingAdapter, poll
 

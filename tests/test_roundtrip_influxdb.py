@@ -11,10 +11,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.catalogue import FieldType
-from core.store.lineprotocol import Point
-from core.store.reader import InfluxReader
-from core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.catalogue import FieldType
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.reader import InfluxReader
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from tests import strategies as hs
 
 pytestmark = pytest.mark.influxdb

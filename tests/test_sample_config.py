@@ -5,7 +5,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 
-from core.store.sink import SinkConfig
+from gpuwarden.core.store.sink import SinkConfig
 
 
 def test_sink_sample_equals_defaults():
@@ -14,7 +14,7 @@ def test_sink_sample_equals_defaults():
 
 
 def test_agent_sample_equals_defaults():
-    from collector.config import DEFAULTS, load_config
+    from gpuwarden.collector.config import DEFAULTS, load_config
 
     path = Path(__file__).parent.parent / "config/agent.sample.toml"
     assert load_config(path, environ={}).sections == DEFAULTS

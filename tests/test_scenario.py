@@ -10,13 +10,19 @@ import numpy as np
 import polars as pl
 import pytest
 
-from analytics.drift import DriftConfig, find_drift
-from core.catalogue import check_point
-from core.faulttrace import stepfun_faults
-from simulation.calibration import acmetrace
-from simulation.faults import DEFAULTS
-from simulation.generator import TAGS, ScenarioGenerator
-from simulation.spec import FAULT_TYPES, ScenarioError, library_names, load_spec, parse_spec
+from gpuwarden.analytics.drift import DriftConfig, find_drift
+from gpuwarden.core.catalogue import check_point
+from gpuwarden.core.faulttrace import stepfun_faults
+from gpuwarden.simulation.calibration import acmetrace
+from gpuwarden.simulation.faults import DEFAULTS
+from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
+from gpuwarden.simulation.spec import (
+    FAULT_TYPES,
+    ScenarioError,
+    library_names,
+    load_spec,
+    parse_spec,
+)
 
 JOB = {"name": "j", "nodes": 4, "tp": 8, "pp": 4, "step_time_s": 5.0}
 
@@ -114,8 +120,8 @@ def test_every_fault_type_has_a_signature_test():
 
 def test_every_fault_type_that_slows_ranks_names_their_cause():
     """The ground truth the attribution is scored against (simulation.causes)."""
-    from simulation.causes import CAUSES
-    from simulation.faulttypes import REGISTRY, FaultType
+    from gpuwarden.simulation.causes import CAUSES
+    from gpuwarden.simulation.faulttypes import REGISTRY, FaultType
 
     slows = {n for n, t in REGISTRY.items() if type(t).slowdown is not FaultType.slowdown}
     named = {n for n, t in REGISTRY.items() if t.cause is not None}

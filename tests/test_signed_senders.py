@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from remediation.audit import read_records
-from remediation.cli import main as remediate
-from simulation.cli import stream_scenario
-from simulation.spec import load_spec
+from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.simulation.cli import stream_scenario
+from gpuwarden.simulation.spec import load_spec
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.k8s import FakeKubernetes
 from tests.remediation_util import poll
@@ -164,9 +164,9 @@ def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_p
     copy of an answered one is a replay (409)."""
     import json
 
-    from core.signing import SIGNATURE_HEADER, sign
-    from remediation.engine import EngineClosedError
-    from remediation.server import Endpoint
+    from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+    from gpuwarden.remediation.engine import EngineClosedError
+    from gpuwarden.remediation.server import Endpoint
     from tests.remediation_util import risk
 
     class ClosingOnce:

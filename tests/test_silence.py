@@ -3,11 +3,11 @@ silence most nodes share is the data path, and names no node. SIMULATED agent po
 
 from __future__ import annotations
 
-from analytics.config import load_config, with_overrides
-from analytics.emit import findings
-from analytics.runner import LocalExecutor, analyse
-from analytics.silence import silent_nodes
-from core.store.reader import InfluxReader
+from gpuwarden.analytics.config import load_config, with_overrides
+from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.runner import LocalExecutor, analyse
+from gpuwarden.analytics.silence import silent_nodes
+from gpuwarden.core.store.reader import InfluxReader
 
 S = 10**9
 END = 1_790_000_000 * S
@@ -95,7 +95,7 @@ def test_the_analyze_service_outlives_its_database(tmp_path) -> None:
 
 
 def test_the_service_names_a_silence_seen_twice_running() -> None:
-    from analytics.silence import Confirmed, Silence
+    from gpuwarden.analytics.silence import Confirmed, Silence
 
     confirm = Confirmed()
     a, b = Silence("c", "a", 0, 30.0), Silence("c", "b", 0, 12.0)

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from core.errors import SinkError
-from core.store.sink import InfluxSink, SinkConfig
-from core.store.transport import Outcome, classify, parse_retry_after
+from gpuwarden.core.errors import SinkError
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.transport import Outcome, classify, parse_retry_after
 from testbed.influxd import free_port
 from tests.scripted_server import Reply, ScriptedServer
 

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.errors import SpoolError
-from core.store.spool import Spool
+from gpuwarden.core.errors import SpoolError
+from gpuwarden.core.store.spool import Spool
 
 
 def _drain(spool, batch=1000):

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import json
 
-from collector import sources
-from collector.sources.base import SourceContext
-from collector.sources.kmsg import SxidLine, parse_line
-from core.finding import Finding
-from remediation.policy import DEFAULT_POLICIES, first_match, load_policies
+from gpuwarden.collector import sources
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.kmsg import SxidLine, parse_line
+from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, first_match, load_policies
 
 FATAL = "nvidia-nvswitch2: SXid (PCI:0000:07:00.0): 24007, Fatal, Link 30 sourcetrack timeout"
 
@@ -60,8 +60,8 @@ def test_a_fatal_xid_reaches_the_fast_path_between_cycles(tmp_path):
     is what is checked, not a time: the poll's limit only guards against a hang)."""
     import threading
 
-    from collector.cli import build_agent
-    from collector.config import load_config
+    from gpuwarden.collector.cli import build_agent
+    from gpuwarden.collector.config import load_config
     from tests.remediation_util import poll
     from tests.scripted_server import Reply, ScriptedServer
     from tests.test_agent import ListSink

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from collector.sources.base import FileReader
+from gpuwarden.collector.sources.base import FileReader
 
 
 def _files(tmp_path, n):
@@ -156,8 +156,8 @@ def test_the_files_of_an_hca_that_went_away_are_closed_at_rediscovery(tmp_path):
     agent would run out of descriptors), and the HCAs that remain are still read."""
     import shutil
 
-    from collector import sources
-    from collector.sources.base import SourceContext
+    from gpuwarden.collector import sources
+    from gpuwarden.collector.sources.base import SourceContext
     from testbed.sysfstree import build_node_tree
 
     build_node_tree(tmp_path / "sys", hcas=4)

@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from collector.jobside.reporter import Reporter
-from collector.relay import ReporterRelay
-from core.poster import FindingPoster
-from core.tls import client_context, server_context
-from remediation.audit import read_records
-from remediation.cli import main as remediate
-from remediation.engine import Engine, EngineSettings
-from remediation.policy import DEFAULT_POLICIES, load_policies
-from remediation.server import Endpoint, make_server
+from gpuwarden.collector.jobside.reporter import Reporter
+from gpuwarden.collector.relay import ReporterRelay
+from gpuwarden.core.poster import FindingPoster
+from gpuwarden.core.tls import client_context, server_context
+from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.remediation.server import Endpoint, make_server
 from testbed.certs import Certs, make_certs
 from testbed.influxd import free_port
 from tests.remediation_util import RecordingAdapter, poll, risk
@@ -47,7 +47,7 @@ class TlsEngine:
     def __init__(self, tmp: Path, certs: Certs, mutual: bool) -> None:
         self.mutual = mutual
         self.sched = RecordingAdapter("slurm", {f"gpu0{i}": "gpu" for i in range(1, 9)})
-        from remediation.audit import AuditLog
+        from gpuwarden.remediation.audit import AuditLog
 
         self.audit = AuditLog(tmp / "audit.jsonl")
         self.engine = Engine(

@@ -11,9 +11,9 @@ import json
 import polars as pl
 import pytest
 
-from core.store.sink import InfluxSink, SinkConfig
-from core.store.trace import NS, TraceError, TraceReader, TraceWriter, replay
-from simulation.cli import generate_trace, main
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.trace import NS, TraceError, TraceReader, TraceWriter, replay
+from gpuwarden.simulation.cli import generate_trace, main
 
 
 def _count(influxd, db, measurement, field):

@@ -19,13 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from collector.cli import build_agent
-from collector.config import load_config
-from collector.nvml.recorded import FORMAT, RecordedBackend
-from core.finding import Finding
-from core.store.lineprotocol import encode_points
 from demo.live import twin_scenario
-from simulation.twin.hardware import Twin, bind
+from gpuwarden.collector.cli import build_agent
+from gpuwarden.collector.config import load_config
+from gpuwarden.collector.nvml.recorded import FORMAT, RecordedBackend
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.store.lineprotocol import encode_points
+from gpuwarden.simulation.twin.hardware import Twin, bind
 from tests.remediation_util import poll
 
 SCENARIO = twin_scenario(

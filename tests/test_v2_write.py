@@ -8,9 +8,9 @@ import json
 import urllib.parse
 import urllib.request
 
-from core.store.lineprotocol import Point
-from core.store.sink import InfluxSink, SinkConfig
-from core.store.transport import Outcome, V2Transport
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+from gpuwarden.core.store.transport import Outcome, V2Transport
 
 
 def _export(url: str, metric: str) -> list[dict]:

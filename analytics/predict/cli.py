@@ -18,15 +18,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.predict.dataset import Dataset, build
-from analytics.predict.evaluate import EventReport, choose_threshold, event_report, plots
-from analytics.predict.history import FaultEvent
-from analytics.predict.metrics import pr_auc, random_pr_auc
-from analytics.predict.model import RiskModel, fit, out_of_fold
-from analytics.predict.telemetry import FEATURES, MONOTONE
-from analytics.runner import DaskExecutor, LocalExecutor, stderr_progress
-from core.timeparse import parse_when
+from gpuwarden.analytics.config import AnalyticsConfig
+from gpuwarden.analytics.predict.dataset import Dataset, build
+from gpuwarden.analytics.predict.evaluate import EventReport, choose_threshold, event_report, plots
+from gpuwarden.analytics.predict.history import FaultEvent
+from gpuwarden.analytics.predict.metrics import pr_auc, random_pr_auc
+from gpuwarden.analytics.predict.model import RiskModel, fit, out_of_fold
+from gpuwarden.analytics.predict.telemetry import FEATURES, MONOTONE
+from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor, stderr_progress
+from gpuwarden.core.timeparse import parse_when
 
 
 def label_events(cfg: AnalyticsConfig, events: Sequence[FaultEvent]) -> list[FaultEvent]:

@@ -9,11 +9,11 @@ from dataclasses import dataclass
 
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.predict.history import FaultEvent
-from analytics.predict.telemetry import events_from, features_from, label, read_node_group
-from analytics.runner import DaskExecutor, LocalExecutor, Progress
-from core.store.reader import InfluxReader
+from gpuwarden.analytics.config import AnalyticsConfig
+from gpuwarden.analytics.predict.history import FaultEvent
+from gpuwarden.analytics.predict.telemetry import events_from, features_from, label, read_node_group
+from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor, Progress
+from gpuwarden.core.store.reader import InfluxReader
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from analytics.predict.history import FaultEvent
+from gpuwarden.analytics.predict.history import FaultEvent
 
 SUDDEN = ("xid 79", "node_down")
 

@@ -27,7 +27,7 @@ from sklearn.calibration import CalibratedClassifierCV
 from sklearn.ensemble import HistGradientBoostingClassifier
 from sklearn.frozen import FrozenEstimator
 
-from analytics.errors import AnalyticsError
+from gpuwarden.analytics.errors import AnalyticsError
 
 FORMAT = 1
 
@@ -192,7 +192,7 @@ def select_params(
 ) -> tuple[dict[str, Any], float]:
     """The grid entry with the best PR-AUC on the latest ``validation_share`` of ``frame``
     (split by time with a horizon-long gap), and that PR-AUC (NaN when it cannot be told)."""
-    from analytics.predict.metrics import pr_auc
+    from gpuwarden.analytics.predict.metrics import pr_auc
 
     cut = float(np.quantile(frame["t"].to_numpy(), 1.0 - validation_share))
     inner, valid = time_split(frame, cut, horizon_s)

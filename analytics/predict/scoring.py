@@ -15,13 +15,13 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from analytics.config import AnalyticsConfig
-from analytics.emit import SOURCE
-from analytics.predict.dataset import group_task
-from analytics.predict.model import RiskModel
-from analytics.runner import DaskExecutor, LocalExecutor
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.analytics.config import AnalyticsConfig
+from gpuwarden.analytics.emit import SOURCE
+from gpuwarden.analytics.predict.dataset import group_task
+from gpuwarden.analytics.predict.model import RiskModel
+from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 #: history needed before the scored bucket: the longest feature window (30 min) plus margin
 #: buckets read back before the one scored: the features' longest window (30) and a margin;

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from analytics.predict.history import DAY_S, FaultEvent, history_frame
-from core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
+from gpuwarden.analytics.predict.history import DAY_S, FaultEvent, history_frame
+from gpuwarden.core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_faults
 
 HORIZON_S = 7 * DAY_S
 

@@ -33,9 +33,9 @@ from dataclasses import dataclass
 import numpy as np
 import polars as pl
 
-from analytics.counters import increases
-from analytics.predict.history import FaultEvent, history_frame
-from core.store.reader import InfluxReader
+from gpuwarden.analytics.counters import increases
+from gpuwarden.analytics.predict.history import FaultEvent, history_frame
+from gpuwarden.core.store.reader import InfluxReader
 
 GPU_AGG = {
     "sbe": "max:ecc_sbe_volatile_total",

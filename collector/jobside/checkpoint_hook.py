@@ -35,7 +35,7 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-from core.checkpoint import (
+from gpuwarden.core.checkpoint import (
     PREFIX,
     Store,
     ack,

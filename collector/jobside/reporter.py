@@ -3,7 +3,7 @@
 Dependency-free (the standard library and gpuwarden's own stdlib-only line-protocol encoder),
 so any training script can import it::
 
-    from collector.jobside.reporter import Reporter
+    from gpuwarden.collector.jobside.reporter import Reporter
 
     rep = Reporter()                      # job, rank and node from the environment (the job
                                           # as the node agent names it: Slurm, torchrun,
@@ -47,9 +47,9 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from collector.attribution import job_from_environ
-from core.retry import Backoff
-from core.store.lineprotocol import Point, encode_point
+from gpuwarden.collector.attribution import job_from_environ
+from gpuwarden.core.retry import Backoff
+from gpuwarden.core.store.lineprotocol import Point, encode_point
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 

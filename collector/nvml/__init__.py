@@ -8,7 +8,7 @@ the NVML stand-in library (:mod:`testbed.nvml.fakelib`) imports it too, to put i
 ``libnvidia-ml`` would be, and the tests of the real path import it to check its structs.
 """
 
-from collector.nvml.backend import (
+from gpuwarden.collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NOT_SUPPORTED,

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from collector.nvml.backend import (
+from gpuwarden.collector.nvml.backend import (
     ERROR_ARGUMENT_VERSION_MISMATCH,
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_NOT_READY,

@@ -39,8 +39,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from collector.errors import CollectorError
-from collector.nvml.backend import (
+from gpuwarden.collector.errors import CollectorError
+from gpuwarden.collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_INVALID_ARGUMENT,
     ERROR_NOT_SUPPORTED,

@@ -9,16 +9,16 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from collector.sources.base import Source, SourceContext, SourceError
+from gpuwarden.collector.sources.base import Source, SourceContext, SourceError
 
 # name -> "module:factory"; each factory takes (context, settings) and opens nothing.
 REGISTRY: dict[str, str] = {
-    "nvml": "collector.sources.nvml:NvmlSource",
-    "xid": "collector.sources.xid:KmsgXidSource",
-    "infiniband": "collector.sources.infiniband:InfinibandSource",
-    "power": "collector.sources.power:PowerSource",
-    "thermal": "collector.sources.thermal:ThermalSource",
-    "host": "collector.sources.host:HostSource",
+    "nvml": "gpuwarden.collector.sources.nvml:NvmlSource",
+    "xid": "gpuwarden.collector.sources.xid:KmsgXidSource",
+    "infiniband": "gpuwarden.collector.sources.infiniband:InfinibandSource",
+    "power": "gpuwarden.collector.sources.power:PowerSource",
+    "thermal": "gpuwarden.collector.sources.thermal:ThermalSource",
+    "host": "gpuwarden.collector.sources.host:HostSource",
 }
 
 

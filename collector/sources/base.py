@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
-from collector.attribution import JobHistory
-from collector.errors import CollectorError
-from core.finding import Finding
-from core.store.lineprotocol import Point
+from gpuwarden.collector.attribution import JobHistory
+from gpuwarden.collector.errors import CollectorError
+from gpuwarden.core.finding import Finding
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

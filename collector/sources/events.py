@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attribution import NO_JOB, JobInfo
-from collector.sources.base import SourceContext
-from collector.sources.kmsg import SxidLine
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
-from core.xidcat import XidPolicy
+from gpuwarden.collector.attribution import NO_JOB, JobInfo
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.kmsg import SxidLine
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.xidcat import XidPolicy
 
 
 def gpu_event(

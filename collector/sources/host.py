@@ -23,11 +23,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from collector.episodes import Episodes
-from collector.health import Stretch
-from collector.sources.base import SourceContext, SourceError
-from collector.sources.events import emit
-from core.store.lineprotocol import Point
+from gpuwarden.collector.episodes import Episodes
+from gpuwarden.collector.health import Stretch
+from gpuwarden.collector.sources.base import SourceContext, SourceError
+from gpuwarden.collector.sources.events import emit
+from gpuwarden.core.store.lineprotocol import Point
 
 NS = 1_000_000_000
 

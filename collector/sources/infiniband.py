@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from collector.episodes import Episodes
-from collector.sources.base import FileReader, SourceContext, SourceError, parse_int
-from core.finding import Finding, Severity
-from core.store.lineprotocol import Point
+from gpuwarden.collector.episodes import Episodes
+from gpuwarden.collector.sources.base import FileReader, SourceContext, SourceError, parse_int
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ import time
 from calendar import timegm
 from dataclasses import dataclass
 
-from collector.sources.base import normalise_pci
+from gpuwarden.collector.sources.base import normalise_pci
 
 XID_RE = re.compile(
     r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"

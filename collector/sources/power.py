@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
-from core.store.lineprotocol import Point
+from gpuwarden.collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
+from gpuwarden.core.store.lineprotocol import Point
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
-from core.store.lineprotocol import Point
+from gpuwarden.collector.sources.base import FileReader, SourceContext, hwmon_chips, parse_int
+from gpuwarden.core.store.lineprotocol import Point
 
 Sensor = tuple[str, str, str, str, str | None]  # zone, sensor, source, temp path, crit path
 

@@ -41,13 +41,13 @@ import threading
 import time
 from typing import Any
 
-from collector.attribution import job_of_pid
-from collector.episodes import Episodes
-from collector.sources.base import SourceContext, SourceError
-from collector.sources.events import emit, job_words, sxid_point, xid_point
-from collector.sources.kmsg import RECOVERS, SUMMARIES, OsLine, SxidLine, parse_line
-from core.store.lineprotocol import Point
-from core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+from gpuwarden.collector.attribution import job_of_pid
+from gpuwarden.collector.episodes import Episodes
+from gpuwarden.collector.sources.base import SourceContext, SourceError
+from gpuwarden.collector.sources.events import emit, job_words, sxid_point, xid_point
+from gpuwarden.collector.sources.kmsg import RECOVERS, SUMMARIES, OsLine, SxidLine, parse_line
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
 
 class KmsgXidSource:

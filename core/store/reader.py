@@ -25,9 +25,9 @@ from urllib.parse import urlencode
 import polars as pl
 import urllib3
 
-from core.catalogue import CATALOGUE, FieldType
-from core.errors import StoreError
-from core.store.transport import auth_headers
+from gpuwarden.core.catalogue import CATALOGUE, FieldType
+from gpuwarden.core.errors import StoreError
+from gpuwarden.core.store.transport import auth_headers
 
 _ESCAPES = {"\\": "\\\\", "\n": "\\n"}
 

@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from core.errors import SinkError
-from core.retry import Backoff
-from core.store.lineprotocol import EncodeStats, Point, Precision, encode_points
-from core.store.spool import Spool
-from core.store.transport import Outcome, SendResult, Transport, V1Transport, V2Transport
+from gpuwarden.core.errors import SinkError
+from gpuwarden.core.retry import Backoff
+from gpuwarden.core.store.lineprotocol import EncodeStats, Point, Precision, encode_points
+from gpuwarden.core.store.spool import Spool
+from gpuwarden.core.store.transport import Outcome, SendResult, Transport, V1Transport, V2Transport
 
 if TYPE_CHECKING:
     import polars as pl  # only write_frame needs it, and imports it then: the agent never does
@@ -214,7 +214,7 @@ class InfluxSink:
         stats = EncodeStats()
         import polars as pl
 
-        from core.store.lineprotocol.frame import encode_frame
+        from gpuwarden.core.store.lineprotocol.frame import encode_frame
 
         lines = encode_frame(
             df,

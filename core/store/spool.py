@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from core.errors import SpoolError
+from gpuwarden.core.errors import SpoolError
 
 log = logging.getLogger(__name__)
 

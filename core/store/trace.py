@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import polars as pl
 
-from core.errors import StoreError
+from gpuwarden.core.errors import StoreError
 
 FORMAT = "gpuwarden-trace/1"
 NS = 1_000_000_000

@@ -37,8 +37,8 @@ from urllib.parse import urlencode
 
 import urllib3
 
-from core.errors import SinkError
-from core.store.lineprotocol import Precision
+from gpuwarden.core.errors import SinkError
+from gpuwarden.core.store.lineprotocol import Precision
 
 
 class Outcome(StrEnum):

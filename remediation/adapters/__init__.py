@@ -7,14 +7,14 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
-from remediation.errors import RemediationError
-from remediation.model import Adapter
+from gpuwarden.remediation.errors import RemediationError
+from gpuwarden.remediation.model import Adapter
 
 ADAPTERS: dict[str, str] = {
-    "slurm": "remediation.adapters.slurm:SlurmAdapter",
-    "kubernetes": "remediation.adapters.kubernetes:KubernetesAdapter",
-    "elastic": "remediation.adapters.elastic:ElasticAdapter",
-    "webhook": "remediation.adapters.webhook:WebhookAdapter",
+    "slurm": "gpuwarden.remediation.adapters.slurm:SlurmAdapter",
+    "kubernetes": "gpuwarden.remediation.adapters.kubernetes:KubernetesAdapter",
+    "elastic": "gpuwarden.remediation.adapters.elastic:ElasticAdapter",
+    "webhook": "gpuwarden.remediation.adapters.webhook:WebhookAdapter",
 }
 
 

@@ -29,8 +29,8 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import PREFIX, ack_key, request, request_key
-from remediation.model import Action, ActionKind, AdapterError, Outcome, Status
+from gpuwarden.core.checkpoint import PREFIX, ack_key, request, request_key
+from gpuwarden.remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
 
 class ElasticAdapter:

@@ -26,8 +26,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from core.retry import Backoff
-from remediation.model import (
+from gpuwarden.core.retry import Backoff
+from gpuwarden.remediation.model import (
     Action,
     ActionKind,
     AdapterError,

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from core.checkpoint import (
+from gpuwarden.core.checkpoint import (
     ack_path,
     interval_ack_path,
     interval_path,
@@ -40,7 +40,7 @@ from core.checkpoint import (
     request_path,
     write_json_atomic,
 )
-from remediation.model import (
+from gpuwarden.remediation.model import (
     Action,
     ActionKind,
     AdapterError,

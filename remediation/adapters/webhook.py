@@ -25,9 +25,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from core.retry import RETRY_STATUSES, Backoff
-from core.signing import SIGNATURE_HEADER, sign
-from remediation.model import Action, ActionKind, AdapterError, Outcome, Status
+from gpuwarden.core.retry import RETRY_STATUSES, Backoff
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
 SLACK_COLOURS = {"critical": "#d62728", "warning": "#ff7f0e", "info": "#1f77b4"}
 

@@ -29,7 +29,7 @@ Guards, in the order they are checked:
 Every action is idempotent: its id (finding, step, adapter, node, job) is done at most once.
 """
 
-from remediation.engine.decide import Decision, EngineSettings
-from remediation.engine.engine import Engine, EngineClosedError
+from gpuwarden.remediation.engine.decide import Decision, EngineSettings
+from gpuwarden.remediation.engine.engine import Engine, EngineClosedError
 
 __all__ = ["Decision", "Engine", "EngineClosedError", "EngineSettings"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.finding import Finding
-from remediation.engine.decide import Decision
+from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.engine.decide import Decision
 
 
 @dataclass

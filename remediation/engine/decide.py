@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from core.finding import Finding
-from remediation.model import Action, ActionKind, NodeFacts
-from remediation.policy import Policy, first_match
+from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.model import Action, ActionKind, NodeFacts
+from gpuwarden.remediation.policy import Policy, first_match
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,21 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from core.finding import Finding, Severity
-from remediation.audit import AuditLog, Memory, replay
-from remediation.engine.approve import WAITING, PendingPlans
-from remediation.engine.decide import Decision, EngineSettings, action_for, escalation, plan
-from remediation.engine.execute import Executor, OnAction, Stats
-from remediation.engine.guard import Guards
-from remediation.engine.spares import Spares
-from remediation.errors import RemediationError
-from remediation.model import (
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.audit import AuditLog, Memory, replay
+from gpuwarden.remediation.engine.approve import WAITING, PendingPlans
+from gpuwarden.remediation.engine.decide import (
+    Decision,
+    EngineSettings,
+    action_for,
+    escalation,
+    plan,
+)
+from gpuwarden.remediation.engine.execute import Executor, OnAction, Stats
+from gpuwarden.remediation.engine.guard import Guards
+from gpuwarden.remediation.engine.spares import Spares
+from gpuwarden.remediation.errors import RemediationError
+from gpuwarden.remediation.model import (
     Action,
     ActionKind,
     Adapter,
@@ -29,9 +35,9 @@ from remediation.model import (
     Outcome,
     Status,
 )
-from remediation.policy import Policy
+from gpuwarden.remediation.policy import Policy
 
-log = logging.getLogger("remediation.engine")
+log = logging.getLogger("gpuwarden.remediation.engine")
 FACTS_TTL_S = 60.0
 
 

@@ -17,9 +17,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from remediation.audit import AuditLog, Memory
-from remediation.engine.decide import Decision
-from remediation.model import (
+from gpuwarden.remediation.audit import AuditLog, Memory
+from gpuwarden.remediation.engine.decide import Decision
+from gpuwarden.remediation.model import (
     MUTATING,
     REMOVING,
     Action,
@@ -30,7 +30,7 @@ from remediation.model import (
     Status,
 )
 
-log = logging.getLogger("remediation.engine")
+log = logging.getLogger("gpuwarden.remediation.engine")
 
 OnAction = Callable[[Action, Outcome, dict[str, Any]], None]
 

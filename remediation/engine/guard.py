@@ -31,10 +31,10 @@ import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
 
-from core.finding import Finding
-from remediation.audit import Memory
-from remediation.engine.decide import Decision, EngineSettings
-from remediation.model import (
+from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.audit import Memory
+from gpuwarden.remediation.engine.decide import Decision, EngineSettings
+from gpuwarden.remediation.model import (
     MUTATING,
     REMOVING,
     ActionKind,
@@ -44,7 +44,7 @@ from remediation.model import (
     Scheduler,
 )
 
-log = logging.getLogger("remediation.engine")
+log = logging.getLogger("gpuwarden.remediation.engine")
 
 
 class Guards:

@@ -23,9 +23,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping
 
-from remediation.audit import AuditLog, Memory
-from remediation.engine.decide import EngineSettings
-from remediation.model import Adapter, AdapterError, SparePool
+from gpuwarden.remediation.audit import AuditLog, Memory
+from gpuwarden.remediation.engine.decide import EngineSettings
+from gpuwarden.remediation.model import Adapter, AdapterError, SparePool
 
 log = logging.getLogger("gpuwarden.remediation")
 

@@ -36,12 +36,12 @@ from typing import Any
 
 import polars as pl
 
-from collector.nvml.recorded import FORMAT
-from simulation.faulttypes import Fault
-from simulation.generator import NS, ScenarioGenerator
-from simulation.spec import ScenarioSpec
-from simulation.twin.nvml import NodeNvml, xid_event, xid_line
-from simulation.twin.sysfs import write_host, write_ports
+from gpuwarden.collector.nvml.recorded import FORMAT
+from gpuwarden.simulation.faulttypes import Fault
+from gpuwarden.simulation.generator import NS, ScenarioGenerator
+from gpuwarden.simulation.spec import ScenarioSpec
+from gpuwarden.simulation.twin.nvml import NodeNvml, xid_event, xid_line
+from gpuwarden.simulation.twin.sysfs import write_host, write_ports
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from collector.nvml.backend import ERROR_GPU_IS_LOST, ERROR_NOT_SUPPORTED, EVENT_XID_CRITICAL
-from collector.nvml.recorded import call_key
-from collector.sources.nvml.info import INFO_CALLS
-from collector.sources.nvml.poll import (
+from gpuwarden.collector.nvml.backend import (
+    ERROR_GPU_IS_LOST,
+    ERROR_NOT_SUPPORTED,
+    EVENT_XID_CRITICAL,
+)
+from gpuwarden.collector.nvml.recorded import call_key
+from gpuwarden.collector.sources.nvml.info import INFO_CALLS
+from gpuwarden.collector.sources.nvml.poll import (
     FI_NVLINK_LINK_COUNT,
     GPM_METRICS,
     GPU_FIELD_IDS,
@@ -26,7 +30,7 @@ from collector.sources.nvml.poll import (
     STATIC_CALLS,
     field_request,
 )
-from simulation.generator import DRIVER, GpuProfile
+from gpuwarden.simulation.generator import DRIVER, GpuProfile
 
 LOST = {"e": ERROR_GPU_IS_LOST}
 NOT_SUPPORTED = {"e": ERROR_NOT_SUPPORTED}

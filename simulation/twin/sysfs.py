@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from collector.sources.infiniband import COUNTERS, WORD_COUNTERS
+from gpuwarden.collector.sources.infiniband import COUNTERS, WORD_COUNTERS
 
 #: catalogue field -> sysfs counter file (the agent's table, read backwards)
 FILES = {field: name for name, field in COUNTERS.items()}

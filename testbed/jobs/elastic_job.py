@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from collector.jobside.checkpoint_hook import CheckpointRequests
+from gpuwarden.collector.jobside.checkpoint_hook import CheckpointRequests
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -18,7 +18,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from collector.jobside.reporter import Reporter
+from gpuwarden.collector.jobside.reporter import Reporter
 
 
 def main() -> None:

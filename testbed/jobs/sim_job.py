@@ -18,8 +18,8 @@ import socket
 import time
 from pathlib import Path
 
-from collector.jobside.checkpoint_hook import CheckpointRequests
-from core.checkpoint import write_json_atomic
+from gpuwarden.collector.jobside.checkpoint_hook import CheckpointRequests
+from gpuwarden.core.checkpoint import write_json_atomic
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,9 +41,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from collector.jobside.background_save import BackgroundSave
-from collector.jobside.checkpoint_hook import CheckpointRequests
-from collector.jobside.reporter import Reporter
+from gpuwarden.collector.jobside.background_save import BackgroundSave
+from gpuwarden.collector.jobside.checkpoint_hook import CheckpointRequests
+from gpuwarden.collector.jobside.reporter import Reporter
 
 BATCH, WIDTH = 64, 128
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from collector.nvml.backend import ERROR_NOT_READY, ERROR_NOT_SUPPORTED
-from collector.nvml.recorded import FORMAT, call_key
-from collector.sources.nvml.poll import (
+from gpuwarden.collector.nvml.backend import ERROR_NOT_READY, ERROR_NOT_SUPPORTED
+from gpuwarden.collector.nvml.recorded import FORMAT, call_key
+from gpuwarden.collector.sources.nvml.poll import (
     FI_NVLINK_LINK_COUNT,
     GPM_METRICS,
     GPU_FIELD_IDS,

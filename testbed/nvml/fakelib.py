@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from collector.nvml.backend import (
+from gpuwarden.collector.nvml.backend import (
     ERROR_GPU_IS_LOST,
     ERROR_NAMES,
     ERROR_NO_DATA,
@@ -41,7 +41,7 @@ from collector.nvml.backend import (
     ERROR_UNKNOWN,
     NvmlError,
 )
-from collector.nvml.recorded import RecordedBackend
+from gpuwarden.collector.nvml.recorded import RecordedBackend
 
 SUCCESS = 0
 INVALID_ARGUMENT = 2

@@ -22,12 +22,12 @@ import sys
 import time
 from pathlib import Path
 
-from collector.nvml.backend import NvmlBackend, NvmlError
-from collector.nvml.real import PynvmlBackend
-from collector.nvml.recorded import Recorder
-from collector.sources.base import SourceContext
-from collector.sources.nvml import NvmlSource
-from core.errors import GpuwardenError
+from gpuwarden.collector.nvml.backend import NvmlBackend, NvmlError
+from gpuwarden.collector.nvml.real import PynvmlBackend
+from gpuwarden.collector.nvml.recorded import Recorder
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.nvml import NvmlSource
+from gpuwarden.core.errors import GpuwardenError
 
 
 def make_backend() -> NvmlBackend:

@@ -18,9 +18,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from collector.nvml.backend import ERROR_GPU_IS_LOST
-from collector.nvml.recorded import call_key
-from collector.sources.nvml.poll import GPU_FIELD_IDS, NVLINK_SCOPED, field_request
+from gpuwarden.collector.nvml.backend import ERROR_GPU_IS_LOST
+from gpuwarden.collector.nvml.recorded import call_key
+from gpuwarden.collector.sources.nvml.poll import GPU_FIELD_IDS, NVLINK_SCOPED, field_request
 from testbed.nvml.construct import construct
 
 HERE = Path(__file__).parent

@@ -9,6 +9,6 @@
 * :mod:`.source`: :class:`NvmlSource`, which runs them in a cycle.
 """
 
-from collector.sources.nvml.source import NvmlSource
+from gpuwarden.collector.sources.nvml.source import NvmlSource
 
 __all__ = ["NvmlSource"]

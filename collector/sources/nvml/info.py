@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.nvml.backend import NvmlError
-from collector.sources.nvml.poll import Device, Reader
-from core.store.lineprotocol import Point
+from gpuwarden.collector.nvml.backend import NvmlError
+from gpuwarden.collector.sources.nvml.poll import Device, Reader
+from gpuwarden.core.store.lineprotocol import Point
 
 # (label, call): each answered by the device
 INFO_CALLS: tuple[tuple[str, str], ...] = (

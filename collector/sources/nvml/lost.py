@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import logging
 
-from collector.nvml.backend import ERROR_GPU_IS_LOST, NvmlBackend, NvmlError
-from collector.sources.base import SourceContext
-from collector.sources.events import emit, gpu_event, job_words
-from collector.sources.nvml.poll import Device
-from core.store.lineprotocol import Point
+from gpuwarden.collector.nvml.backend import ERROR_GPU_IS_LOST, NvmlBackend, NvmlError
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.events import emit, gpu_event, job_words
+from gpuwarden.collector.sources.nvml.poll import Device
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

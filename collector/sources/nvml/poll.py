@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from collector.nvml.backend import (
+from gpuwarden.collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     ERROR_GPU_IS_LOST,
     ERROR_NO_PERMISSION,
@@ -31,8 +31,8 @@ from collector.nvml.backend import (
     NvmlBackend,
     NvmlError,
 )
-from collector.sources.base import WarnOnce
-from core.catalogue import CLOCK_EVENT_REASONS
+from gpuwarden.collector.sources.base import WarnOnce
+from gpuwarden.core.catalogue import CLOCK_EVENT_REASONS
 
 # nvmlDeviceGetFieldValues ids (nvml.h NVML_FI_DEV_*), field -> (id, scale)
 GPU_FIELD_IDS: dict[str, tuple[int, float]] = {

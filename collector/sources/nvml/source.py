@@ -13,12 +13,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from collector.attribution import JobInfo
-from collector.nvml.backend import INIT_HINTS, NvmlBackend, NvmlError
-from collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
-from collector.sources.nvml.info import driver_version, info_point, parse_info, read_info
-from collector.sources.nvml.lost import answers_again, lost_point
-from collector.sources.nvml.poll import (
+from gpuwarden.collector.attribution import JobInfo
+from gpuwarden.collector.nvml.backend import INIT_HINTS, NvmlBackend, NvmlError
+from gpuwarden.collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
+from gpuwarden.collector.sources.nvml.info import driver_version, info_point, parse_info, read_info
+from gpuwarden.collector.sources.nvml.lost import answers_again, lost_point
+from gpuwarden.collector.sources.nvml.poll import (
     FI_NVLINK_LINK_COUNT,
     STATIC_CALLS,
     Device,
@@ -30,13 +30,13 @@ from collector.sources.nvml.poll import (
     parse_gpu,
     read_gpu,
 )
-from collector.sources.nvml.tagging import JobTagger
-from collector.sources.nvml.watch import GpuWatch
-from collector.sources.nvml.xids import MODES, XidEvents
-from core.store.lineprotocol import Point
-from core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+from gpuwarden.collector.sources.nvml.tagging import JobTagger
+from gpuwarden.collector.sources.nvml.watch import GpuWatch
+from gpuwarden.collector.sources.nvml.xids import MODES, XidEvents
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
-log = logging.getLogger("collector.sources.nvml")
+log = logging.getLogger("gpuwarden.collector.sources.nvml")
 
 
 class NvmlSource:
@@ -73,7 +73,7 @@ class NvmlSource:
     def _make_backend(self) -> NvmlBackend:
         kind = self.settings.get("backend", "pynvml")
         if kind == "recorded":
-            from collector.nvml.recorded import RecordedBackend
+            from gpuwarden.collector.nvml.recorded import RecordedBackend
 
             path = self.settings.get("recording", "")
             if not path:
@@ -84,7 +84,7 @@ class NvmlSource:
                 follow=bool(self.settings.get("follow", False)),
             )
         if kind == "pynvml":
-            from collector.nvml.real import PynvmlBackend
+            from gpuwarden.collector.nvml.real import PynvmlBackend
 
             return PynvmlBackend()
         raise SourceError(f"nvml.backend must be 'pynvml' or 'recorded', got {kind!r}")

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from collector.attribution import NO_JOB, POD_UID_PREFIX, JobInfo, JobResolver
-from collector.podresources import GPU_RESOURCE, PodResources
-from collector.sources.base import SourceContext
-from collector.sources.nvml.poll import Device
+from gpuwarden.collector.attribution import NO_JOB, POD_UID_PREFIX, JobInfo, JobResolver
+from gpuwarden.collector.podresources import GPU_RESOURCE, PodResources
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.nvml.poll import Device
 
 TagSet = tuple[dict[str, str], list[dict[str, str]]]  # a GPU's tags, each NVLink's tags
 

@@ -23,10 +23,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from collector.health import Stretch
-from collector.sources.base import SourceContext
-from collector.sources.events import emit, gpu_event, job_words
-from core.store.lineprotocol import Point
+from gpuwarden.collector.health import Stretch
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.events import emit, gpu_event, job_words
+from gpuwarden.core.store.lineprotocol import Point
 
 log = logging.getLogger(__name__)
 

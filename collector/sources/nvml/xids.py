@@ -11,12 +11,17 @@ from __future__ import annotations
 import queue
 import threading
 
-from collector.nvml.backend import ERROR_FUNCTION_NOT_FOUND, UNAVAILABLE, NvmlBackend, NvmlError
-from collector.sources.base import SourceContext, WarnOnce
-from collector.sources.events import xid_point
-from collector.sources.nvml.poll import Device
-from core.store.lineprotocol import Point
-from core.xidcat import XidPolicy
+from gpuwarden.collector.nvml.backend import (
+    ERROR_FUNCTION_NOT_FOUND,
+    UNAVAILABLE,
+    NvmlBackend,
+    NvmlError,
+)
+from gpuwarden.collector.sources.base import SourceContext, WarnOnce
+from gpuwarden.collector.sources.events import xid_point
+from gpuwarden.collector.sources.nvml.poll import Device
+from gpuwarden.core.store.lineprotocol import Point
+from gpuwarden.core.xidcat import XidPolicy
 
 EVENT_RETRY_S = 5.0  # the event thread's wait after a failed event wait
 MODES = ("thread", "poll", "off")

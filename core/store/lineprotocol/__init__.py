@@ -8,7 +8,7 @@
 Importing this package loads only :mod:`.encode`: polars is loaded by :mod:`.frame` alone.
 """
 
-from core.store.lineprotocol.encode import (
+from gpuwarden.core.store.lineprotocol.encode import (
     INT64_MAX,
     INT64_MIN,
     EncodeStats,

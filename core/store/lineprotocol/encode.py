@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from core.errors import LineProtocolError
+from gpuwarden.core.errors import LineProtocolError
 
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import polars as pl
 from polars.expr.whenthen import When
 
-from core.catalogue import CATALOGUE, FieldType, Measurement
-from core.errors import LineProtocolError
-from core.store.lineprotocol.encode import (
+from gpuwarden.core.catalogue import CATALOGUE, FieldType, Measurement
+from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.store.lineprotocol.encode import (
     INT64_MAX,
     EncodeStats,
     Precision,

@@ -41,8 +41,8 @@ from __future__ import annotations
 import math
 import re
 
-from core.errors import LineProtocolError
-from core.store.lineprotocol.encode import INT64_MAX, INT64_MIN, FieldValue, Point
+from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.store.lineprotocol.encode import INT64_MAX, INT64_MIN, FieldValue, Point
 
 # precision query parameter (InfluxDB 1.x and 2.x spellings) -> nanoseconds per unit
 PRECISIONS = {

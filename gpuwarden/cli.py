@@ -11,8 +11,9 @@
 Each command imports only its own package (and ``core``), so a GPU node that installed
 ``gpuwarden[agent]`` runs ``gpuwarden agent`` without analytics' dependencies, and a command
 whose extra is not installed says which one to install. ``gpuwarden <command> --help`` gives
-the command's own options. This module is the launcher, not a package of the product: it
-imports the others by name and nothing imports it.
+the command's own options. This module is the launcher: it imports the others by name and
+nothing of the product imports it. ``demo`` and ``backtest`` run from a source checkout only:
+the wheel carries neither the demo nor its models.
 """
 
 from __future__ import annotations
@@ -23,12 +24,24 @@ from collections.abc import Sequence
 
 #: command -> (module with main(argv), the extra it needs, what it is)
 COMMANDS: dict[str, tuple[str, str, str]] = {
-    "agent": ("collector.cli", "agent", "the node agent: one per GPU node"),
-    "check": ("collector.check", "agent", "the active node check: probes, exit 0 or 1"),
-    "analyze": ("analytics.cli", "analytics", "analytics on Dask over InfluxDB; findings"),
-    "remediate": ("remediation.cli", "remediation", "the remediation engine and its operators"),
-    "dashboards": ("dashboards.cli", "dashboards", "Grafana dashboards and alert rules"),
-    "replay": ("simulation.cli", "simulation", "SIMULATED scenarios; traces into InfluxDB"),
+    "agent": ("gpuwarden.collector.cli", "agent", "the node agent: one per GPU node"),
+    "check": ("gpuwarden.collector.check", "agent", "the active node check: probes, exit 0 or 1"),
+    "analyze": (
+        "gpuwarden.analytics.cli",
+        "analytics",
+        "analytics on Dask over InfluxDB; findings",
+    ),
+    "remediate": (
+        "gpuwarden.remediation.cli",
+        "remediation",
+        "the remediation engine and its operators",
+    ),
+    "dashboards": ("gpuwarden.dashboards.cli", "dashboards", "Grafana dashboards and alert rules"),
+    "replay": (
+        "gpuwarden.simulation.cli",
+        "simulation",
+        "SIMULATED scenarios; traces into InfluxDB",
+    ),
     "demo": ("demo.run", "all", "the main job: the live loop, end to end on local defaults"),
     "backtest": ("demo.backtest", "all", "a model of the engine over a SIMULATED day"),
 }
@@ -64,8 +77,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
-        ours = {"core", "collector", "analytics", "remediation", "dashboards", "simulation", "demo"}
-        if exc.name is None or exc.name.split(".")[0] in ours:
+        top = (exc.name or "").split(".")[0]
+        if top == "demo" and module_name.startswith("demo."):
+            print(
+                f"gpuwarden {name}: runs from a source checkout (bash scripts/demo.sh); "
+                "the installed package carries no demo",
+                file=sys.stderr,
+            )
+            return 2
+        if exc.name is None or top in ("gpuwarden", "demo", "testbed"):
             raise
         print(
             f"gpuwarden {name}: {exc.name} is not installed; "
