@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.core.config import ConfigError, merge_config
+from gpuwarden.core.names import BadNameError, ClusterName, NodeName
 from gpuwarden.core.store.sink import SinkConfig
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS
 
@@ -133,4 +134,10 @@ def load_config(
     config.sink  # noqa: B018  (validates the sink section now, not at first write)
     if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
+    try:  # they name every finding the agent sends: refused here, not at the first XID
+        ClusterName(config["agent"]["cluster"])
+        if config["agent"]["node"]:
+            NodeName(config["agent"]["node"])
+    except BadNameError as exc:
+        raise ConfigError(f"agent: {exc}") from None
     return config

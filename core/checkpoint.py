@@ -22,15 +22,24 @@ A request is JSON ``{"request_id", "reason", "time"}`` (a file request also name
 ``job``); an acknowledgement is ``{"step", "time", "job", "request_id"}``, ``step`` being the
 step whose checkpoint is saved. Files are written whole (write, then rename), so a reader never
 sees half of one.
+
+Job names become file names only through :func:`core.names.path_inside`: a job that is not a
+name without ``/`` (``../../outside/planted``, ``ns/pod``) is refused with
+:class:`core.names.BadNameError`, and :func:`write_json_atomic` never follows a link (its
+temporary file is created ``O_EXCL|O_NOFOLLOW`` under a random name; the rename replaces a link
+at the target rather than writing through it).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 from typing import Any, Protocol
+
+from gpuwarden.core.names import JobName, path_inside
 
 PREFIX = "gpuwarden/checkpoint"
 
@@ -44,11 +53,11 @@ class Store(Protocol):
 
 
 def request_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.request"
+    return path_inside(directory, JobName(job), ".request")
 
 
 def ack_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.ack"
+    return path_inside(directory, JobName(job), ".ack")
 
 
 def request_key(prefix: str = PREFIX) -> str:
@@ -60,11 +69,11 @@ def ack_key(request_id: str, prefix: str = PREFIX) -> str:
 
 
 def interval_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.interval"
+    return path_inside(directory, JobName(job), ".interval")
 
 
 def interval_ack_path(directory: str | Path, job: str) -> Path:
-    return Path(directory) / f"{job}.interval.ack"
+    return path_inside(directory, JobName(job), ".interval.ack")
 
 
 def interval_key(prefix: str = PREFIX) -> str:
@@ -99,17 +108,38 @@ def ack(step: int, job: str | None, t: float | None = None) -> dict[str, Any]:
     return {"step": int(step), "time": time.time() if t is None else t, "job": job}
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 def write_json_atomic(path: Path, data: dict[str, Any]) -> None:
-    """Write then rename, so a reader never sees half a file."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data), encoding="utf-8")
-    tmp.replace(path)
+    """Write then rename, so a reader never sees half a file; never through a link.
+
+    The temporary file gets a random name in the same folder and is created with
+    ``O_CREAT|O_EXCL|O_NOFOLLOW``: a link planted at a guessed name makes the open fail instead
+    of redirecting the write. It is fsynced before :func:`os.replace`, which renames over a link
+    at ``path`` (the link itself goes, its target is untouched).
+    """
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(8)}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(tmp, flags, 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(json.dumps(data))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def read_json(path: Path) -> dict[str, Any] | None:
-    """A protocol file's object, or None when it is missing, half-written or not an object."""
+    """A protocol file's object, or None when it is missing, half-written, not an object, or
+    a link (never followed)."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+        with os.fdopen(fd, encoding="utf-8") as fh:
+            data = json.loads(fh.read())
     except (OSError, ValueError):
         return None
     return data if isinstance(data, dict) else None

@@ -4,7 +4,14 @@ A finding says what was seen (``kind``), about what (``subject``), how bad (``se
 sure (``confidence`` for detections, ``probability`` for predictions), the numbers behind it
 (``evidence``) and when. Its ``id`` is stable: the same observation about the same subject in
 the same time bucket always gets the same id, so the engine can de-duplicate findings that
-arrive twice (a retry, two analysis hosts, the fast path and the slow path).
+arrive twice (a retry, two analysis hosts, the fast path and the slow path). The severity is
+part of the id: a lesser finding (an ``info`` about the same GPU, posted first) can never take
+the id of a critical one and make it a duplicate. ``digest`` covers the whole content, so that
+a sender told "duplicate" can learn whether the engine holds *its* finding or another one.
+
+Subject values are names (:mod:`core.names`): each is parsed into its key's type when the
+finding is built, and a value that is not a name of its kind is a :class:`FindingNameError`
+(the engine's endpoint answers 400). An empty value is allowed (it means "not known").
 
 Findings cross from analytics to remediation as data (JSON), never as imports.
 """
@@ -20,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from gpuwarden.core.errors import GpuwardenError
+from gpuwarden.core.names import BadNameError, parse_subject
 
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
@@ -32,6 +40,10 @@ class Severity(StrEnum):
 
 class FindingError(GpuwardenError, ValueError):
     """A finding that breaks the contract; the message says which part."""
+
+
+class FindingNameError(FindingError):
+    """A subject value that is not a name of its kind (:mod:`core.names`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +68,10 @@ class Finding:
             raise FindingError(f"unknown subject keys {sorted(unknown)}; allowed {SUBJECT_KEYS}")
         if not self.subject:
             raise FindingError("a finding needs a subject (at least one of cluster/node/...)")
+        try:
+            object.__setattr__(self, "subject", parse_subject(self.subject))
+        except BadNameError as exc:
+            raise FindingNameError(str(exc)) from None
         for name, value in (("confidence", self.confidence), ("probability", self.probability)):
             if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise FindingError(f"{name} must be within [0, 1], got {value!r}")
@@ -65,8 +81,16 @@ class Finding:
     @property
     def id(self) -> str:
         bucket = self.time_ns // (self.bucket_s * 1_000_000_000)
-        key = json.dumps([self.kind, sorted(self.subject.items()), bucket], separators=(",", ":"))
-        return hashlib.sha256(key.encode()).hexdigest()[:24]
+        key = [self.kind, sorted(self.subject.items()), bucket, str(self.severity)]
+        return hashlib.sha256(json.dumps(key, separators=(",", ":")).encode()).hexdigest()[:24]
+
+    @property
+    def digest(self) -> str:
+        """A hash of everything the finding says (its JSON but the id): two findings with one
+        id and one digest are the same finding sent twice."""
+        content = {k: v for k, v in self.to_json().items() if k != "id"}
+        text = json.dumps(content, sort_keys=True, separators=(",", ":"), default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     def to_json(self) -> dict[str, Any]:
         return {

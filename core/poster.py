@@ -14,10 +14,13 @@ order. A post that times out, cannot connect, or gets 429/5xx is tried again wit
 backoff (:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is
 younger than ``max_age_s`` (the engine's own ``max_finding_age_s``: it refuses older ones),
 so an engine that restarts, or is down for minutes, still gets every finding when it is back
-(and acts on each once: it remembers finding ids). A 409 means the engine has it already (an
-earlier try got through), which counts as delivered; any other 4xx is refused for good and
-logged. A finding that could not be delivered is not lost: it is also written to InfluxDB
-with the cycle's data, so analytics and the dashboards see it on the slow path.
+(and acts on each once: it remembers finding ids). A 409 counts as delivered only when the
+engine says it holds this very finding (every result ``same_content``: an earlier try got
+through); a 409 for another finding under the same id, or a 409 that says nothing of the
+content (a replayed signature), is not delivered: counted in ``conflicts`` and ``failed``, and
+logged. Any other 4xx is refused for good and logged. A finding that could not be delivered
+is not lost: it is also written to InfluxDB with the cycle's data, so analytics and the
+dashboards see it on the slow path.
 """
 
 from __future__ import annotations
@@ -65,6 +68,8 @@ class FindingPoster:
         self.posted = 0
         self.failed = 0
         self.retries = 0
+        self.conflicts = 0
+        """409s for content the engine does not hold (another finding took the id)."""
         self._queue: queue.Queue[Finding | None] = queue.Queue(maxsize=10_000)
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
@@ -100,6 +105,12 @@ class FindingPoster:
             if verdict == "delivered":
                 self.posted += 1
                 return
+            if verdict == "conflict":
+                self.failed += 1
+                self.conflicts += 1
+                log.error("finding %s not delivered: the engine holds other content under its "
+                          "id (%s)", finding.id, detail)  # fmt: skip
+                return
             if verdict == "refused":
                 self.failed += 1
                 log.error("remediation refused finding %s: %s", finding.id, detail)
@@ -117,7 +128,8 @@ class FindingPoster:
             self._closing.wait(self.retry.delay(tries))
 
     def _try(self, body: bytes) -> tuple[str, str]:
-        """One POST: ``delivered``, ``refused`` (for good) or ``retry``, and what happened."""
+        """One POST: ``delivered``, ``refused`` (for good), ``conflict`` (a 409 for content
+        the engine does not hold) or ``retry``, and what happened."""
         import urllib3
 
         if self._http is None:
@@ -131,8 +143,10 @@ class FindingPoster:
             resp = self._http.request("POST", self.url, body=body, headers=self._headers(body))
         except (urllib3.exceptions.HTTPError, OSError) as exc:
             return "retry", f"{type(exc).__name__}: {exc}"
-        if resp.status < 300 or resp.status == 409:  # 409: the engine has it already
+        if resp.status < 300:
             return "delivered", ""
+        if resp.status == 409:
+            return _duplicate(resp.data)
         text = f"HTTP {resp.status} {resp.data[:200].decode('utf-8', 'replace')}"
         return ("retry" if resp.status in RETRY_STATUSES else "refused"), text
 
@@ -148,3 +162,20 @@ class FindingPoster:
             self._thread.join(timeout_s)
             self._closing.set()
             self._thread.join(timeout_s)
+
+
+def _duplicate(data: bytes) -> tuple[str, str]:
+    """A 409's verdict: ``delivered`` when every result says the engine holds this very
+    finding (``same_content``), else ``conflict`` with the engine's words."""
+    try:
+        answer = json.loads(data)
+        results = answer.get("results") if isinstance(answer, dict) else None
+    except ValueError:
+        results = None
+    if (
+        isinstance(results, list)
+        and results
+        and all(isinstance(r, dict) and r.get("same_content") is True for r in results)
+    ):
+        return "delivered", "already received (same content)"
+    return "conflict", f"HTTP 409 {data[:300].decode('utf-8', 'replace')}"

@@ -70,6 +70,9 @@ class Memory:
     """What the engine remembers across restarts (rebuilt from the audit log)."""
 
     seen_findings: set[str] = field(default_factory=set)
+    finding_digests: dict[str, str] = field(default_factory=dict)
+    """Each seen finding's content digest (:attr:`Finding.digest`), where the audit has it: a
+    duplicate is answered "same content" only when they match."""
     done_actions: set[str] = field(default_factory=set)
     last_action_at: dict[str, float] = field(default_factory=dict)
     taken_out: set[str] = field(default_factory=set)
@@ -104,6 +107,8 @@ def replay(path: str | Path) -> Memory:
         event = record.get("event")
         if event == "finding" and record.get("finding_id"):
             memory.seen_findings.add(str(record["finding_id"]))
+            if record.get("digest"):
+                memory.finding_digests[str(record["finding_id"])] = str(record["digest"])
         elif event == "action" and record.get("action_id"):
             memory.note_action(record)
     return memory

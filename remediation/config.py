@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from gpuwarden.core.config import ConfigError, merge_config, read_toml
+from gpuwarden.core.names import TemplateError, check_argv_template
 from gpuwarden.remediation.adapters import ADAPTERS
 from gpuwarden.remediation.engine import EngineSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
@@ -147,6 +149,11 @@ def load_config(
         raise ConfigError("engine.return_requires must be check, command, approval or none")
     if e["return_requires"] == "command" and not e["return_check_command"]:
         raise ConfigError("engine.return_requires = 'command' needs return_check_command")
+    try:  # ssh must see '--' before {node}: refused here, before the engine serves
+        check_argv_template(e["return_check_command"], "engine.return_check_command")
+        check_argv_template(shlex.split(config["elastic"]["stop_command"]), "elastic.stop_command")
+    except (TemplateError, ValueError) as exc:
+        raise ConfigError(str(exc)) from None
     if e["spares"] < 0 or g["lemon_count"] < 0 or g["lemon_window_s"] < 0:
         raise ConfigError("engine.spares, guards.lemon_count and lemon_window_s must be >= 0")
     return config

@@ -20,9 +20,11 @@ With a shared secret configured, POSTs must also carry an ``X-Gpuwarden-Signatur
 timestamp and body, see :mod:`remediation.adapters.webhook`) that is fresh and never seen
 before. Requests are refused, with a JSON ``{"error": ...}`` saying why and nothing acted on,
 when they are: unauthenticated (401), larger than ``max_body_bytes`` (413, read no further),
-without a length (411), not JSON or not findings (400/422), stale (a finding older than
+without a length (411), not JSON or not findings (400/422; a subject value that is not a
+name of its kind, :mod:`core.names`, is 400), stale (a finding older than
 ``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
-finding in the request already received: 409).
+finding in the request already received: 409, each result saying with ``same_content``
+whether the engine holds this very finding or another one under its id).
 
 Alerts from Grafana and from Alertmanager become findings the same way (:func:`alert_finding`):
 the kind from the rule's ``kind`` label (else its ``alertname``), the subject from the
@@ -50,8 +52,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Protocol
 
-from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, Severity
+from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, FindingNameError, Severity
 from gpuwarden.core.metrics import Metric, render
+from gpuwarden.core.names import BadNameError
 from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import http_server
@@ -195,6 +198,8 @@ class Endpoint:
             )
         try:
             parsed = [Finding.from_json(item) for item in items]
+        except FindingNameError as exc:  # a name that is no name: malformed, nothing acted on
+            raise RequestError(HTTPStatus.BAD_REQUEST, f"not a finding: {exc}") from None
         except (FindingError, AttributeError, TypeError) as exc:
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"not a finding: {exc}") from None
         fresh = [self._fresh(f) for f in parsed]  # all checked before any is acted on
@@ -206,8 +211,13 @@ class Endpoint:
         results = []
         for f in findings:
             d = self.engine.submit(f, via=via)
-            results.append({"finding_id": f.id, "verdict": d.verdict, "why": d.why})
+            result: dict[str, Any] = {"finding_id": f.id, "verdict": d.verdict, "why": d.why}
+            if d.same_content is not None:
+                result["same_content"] = d.same_content
+            results.append(result)
         if results and all(r["verdict"] == "duplicate" for r in results):
+            # each result says whether the engine holds this very finding (same_content: a
+            # retry whose first try got through) or another one under its id
             return HTTPStatus.CONFLICT, {
                 "error": "every finding in this request was already received (replay or retry)",
                 "results": results,
@@ -233,6 +243,8 @@ class Endpoint:
                 continue  # resolved alerts do not undo anything by themselves
             try:
                 findings.append(self._fresh(alert_finding(alert, source)))
+            except FindingNameError as exc:
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"bad alert: {exc}") from None
             except (FindingError, ValueError, TypeError) as exc:
                 raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"bad alert: {exc}") from None
         if not findings:
@@ -331,6 +343,8 @@ class Endpoint:
             force = self._json(body or b"{}").get("force", False) is True
             try:
                 d = self.engine.undo(m.group(1), by=by, force=force)
+            except BadNameError as exc:
+                raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
             except KeyError as exc:
                 raise RequestError(HTTPStatus.CONFLICT, str(exc.args[0])) from None
             return HTTPStatus.ACCEPTED, {"plan_id": d.plan_id, "verdict": d.verdict}
@@ -345,8 +359,9 @@ def _subject(labels: Mapping[str, str], source: str) -> dict[str, str]:
             host = labels["instance"].rsplit(":", 1)[0] if ":" in labels["instance"] else ""
         if host:
             subject["node"] = host
-    if not subject:
-        subject = {"cluster": labels.get("grafana_folder") or labels.get("job") or source}
+    if not subject:  # a grouping only: a folder title ("GPU alerts") made a name
+        group = labels.get("grafana_folder") or labels.get("job") or source
+        subject = {"cluster": re.sub(r"[^A-Za-z0-9._-]", "_", group).lstrip("-.")[:253] or source}
     return subject
 
 

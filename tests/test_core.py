@@ -97,12 +97,16 @@ def test_the_poster_waits_out_an_engine_that_is_down() -> None:
 
 
 def test_the_poster_gives_up_on_refusals_age_and_close() -> None:
-    with ScriptedServer([Reply(400), Reply(409)]) as srv:
+    result = {"finding_id": "x", "verdict": "duplicate", "same_content": True}
+    same = json.dumps({"error": "dup", "results": [result]})
+    with ScriptedServer([Reply(400), Reply(409, same), Reply(409)]) as srv:
         poster = FindingPoster(srv.url, retry=FAST)
         poster.post(risk("gpu01"))  # 400: refused for good, not retried
-        poster.post(risk("gpu02"))  # 409: the engine has it already
+        poster.post(risk("gpu02"))  # 409, same content: the engine has it already
+        poster.post(risk("gpu03"))  # 409 that does not say so: not delivered (a conflict)
         poster.close(timeout_s=30)
-        assert (poster.posted, poster.failed, len(srv.requests)) == (1, 1, 2)
+        assert (poster.posted, poster.failed, len(srv.requests)) == (1, 2, 3)
+        assert poster.conflicts == 1
     with ScriptedServer([], default=Reply(503)) as srv:
         old = risk("gpu01", t_ns=time.time_ns() - 7200 * 10**9)  # older than max_age_s
         poster = FindingPoster(srv.url, retry=FAST, max_age_s=3600)

@@ -30,6 +30,7 @@ at different steps, so agree first, e.g. with ``torch.distributed.all_reduce(fla
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 from pathlib import Path
@@ -65,6 +66,14 @@ class CheckpointRequests:
     ) -> None:
         self.job = job or os.environ.get("SLURM_JOB_ID") or os.environ.get("TORCHELASTIC_RUN_ID")
         self.directory = Path(directory) if directory else None
+        if self.directory is not None and self.job:
+            try:  # the job names its files: a name that cannot be one turns the files off
+                request_path(self.directory, self.job)
+            except ValueError as exc:
+                logging.getLogger(__name__).warning(
+                    "checkpoint requests by file are off for this job: %s", exc
+                )
+                self.directory = None
         self.store = store
         self.prefix = prefix
         self.done: set[str] = set()

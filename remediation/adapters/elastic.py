@@ -7,11 +7,17 @@
 * **drain / cordon**: stops that node's elastic agent (``torchrun``), so the remaining agents
   re-form the group without it (the job must run with ``--nnodes=MIN:MAX`` and MIN below the
   node count) and their workers restart from the checkpoint just taken. How the agent is
-  stopped: ``stop_command`` (an argv template with ``{node}``, e.g. ``ssh {node} systemctl stop
-  torchrun-job`` or a ``scancel`` of that node's step), or else SIGTERM to the pid in
+  stopped: ``stop_command`` (an argv template with ``{node}``, e.g. ``ssh -- {node} systemctl
+  stop torchrun-job`` or a ``scancel`` of that node's step), or else SIGTERM to the pid in
   ``<pid_dir>/<node>.pid`` when the engine runs on the same host (tests, the demo). The agent
   itself is signalled, never its workers: torchrun stops them on SIGTERM (SIGUSR1 to the agent
   would kill it and orphan them).
+
+Names are data (:mod:`core.names`): the node is parsed into a :class:`NodeName` (never begins
+with ``-``, no ``/``) before it fills ``{node}``, as one argv element, never through a shell;
+``ssh`` in ``stop_command`` must have ``--`` before ``{node}`` (refused at construction and at
+config load otherwise: ``-oProxyCommand=...`` as a host is a command); the pid file is
+``path_inside(pid_dir, node, ".pid")``, refused if it would lead out of ``pid_dir``.
 
 ``torch`` is imported only here, only when a checkpoint is requested: it is the training job's
 own dependency, not the engine's (``scripts/bootstrap.sh`` installs the CPU build for tests).
@@ -26,10 +32,16 @@ import signal
 import subprocess
 import time
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 from gpuwarden.core.checkpoint import PREFIX, ack_key, request, request_key
+from gpuwarden.core.names import (
+    BadNameError,
+    NodeName,
+    check_argv_template,
+    fill_argv,
+    path_inside,
+)
 from gpuwarden.remediation.model import Action, ActionKind, AdapterError, Outcome, Status
 
 
@@ -56,6 +68,8 @@ class ElasticAdapter:
         self.checkpoint_timeout_s = checkpoint_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self.stop_command = stop_command
+        self._stop_argv = shlex.split(stop_command)
+        check_argv_template(self._stop_argv, "elastic.stop_command")
         self.pid_dir = pid_dir
         self.stop_timeout_s = stop_timeout_s
         self.poll_s = poll_s
@@ -124,8 +138,12 @@ class ElasticAdapter:
     def _stop_agent(self, action: Action) -> Outcome:
         if not action.node:
             raise AdapterError("stopping an elastic agent needs a node")
-        if self.stop_command:
-            argv = [a.replace("{node}", action.node) for a in shlex.split(self.stop_command)]
+        try:
+            node = NodeName(action.node)
+        except BadNameError as exc:
+            raise AdapterError(str(exc)) from None
+        if self._stop_argv:
+            argv = fill_argv(self._stop_argv, node)
             res = subprocess.run(
                 argv, capture_output=True, text=True, timeout=self.stop_timeout_s, check=False
             )
@@ -134,7 +152,10 @@ class ElasticAdapter:
             return Outcome(Status.OK, f"stopped the elastic agent on {action.node} ({argv[0]})")
         if not self.pid_dir:
             raise AdapterError("set elastic.stop_command or elastic.pid_dir")
-        pid_file = Path(self.pid_dir) / f"{action.node}.pid"
+        try:
+            pid_file = path_inside(self.pid_dir, node, ".pid")
+        except BadNameError as exc:
+            raise AdapterError(f"no pid file for {node!r}: {exc}") from None
         try:
             pid = int(pid_file.read_text().strip())
         except (OSError, ValueError):

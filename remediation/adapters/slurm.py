@@ -40,6 +40,7 @@ from gpuwarden.core.checkpoint import (
     request_path,
     write_json_atomic,
 )
+from gpuwarden.core.names import BadNameError, NodeName
 from gpuwarden.remediation.model import (
     Action,
     ActionKind,
@@ -209,6 +210,10 @@ class SlurmAdapter:
             return self._interval(action)
         if not action.node:
             raise AdapterError(f"{action.kind} needs a node; the finding named none")
+        try:  # a second look: the finding parsed it (names are data, core.names)
+            NodeName(action.node)
+        except BadNameError as exc:
+            raise AdapterError(str(exc)) from None
         if action.kind in (ActionKind.CORDON, ActionKind.DRAIN):
             return self._drain(action)
         if action.kind is ActionKind.CHECKPOINT:
@@ -280,13 +285,14 @@ class SlurmAdapter:
             asked = interval_request(action.id, float(value), action.reason)
         except ValueError as exc:
             raise AdapterError(str(exc)) from None
+        try:  # the job names the files: refused unless they stay inside checkpoint_dir
+            asked_at = interval_path(self.checkpoint_dir, action.job)
+            answer_at = interval_ack_path(self.checkpoint_dir, action.job)
+        except BadNameError as exc:
+            raise AdapterError(f"no interval request for job {action.job!r}: {exc}") from None
         Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
-        write_json_atomic(
-            interval_path(self.checkpoint_dir, action.job), asked | {"job": action.job}
-        )
-        acks, _ = self._await(
-            {action.job: interval_ack_path(self.checkpoint_dir, action.job)}, action.id
-        )
+        write_json_atomic(asked_at, asked | {"job": action.job})
+        acks, _ = self._await({action.job: answer_at}, action.id)
         if acks:
             answer = acks[action.job]
             return Outcome(
@@ -306,9 +312,13 @@ class SlurmAdapter:
             return Outcome(Status.OK, f"no running jobs on {action.node}")
         asked = request(action.id, action.reason)
         if self.checkpoint_dir:
+            try:  # Slurm's own job ids, still parsed before they name a file
+                paths = {j: request_path(self.checkpoint_dir, j) for j in jobs}
+            except BadNameError as exc:
+                raise AdapterError(f"checkpoint request: {exc}") from None
             Path(self.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             for jid in jobs:
-                write_json_atomic(request_path(self.checkpoint_dir, jid), asked | {"job": jid})
+                write_json_atomic(paths[jid], asked | {"job": jid})
         if self.checkpoint_signal:
             for jid in jobs:
                 self._run("scancel", "--full", "-s", self.checkpoint_signal, jid)

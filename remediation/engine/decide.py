@@ -39,7 +39,8 @@ class EngineSettings:
     just before the uncordon; ``approval``: an operator approves (``gpuwarden remediate
     approve``); ``none``: any ``node_healthy`` finding. An operator's ``undo`` always may."""
     return_check_command: tuple[str, ...] = ()
-    """argv template (``{node}`` is replaced), e.g. ``ssh {node} gpuwarden check``."""
+    """argv template (``{node}`` is replaced by the parsed node name, :func:`core.names.fill_argv`),
+    e.g. ``ssh -- {node} gpuwarden check`` (ssh without ``--`` is refused at config load)."""
     return_check_timeout_s: float = 900.0
     notify_adapter: str = "webhook"
     checkpoint_adapter: str = "slurm"
@@ -58,6 +59,9 @@ class Decision:
     policy: str = ""
     actions: tuple[Action, ...] = ()
     why: str = ""
+    same_content: bool | None = None
+    """For a ``duplicate``: whether the finding received first under this id had the same
+    content (its digest); None for every other verdict."""
 
     @property
     def plan_id(self) -> str:

@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, Memory, replay
 from gpuwarden.remediation.engine.approve import WAITING, PendingPlans
 from gpuwarden.remediation.engine.decide import (
@@ -114,12 +115,22 @@ class Engine:
             self._require_open()
             self.stats.findings += 1
             if finding.id in self.memory.seen_findings:
-                return self._decide(finding, Decision(finding.id, "duplicate"), received)
+                same = self.memory.finding_digests.get(finding.id) == finding.digest
+                why = (
+                    "received before, same content"
+                    if same
+                    else "another finding with this id (different content) was received first; "
+                    "this one was not acted on"
+                )
+                d = Decision(finding.id, "duplicate", why=why, same_content=same)
+                return self._decide(finding, d, received)
             self.memory.seen_findings.add(finding.id)
+            self.memory.finding_digests[finding.id] = finding.digest
             self.audit.append(
                 "finding",
                 received,
                 finding_id=finding.id,
+                digest=finding.digest,
                 kind=finding.kind,
                 severity=str(finding.severity),
                 subject=dict(finding.subject),
@@ -201,7 +212,9 @@ class Engine:
             return self._decide(pending.finding, d, pending.received)
 
     def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
-        """Put a node gpuwarden took out back in service (``force``: one it did not take out)."""
+        """Put a node gpuwarden took out back in service (``force``: one it did not take out).
+        A ``node`` that is not a node name is a :class:`core.names.BadNameError`."""
+        node = NodeName(node)
         with self._lock:
             self._require_open()
             if node not in self.memory.taken_out and not self.guards.reserved[node] and not force:
@@ -227,7 +240,10 @@ class Engine:
         outcome (the uncordon is not done) or None to go on. An operator's undo is exempt."""
         if action.params.get("kind") == "operator_undo":
             return None
-        argv = [a.replace("{node}", action.node) for a in self.settings.return_check_command]
+        try:
+            argv = fill_argv(self.settings.return_check_command, NodeName(action.node))
+        except BadNameError as exc:
+            return Outcome(Status.FAILED, f"return check not run: {exc}")
         try:
             done = subprocess.run(argv, capture_output=True, text=True, check=False,
                                   timeout=self.settings.return_check_timeout_s)  # fmt: skip
