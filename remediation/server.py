@@ -212,8 +212,9 @@ class Endpoint:
         for f in findings:
             d = self.engine.submit(f, via=via)
             result: dict[str, Any] = {"finding_id": f.id, "verdict": d.verdict, "why": d.why}
-            if d.same_content is not None:
-                result["same_content"] = d.same_content
+            same = getattr(d, "same_content", None)  # Decision's; a stand-in may lack it
+            if same is not None:
+                result["same_content"] = same
             results.append(result)
         if results and all(r["verdict"] == "duplicate" for r in results):
             # each result says whether the engine holds this very finding (same_content: a
