@@ -22,7 +22,9 @@ before. Requests are refused, with a JSON ``{"error": ...}`` saying why and noth
 when they are: unauthenticated (401), larger than ``max_body_bytes`` (413, read no further),
 without a length (411), not JSON or not findings (400/422), stale (a finding older than
 ``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
-finding in the request already received: 409).
+finding in the request already received: 409). A finding the engine cannot journal (its audit
+log's disk is full or read-only) gets 503: nothing was decided, and the same request, sent
+again once the disk is back, is decided then.
 
 Alerts from Grafana and from Alertmanager become findings the same way (:func:`alert_finding`):
 the kind from the rule's ``kind`` label (else its ``alertname``), the subject from the
@@ -55,6 +57,7 @@ from gpuwarden.core.metrics import Metric, render
 from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import http_server
+from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)
@@ -265,7 +268,8 @@ class Endpoint:
             signature = self.check_signature(headers, body, path)
             try:
                 status, payload = self._post(path, body, headers, signed=bool(signature))
-            except EngineClosedError as exc:  # shutting down: the sender retries later
+            except (EngineClosedError, JournalError) as exc:  # shutting down, or the journal
+                # cannot be written (a full disk): nothing was decided, the sender retries later
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
             self.remember(signature)
             if status >= 400:  # a replay: answered with the per-finding results
