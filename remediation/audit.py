@@ -1,21 +1,44 @@
-"""The append-only audit log: finding → decision → action → outcome, with timings.
+"""The append-only audit log: finding → decision → intent → action → outcome, with timings.
 
 One JSON object per line, flushed and fsynced per record (remediation is rare; losing the
 record of a drain is not acceptable). Every record has ``event`` (``finding``, ``decision``,
-``action``, ``approval``, ``undo``), the wall time ``time`` (RFC 3339, UTC) and ``t`` (Unix
-seconds); actions carry ``duration_s`` and ``since_finding_s`` (finding received → outcome).
+``intent``, ``action``, ``approval``, ``undo``, ``expired``), the wall time ``time`` (RFC 3339,
+UTC) and ``t`` (Unix seconds); actions carry ``duration_s`` and ``since_finding_s`` (finding
+received → outcome).
+
+The log is also the engine's journal (write ahead, then act):
+
+* a finding counts as seen only once its ``decision`` record is on disk, so a finding whose
+  records could not be written (a full disk) is decided again when it is re-sent;
+* a decision that acts or waits records its whole plan (``plan``: every action, with its
+  parameters), so the plan can be rebuilt after a restart;
+* before an action changes anything, its ``intent`` is on disk, with what the adapter observed
+  of the world just before (:class:`remediation.model.Reconciling`);
+* on start, :func:`replay` tells which plans had not finished (:attr:`Memory.unfinished`) and
+  which were still waiting (:attr:`Memory.waiting`), and the engine resumes them against the
+  scheduler's real state: an action whose intent is on disk but whose record is not is
+  reconciled (done, and recorded now) or done, never done twice.
 
 On start the engine reads the log back (:func:`replay`) to restore what it must not forget
-over a restart: the findings it has already seen (de-duplication), the actions it has done
+over a restart: the findings it has already decided (de-duplication), the actions it has done
 (idempotency), when it last acted on each node (cooldown) and which nodes it took out itself
-(undo never resumes a node someone else drained). A torn last line (power cut mid-write) is
+(undo never resumes a node someone else drained). A torn line (power cut mid-write) is
 skipped and counted, not fatal.
+
+One engine at a time writes a log: :class:`AuditLog` with ``exclusive=True`` (what the engine
+opens) holds an exclusive ``flock`` on ``<log>.lock`` for its life, so ``remediate apply``
+beside a running ``remediate serve`` on the same log is refused instead of making two engines
+with two blast-radius states. (A standby engine on another host needs a lease from a component
+the site runs; see docs/DURABILITY.md.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import signal
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -23,25 +46,99 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.remediation.errors import RemediationError
+
+#: The crash-point sweep (tests/test_crash_sweep.py) kills the engine at a journal boundary:
+#: ``after:N`` once its Nth record of this process is on disk, ``before:N`` just before the Nth
+#: is written. Unset (always, outside that test) it costs one comparison per record.
+CRASH_AT_ENV = "GPUWARDEN_TEST_CRASH_AT"
+
+
+class JournalError(RemediationError, OSError):
+    """A record could not be made durable (a full disk, a read-only file system): nothing that
+    depended on it was done, and the caller may retry once the disk is back."""
+
+
+class AuditLogBusyError(RemediationError, RuntimeError):
+    """Another engine holds this audit log: two engines on one log would each keep their own
+    blast-radius state, so the second one is refused."""
+
+
+def _crash_point() -> tuple[str, int] | None:
+    spec = os.environ.get(CRASH_AT_ENV, "")
+    where, _, number = spec.partition(":")
+    if where in ("before", "after") and number.isdigit():
+        return where, int(number)
+    return None
+
 
 def _now_iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 class AuditLog:
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, exclusive: bool = False) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
+        self._written = 0
+        self._crash = _crash_point()
+        self._holder: int | None = None
+        if exclusive:
+            self._hold()
+
+    def _hold(self) -> None:
+        lock = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise AuditLogBusyError(
+                f"another engine (pid {holder}) holds {self.path}: one engine per audit log"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._holder = fd
+
+    def close(self) -> None:
+        """Let another engine take the log (the lock also goes with the process)."""
+        if self._holder is not None:
+            os.close(self._holder)
+            self._holder = None
 
     def append(self, event: str, t: float, **record: Any) -> dict[str, Any]:
+        """Write one record and make it durable, or raise :class:`JournalError` with the file
+        as it was (a partial line is cut off again, so the next record starts clean)."""
         entry = {"event": event, "time": _now_iso(t), "t": round(t, 6), **record}
-        line = json.dumps(entry, sort_keys=False, default=str) + "\n"
-        with self._lock, self.path.open("a", encoding="utf-8") as fh:
-            fh.write(line)
-            fh.flush()
-            os.fsync(fh.fileno())
+        line = (json.dumps(entry, sort_keys=False, default=str) + "\n").encode()
+        with self._lock:
+            self._maybe_crash("before", self._written + 1)
+            fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
+            try:
+                start = os.fstat(fd).st_size
+                try:
+                    # a line torn by a crash, or one a full disk did not let us cut back,
+                    # must not swallow this record: start it on a line of its own
+                    torn = start > 0 and os.pread(fd, 1, start - 1) != b"\n"
+                    view = memoryview(b"\n" + line if torn else line)
+                    while view:
+                        view = view[os.write(fd, view) :]
+                    os.fsync(fd)
+                except OSError as exc:
+                    with contextlib.suppress(OSError):  # else replay skips the torn line
+                        os.ftruncate(fd, start)
+                    raise JournalError(f"cannot write the audit log {self.path}: {exc}") from exc
+            finally:
+                os.close(fd)
+            self._written += 1
+            self._maybe_crash("after", self._written)
         return entry
+
+    def _maybe_crash(self, where: str, number: int) -> None:
+        if self._crash is not None and self._crash == (where, number):
+            os.kill(os.getpid(), signal.SIGKILL)
 
     def records(self) -> Iterator[dict[str, Any]]:
         yield from read_records(self.path)
@@ -66,6 +163,15 @@ def read_records(path: str | Path, torn: list[int] | None = None) -> Iterator[di
 
 
 @dataclass
+class PlanRecord:
+    """A plan as the journal holds it: its latest decision, the finding that caused it."""
+
+    decision: dict[str, Any]
+    finding: dict[str, Any] | None
+    received: float
+
+
+@dataclass
 class Memory:
     """What the engine remembers across restarts (rebuilt from the audit log)."""
 
@@ -79,8 +185,18 @@ class Memory:
     taken_out_at: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
     """Every time gpuwarden took each node out, and why (the lemon rule reads it)."""
     torn_lines: list[int] = field(default_factory=list)
+    intents: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Intent records by action id whose action record is not (yet) on disk."""
+    recorded: set[str] = field(default_factory=set)
+    """Action ids with an action record, whatever its outcome."""
+    unfinished: list[PlanRecord] = field(default_factory=list)
+    """Plans decided ``act``/``dry_run`` whose actions had not all been recorded (replay)."""
+    waiting: list[PlanRecord] = field(default_factory=list)
+    """Plans still waiting (approval, blast radius, rate limit, lemon) at the last stop."""
 
     def note_action(self, record: Mapping[str, Any]) -> None:
+        self.recorded.add(str(record.get("action_id", "")))
+        self.intents.pop(str(record.get("action_id", "")), None)
         if record.get("dry_run") or record.get("outcome") not in ("ok",):
             return
         self.done_actions.add(str(record["action_id"]))
@@ -101,14 +217,52 @@ class Memory:
             self.taken_out.discard(node)
 
 
+#: verdicts whose plans run (and so may be unfinished), and those whose plans wait
+RUNNING_VERDICTS = ("act", "dry_run", "cooldown", "not_ours", "unchecked")
+WAITING_VERDICTS = ("approval", "lemon", "blast_radius", "rate_limited")
+REMOVING_KINDS = ("cordon", "drain")
+
+
 def replay(path: str | Path) -> Memory:
     memory = Memory()
+    findings: dict[str, dict[str, Any]] = {}
+    latest: dict[str, PlanRecord] = {}
+    outcomes: dict[str, str] = {}
     for record in read_records(path, memory.torn_lines):
         event = record.get("event")
-        if event == "finding" and record.get("finding_id"):
-            memory.seen_findings.add(str(record["finding_id"]))
+        fid = str(record.get("finding_id", ""))
+        if event == "finding" and fid:
+            findings[fid] = record
             if record.get("digest"):
-                memory.finding_digests[str(record["finding_id"])] = str(record["digest"])
+                memory.finding_digests[fid] = str(record["digest"])
+        elif event == "decision" and fid:
+            memory.seen_findings.add(fid)  # decided: durable, so a re-send is a duplicate
+            if record.get("verdict") != "duplicate":
+                received = float((findings.get(fid) or record).get("t", record.get("t", 0.0)))
+                latest[fid] = PlanRecord(record, findings.get(fid), received)
+        elif event == "expired" and fid:
+            latest.pop(fid, None)
+        elif event == "intent" and record.get("action_id"):
+            memory.intents[str(record["action_id"])] = record
         elif event == "action" and record.get("action_id"):
             memory.note_action(record)
+            outcomes[str(record["action_id"])] = str(record.get("outcome", ""))
+    for p in latest.values():
+        verdict = p.decision.get("verdict")
+        if verdict in WAITING_VERDICTS:
+            memory.waiting.append(p)
+        elif verdict in RUNNING_VERDICTS and not _finished(p.decision, outcomes):
+            memory.unfinished.append(p)
     return memory
+
+
+def _finished(decision: Mapping[str, Any], outcomes: Mapping[str, str]) -> bool:
+    """Every action of the plan has its record, or a removing action failed (the ladder
+    stops there). Decisions from before the journal recorded plans count as finished."""
+    for action in decision.get("plan") or []:
+        outcome = outcomes.get(str(action.get("action_id")))
+        if outcome is None:
+            return False
+        if action.get("action") in REMOVING_KINDS and outcome not in ("ok", "dry_run"):
+            return True
+    return True

@@ -29,7 +29,7 @@ from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.tls import client_context, server_context
 from gpuwarden.remediation.adapters import create
-from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.audit import AuditLog, AuditLogBusyError, JournalError, read_records
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.model import Action, AdapterError, Outcome
@@ -90,7 +90,7 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
     engine = Engine(
         config.policies,
         adapters,
-        AuditLog(config["engine"]["audit_log"]),
+        AuditLog(config["engine"]["audit_log"], exclusive=True),  # one engine per audit log
         config.settings,
         on_action=on_action,
     )
@@ -130,6 +130,9 @@ def serve(config: RemediationConfig) -> int:
         mode,
         sorted(engine.adapters),
     )
+    resumed = engine.resume()  # plans a crash or a stop left unfinished, reconciled first
+    if resumed:
+        log.warning("resumed %d unfinished plans from the audit log", len(resumed))
     while not stop.wait(e["tick_s"]):
         engine.tick()
     server.shutdown()
@@ -152,7 +155,7 @@ def read_findings(path: str) -> Iterator[dict[str, Any]]:
 
 def apply(config: RemediationConfig, path: str) -> int:
     engine, sink = build_engine(config)
-    bad = 0
+    bad, number = 0, 0
     try:
         for number, data in enumerate(read_findings(path), 1):
             try:
@@ -165,6 +168,9 @@ def apply(config: RemediationConfig, path: str) -> int:
             node = finding.subject.get("node", "-")
             actions = ",".join(str(a.kind) for a in d.actions) or "-"
             print(f"{finding.id}  {finding.kind:<16} {node:<10} {d.verdict:<12} {actions}  {d.why}")
+    except JournalError as exc:
+        print(f"stopped: {exc}; the findings from #{number} on were not decided", file=sys.stderr)
+        return 2
     except (OSError, ValueError) as exc:
         print(f"cannot read findings from {path}: {exc}", file=sys.stderr)
         return 2
@@ -274,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return call(config, "POST", f"/v1/approve/{args.plan_id}", b"{}")
         body = json.dumps({"force": args.force}).encode()
         return call(config, "POST", f"/v1/undo/{args.node}", body)
-    except (ConfigError, ValueError) as exc:
+    except (ConfigError, ValueError, AuditLogBusyError) as exc:
         print(f"gpuwarden remediate: {exc}", file=sys.stderr)
         return 2
 

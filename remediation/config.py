@@ -71,6 +71,7 @@ GUARDS = {
     "lemon_count": 3,
     "lemon_window_s": 7 * 86400.0,
     "inventory_ttl_s": 2.0,
+    "pending_expire_s": 3600.0,
 }
 INFLUXDB = {
     "url": "",
@@ -109,6 +110,7 @@ class RemediationConfig:
             lemon_count=g["lemon_count"],
             lemon_window_s=g["lemon_window_s"],
             inventory_ttl_s=g["inventory_ttl_s"],
+            pending_expire_s=g["pending_expire_s"],
             approval=tuple(e["approval"]),
             return_requires=e["return_requires"],
             return_check_command=tuple(e["return_check_command"]),

@@ -81,6 +81,28 @@ class Action:
             "severity": self.severity,
         }
 
+    def journal(self) -> dict[str, Any]:
+        """Everything :meth:`from_journal` needs to rebuild the action after a restart."""
+        return self.to_json() | {"params": dict(self.params)}
+
+    @classmethod
+    def from_journal(cls, data: Mapping[str, Any]) -> Action:
+        """The action a decision record planned; its id must match the one recorded."""
+        action = cls(
+            kind=ActionKind(data["action"]),
+            adapter=str(data["adapter"]),
+            node=str(data.get("node", "")),
+            cluster=str(data.get("cluster", "")),
+            job=str(data.get("job", "")),
+            finding_id=str(data.get("finding_id", "")),
+            reason=str(data.get("reason", "")),
+            severity=str(data.get("severity", "warning")),
+            params=dict(data.get("params") or {}),
+        )
+        if data.get("action_id") not in (None, action.id):
+            raise ValueError(f"journal action {data.get('action_id')!r} does not match its content")
+        return action
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -164,3 +186,20 @@ class SparePool(Scheduler, Protocol):
 
     def hold_spare(self, node: str) -> None: ...
     def release_spare(self, node: str) -> None: ...
+
+
+@runtime_checkable
+class Reconciling(Adapter, Protocol):
+    """An adapter that can tell, after a crash, whether an action it was asked to do took
+    effect. The engine records :meth:`observe`'s answer in the action's intent, before it calls
+    :meth:`perform`; after a restart it asks :meth:`reconcile` with that record instead of
+    acting again blindly (SQLite's rollback journal, a controller's reconcile loop)."""
+
+    def observe(self, action: Action) -> dict[str, Any]:
+        """What the world looks like before ``action`` (small, JSON-serialisable)."""
+        ...
+
+    def reconcile(self, action: Action, before: Mapping[str, Any]) -> Outcome | None:
+        """The outcome if ``action`` already took effect since ``before`` was observed (it is
+        recorded, not repeated), or None when it did not (the engine performs it)."""
+        ...

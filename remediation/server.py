@@ -24,7 +24,9 @@ without a length (411), not JSON or not findings (400/422; a subject value that 
 name of its kind, :mod:`core.names`, is 400), stale (a finding older than
 ``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
 finding in the request already received: 409, each result saying with ``same_content``
-whether the engine holds this very finding or another one under its id).
+whether the engine holds this very finding or another one under its id). A finding the engine
+cannot journal (its audit log's disk is full or read-only) gets 503: nothing was decided, and
+the same request, sent again once the disk is back, is decided then.
 
 Alerts from Grafana and from Alertmanager become findings the same way (:func:`alert_finding`):
 the kind from the rule's ``kind`` label (else its ``alertname``), the subject from the
@@ -58,6 +60,7 @@ from gpuwarden.core.names import BadNameError
 from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import http_server
+from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.engine import Engine, EngineClosedError
 
 log = logging.getLogger(__name__)
@@ -278,7 +281,8 @@ class Endpoint:
             signature = self.check_signature(headers, body, path)
             try:
                 status, payload = self._post(path, body, headers, signed=bool(signature))
-            except EngineClosedError as exc:  # shutting down: the sender retries later
+            except (EngineClosedError, JournalError) as exc:  # shutting down, or the journal
+                # cannot be written (a full disk): nothing was decided, the sender retries later
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
             self.remember(signature)
             if status >= 400:  # a replay: answered with the per-finding results

@@ -27,6 +27,7 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -335,3 +336,63 @@ class SlurmAdapter:
             return Outcome(Status.TIMEOUT, msg, details)
         steps = {j: a.get("step") for j, a in acks.items()}
         return Outcome(Status.OK, f"checkpointed {steps}", details)
+
+    # -- after a crash (remediation.model.Reconciling) -----------------------------------------
+
+    def observe(self, action: Action) -> dict[str, Any]:
+        """Before a requeue: each job on the node and its restart count (Slurm counts a
+        requeue there); before a checkpoint: the jobs asked. Nothing for the others, whose
+        effect shows in the node's own state."""
+        if action.kind is ActionKind.REQUEUE and action.node:
+            return {"jobs": {str(j["job_id"]): _restarts(j) for j in self.jobs_on(action.node)}}
+        if action.kind is ActionKind.CHECKPOINT and action.node:
+            return {"jobs": [str(j["job_id"]) for j in self.jobs_on(action.node)]}
+        return {}
+
+    def reconcile(self, action: Action, before: Mapping[str, Any]) -> Outcome | None:
+        """Whether ``action`` took effect after its intent was recorded, from Slurm's state."""
+        kind, name = action.kind, action.node
+        if kind in (ActionKind.CORDON, ActionKind.DRAIN):
+            node = self.node(name)
+            if "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}:
+                return Outcome(Status.OK, f"{name} is draining: {node.get('reason')!r}")
+            return None
+        if kind is ActionKind.UNCORDON:
+            node = self.node(name)
+            if not {str(f).upper() for f in node.get("state_flags") or []} & {"DRAIN", "DOWN"}:
+                return Outcome(Status.OK, f"{name} is in service")
+            return None
+        if kind is ActionKind.REQUEUE:
+            counted = dict(before.get("jobs") or {})
+            there = {str(j["job_id"]): j for j in self.jobs_on(name)}
+            left = [
+                jid for jid, restarts in counted.items()
+                if jid in there and _restarts(there[jid]) <= int(restarts)
+            ]  # fmt: skip
+            if left:
+                return None  # perform requeues the ones still running there, and only those
+            done = sorted(counted)
+            return Outcome(Status.OK, f"requeued {done or 'no jobs'} from {name}",
+                           {"requeued": done, "not_requeueable": []})  # fmt: skip
+        if kind is ActionKind.CHECKPOINT and self.checkpoint_dir:
+            asked = [str(j) for j in before.get("jobs") or []]
+            acks = {j: read_ack(ack_path(self.checkpoint_dir, j), action.id) for j in asked}
+            if asked and all(acks.values()):
+                return Outcome(Status.OK, "checkpointed before the restart",
+                               {"jobs": asked, "acks": acks, "missing": []})  # fmt: skip
+            return None  # asked again with the same request id: a job that saved says so
+        if kind is ActionKind.CHECKPOINT_INTERVAL and self.checkpoint_dir and action.job:
+            answer = read_ack(interval_ack_path(self.checkpoint_dir, action.job), action.id)
+            if answer is not None:
+                return Outcome(Status.OK, f"job {action.job} took the interval before the restart")
+        return None
+
+
+def _restarts(job: Mapping[str, Any]) -> int:
+    value = job.get("restart_cnt", 0)
+    if isinstance(value, dict):  # later Slurm versions: {"set": true, "number": n}
+        value = value.get("number", 0)
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return 0

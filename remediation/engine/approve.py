@@ -3,9 +3,10 @@ engine's tick that releases plans the blast radius or the rate limit now allow.
 
 A plan waits for one of three reasons: it needs ``approval`` (a person decides), or the
 ``blast_radius`` or ``rate_limited`` guard held it (it runs by itself, oldest first, once
-there is room). Waiting plans are kept in memory: an engine restart forgets them, and the
-finding that caused one is a duplicate by then, so the operator is told each time a plan
-starts waiting (the escalation notification) and decides from that.
+there is room). The operator is told each time a plan starts waiting (the escalation
+notification). Waiting plans are journalled (their decision record holds the plan) and restored
+after a restart; one that waited longer than ``[engine] pending_expire_s`` is dropped with an
+``expired`` record (a plan the blast radius held days ago must not run when room frees up).
 """
 
 from __future__ import annotations
@@ -55,6 +56,13 @@ class PendingPlans:
 
     def drop(self, plan_id: str) -> None:
         del self._plans[plan_id]
+
+    def older_than(self, t: float) -> list[tuple[str, Pending]]:
+        """Plans received before ``t`` (wall time), oldest first."""
+        return sorted(
+            ((i, p) for i, p in self._plans.items() if p.received < t),
+            key=lambda kv: kv[1].received,
+        )
 
     def listing(self) -> list[dict[str, Any]]:
         return [

@@ -31,6 +31,9 @@ class EngineSettings:
     """How long the scheduler's view of which nodes are out is reused by the blast-radius
     guard (0: asked for every plan). gpuwarden's own plans in flight are always counted, and a
     plan that finishes forgets the view; only other people's drains can be this late."""
+    pending_expire_s: float = 3600.0
+    """A plan that waits (approval, blast radius, rate limit, lemon) longer than this is dropped
+    with an ``expired`` record (wall time, so it holds across restarts); 0 keeps plans forever."""
     approval: tuple[str, ...] = ()
     return_requires: str = "check"
     """What a node gpuwarden took out needs before it returns to service (``uncordon``):

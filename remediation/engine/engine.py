@@ -13,7 +13,7 @@ from typing import Any
 
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
-from gpuwarden.remediation.audit import AuditLog, Memory, replay
+from gpuwarden.remediation.audit import AuditLog, Memory, PlanRecord, replay
 from gpuwarden.remediation.engine.approve import WAITING, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -27,6 +27,7 @@ from gpuwarden.remediation.engine.guard import Guards
 from gpuwarden.remediation.engine.spares import Spares
 from gpuwarden.remediation.errors import RemediationError
 from gpuwarden.remediation.model import (
+    REMOVING,
     Action,
     ActionKind,
     Adapter,
@@ -87,6 +88,8 @@ class Engine:
         )
         self.spares = Spares(self.settings, self.adapters, self.memory, audit, clock)
         self._facts: dict[str, tuple[float, NodeFacts | None]] = {}
+        for p in self.memory.waiting:
+            self._restore_waiting(p)
 
     def _node_facts(self, node: str) -> NodeFacts | None:
         """A node's partitions, features and labels from the node adapter, kept for
@@ -124,7 +127,8 @@ class Engine:
                 )
                 d = Decision(finding.id, "duplicate", why=why, same_content=same)
                 return self._decide(finding, d, received)
-            self.memory.seen_findings.add(finding.id)
+            # seen only once its decision is durable (in _decide): a finding whose records a
+            # full disk refused (JournalError, 503 at the endpoint) is decided again on re-send
             self.memory.finding_digests[finding.id] = finding.digest
             self.audit.append(
                 "finding",
@@ -139,6 +143,8 @@ class Engine:
                 summary=finding.summary,
                 source=finding.source,
                 finding_time_ns=finding.time_ns,
+                evidence=dict(finding.evidence),
+                bucket_s=finding.bucket_s,
                 via=via,
             )
             planned = plan(self.policies, finding, self.settings, self._node_facts)
@@ -155,8 +161,8 @@ class Engine:
             return self._decide(finding, decision, received)
 
     def _decide(self, finding: Finding, d: Decision, received: float) -> Decision:
-        """Record the decision, then start its plan, or keep it waiting and tell a person."""
-        self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
+        """Record the decision (with its whole plan: the journal), then start the plan, or
+        keep it waiting and tell a person. Nothing is started unless the record is durable."""
         self.audit.append(
             "decision",
             self.clock(),
@@ -166,7 +172,10 @@ class Engine:
             actions=[str(a.kind) for a in d.actions],
             node=finding.subject.get("node", ""),
             why=d.why,
+            **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
         )
+        self.memory.seen_findings.add(finding.id)
+        self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
             reserved = self.guards.started(d, finding.subject.get("node", ""))
             dry_run = d.verdict == "dry_run"
@@ -265,6 +274,7 @@ class Engine:
         released = []
         with self._lock:
             self._require_open()
+            self._expire_waiting()
             self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
                 d = self.guards.check(p.finding, p.decision, approved=True)
@@ -272,6 +282,65 @@ class Engine:
                     self.waiting.drop(plan_id)
                     released.append(self._decide(p.finding, d, p.received))
         return released
+
+    def _expire_waiting(self) -> None:
+        """Plans that waited longer than ``pending_expire_s`` (wall time: they may have waited
+        through a restart) are dropped, with an ``expired`` record: a plan the blast radius held
+        days ago must not run when room frees up; its finding, if still true, comes again."""
+        limit = self.settings.pending_expire_s
+        if limit <= 0:
+            return
+        now = self.clock()
+        for plan_id, p in self.waiting.older_than(now - limit):
+            self.audit.append(
+                "expired",
+                now,
+                finding_id=plan_id,
+                verdict=p.decision.verdict,
+                node=p.finding.subject.get("node", ""),
+                waited_s=round(now - p.received, 3),
+                why=f"waited more than pending_expire_s={limit:g} s ({p.decision.verdict})",
+            )
+            self.waiting.drop(plan_id)
+            log.warning("plan %s expired after %.0f s waiting", plan_id, now - p.received)
+
+    # -- after a restart ----------------------------------------------------------------------
+
+    def _restore_waiting(self, p: PlanRecord) -> None:
+        try:
+            finding = _finding_from_record(p)
+            d = _decision_from_record(p.decision)
+        except (KeyError, TypeError, ValueError) as exc:
+            log.warning("cannot restore waiting plan %s: %s", p.decision.get("finding_id"), exc)
+            return
+        self.waiting.add(finding, d, p.received)
+
+    def resume(self) -> list[Decision]:
+        """Start every plan the journal shows unfinished at the last stop, from its first
+        unrecorded action (an action whose intent is on disk is reconciled against the
+        scheduler first: :class:`remediation.model.Reconciling`). Call once, after start."""
+        resumed = []
+        with self._lock:
+            self._require_open()
+            pending, self.memory.unfinished = self.memory.unfinished, []
+            for p in pending:
+                try:
+                    d = _decision_from_record(p.decision)
+                except (KeyError, TypeError, ValueError) as exc:
+                    log.error("cannot resume plan %s: %s", p.decision.get("finding_id"), exc)
+                    continue
+                node = str(p.decision.get("node", ""))
+                log.warning("resuming plan %s (%s) on %s after a restart", d.plan_id,
+                            [str(a.kind) for a in d.actions], node or "-")  # fmt: skip
+                dry_run = d.verdict == "dry_run"
+                removing = any(
+                    a.kind in REMOVING and a.id not in self.memory.recorded for a in d.actions
+                )
+                reserved = self.guards.started(d, node) if removing else ""
+                done = self._releaser(reserved) if reserved and not dry_run else None
+                self.executor.start(d, p.received, dry_run=dry_run, done=done, resume=True)
+                resumed.append(d)
+        return resumed
 
     # -- lifetime -----------------------------------------------------------------------------
 
@@ -288,3 +357,37 @@ class Engine:
         with self._lock:
             self._closed = True
         self.executor.shutdown()
+        self.audit.close()
+
+
+def _decision_from_record(record: Mapping[str, Any]) -> Decision:
+    """A plan's decision as its journal record holds it (``plan``: every action)."""
+    if "plan" not in record:
+        raise KeyError("the record has no plan (written before the journal kept plans)")
+    actions = tuple(Action.from_journal(a) for a in record["plan"])
+    return Decision(
+        str(record["finding_id"]), str(record["verdict"]), str(record.get("policy", "")),
+        actions, str(record.get("why", "")),
+    )  # fmt: skip
+
+
+def _finding_from_record(p: PlanRecord) -> Finding:
+    """The finding behind a waiting plan, from its ``finding`` record; its id must match."""
+    r = p.finding
+    if r is None:
+        raise KeyError("no finding record")
+    finding = Finding(
+        kind=str(r["kind"]),
+        subject={str(k): str(v) for k, v in dict(r["subject"]).items()},
+        severity=Severity(r["severity"]),
+        time_ns=int(r["finding_time_ns"]),
+        evidence=dict(r.get("evidence") or {}),
+        confidence=r.get("confidence"),
+        probability=r.get("probability"),
+        summary=str(r.get("summary", "")),
+        source=str(r.get("source", "")),
+        bucket_s=int(r.get("bucket_s", 300)),
+    )
+    if finding.id != r.get("finding_id"):
+        raise ValueError(f"finding record {r.get('finding_id')} does not rebuild to its id")
+    return finding

@@ -5,6 +5,13 @@ XID on another.
 Every action is idempotent: its id (finding, step, adapter, node, job) is done at most once,
 across restarts (the audit log remembers). A removing action (cordon, drain) that fails stops
 the rest of its ladder; an adapter that raises anything is a failed action, never a dead engine.
+
+Write ahead, then act: before an action changes anything its ``intent`` record is on disk
+(with what a :class:`~remediation.model.Reconciling` adapter observed just before), and after
+it its ``action`` record. A record the disk refuses is retried until it is written (the plan
+waits: nothing acts on an intent that is not durable, and an action that was done is never
+forgotten inside a worker thread). After a crash between the two, the restarted engine asks
+the adapter whether the action took effect before doing it (:meth:`Executor.perform`).
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpuwarden.remediation.audit import AuditLog, Memory
+from gpuwarden.remediation.audit import AuditLog, JournalError, Memory
 from gpuwarden.remediation.engine.decide import Decision
 from gpuwarden.remediation.model import (
     MUTATING,
@@ -27,6 +34,7 @@ from gpuwarden.remediation.model import (
     Adapter,
     AdapterError,
     Outcome,
+    Reconciling,
     Status,
 )
 
@@ -68,6 +76,7 @@ class Executor:
         self._lock = lock  # the engine's: memory and stats are shared with deciding
         self._futures: list[Future[None]] = []
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="remediate")
+        self._stopping = threading.Event()
 
     def start(
         self,
@@ -76,17 +85,26 @@ class Executor:
         *,
         dry_run: bool,
         done: Callable[[], None] | None = None,
+        resume: bool = False,
     ) -> None:
-        """Run ``d``'s actions in the background; ``done`` is called when they have finished."""
-        future = self._pool.submit(self._run, d, received, dry_run, done)
+        """Run ``d``'s actions in the background; ``done`` is called when they have finished.
+        ``resume``: a plan from the journal, whose actions already recorded are passed over."""
+        future = self._pool.submit(self._run, d, received, dry_run, done, resume)
         with self._lock:
             self._futures = [f for f in self._futures if not f.done()] + [future]
 
     def _run(
-        self, d: Decision, received: float, dry_run: bool, done: Callable[[], None] | None
+        self,
+        d: Decision,
+        received: float,
+        dry_run: bool,
+        done: Callable[[], None] | None,
+        resume: bool = False,
     ) -> None:
         try:
             for action in d.actions:
+                if resume and action.id in self.memory.recorded:
+                    continue  # its outcome was recorded before the stop
                 outcome = self.perform(action, received, dry_run)
                 if action.kind in REMOVING and not outcome.ok:
                     log.error(
@@ -102,13 +120,19 @@ class Executor:
     def perform(self, action: Action, received: float, dry_run: bool) -> Outcome:
         started = self.clock()
         adapter = self.adapters[action.adapter]
+        resumed = {}
         if action.id in self.memory.done_actions:
             outcome = Outcome(Status.SKIPPED, "already done (idempotent)")
         elif action.kind not in adapter.actions:
             outcome = Outcome(Status.SKIPPED, f"{adapter.name} has no {action.kind} (not needed)")
         elif dry_run and action.kind in MUTATING:
             outcome = Outcome(Status.DRY_RUN, "would " + adapter.describe(action))
+        elif (done := self._reconciled(adapter, action)) is not None:
+            outcome, resumed = done, {"resumed": "reconciled"}
         else:
+            if action.kind in MUTATING:
+                self._intent(adapter, action)
+                resumed = {"resumed": "redone"} if action.id in self.memory.intents else {}
             if action.kind is ActionKind.REQUEUE and self.before_requeue is not None:
                 self.before_requeue(action.node)  # a hot spare back in service first
             refused = None
@@ -122,7 +146,7 @@ class Executor:
                 log.exception("adapter %s crashed on %s", adapter.name, action.kind)
                 outcome = Outcome(Status.FAILED, f"adapter error: {exc!r}")
         ended = self.clock()
-        record = self.audit.append(
+        record = self._durable(
             "action",
             ended,
             **action.to_json(),
@@ -133,6 +157,7 @@ class Executor:
             started=round(started, 6),
             duration_s=round(ended - started, 6),
             since_finding_s=round(ended - received, 6),
+            **resumed,
         )
         with self._lock:
             self.memory.note_action(record)
@@ -141,6 +166,51 @@ class Executor:
         if self.on_action is not None:
             self.on_action(action, outcome, record)
         return outcome
+
+    def _reconciled(self, adapter: Adapter, action: Action) -> Outcome | None:
+        """After a restart, an action whose intent is on disk but whose record is not: its
+        outcome if the adapter shows it took effect (recorded now, not repeated), else None."""
+        intent = self.memory.intents.get(action.id)
+        if intent is None or not isinstance(adapter, Reconciling):
+            return None
+        try:
+            outcome = adapter.reconcile(action, dict(intent.get("before") or {}))
+        except AdapterError as exc:
+            log.warning("cannot tell whether %s on %s took effect: %s", action.kind, action.node,
+                        exc)  # fmt: skip
+            return None
+        if outcome is not None:
+            log.warning("%s on %s was done before the restart; recorded now", action.kind,
+                        action.node or action.job)  # fmt: skip
+        return outcome
+
+    def _intent(self, adapter: Adapter, action: Action) -> None:
+        """The intent to do ``action``, durable before it is done."""
+        before: dict[str, Any] = {}
+        if isinstance(adapter, Reconciling):
+            try:
+                before = adapter.observe(action)
+            except AdapterError as exc:  # perform will say what is wrong, if anything is
+                log.warning("cannot observe %s before %s: %s", action.node, action.kind, exc)
+        self._durable("intent", self.clock(), action_id=action.id, action=str(action.kind),
+                      node=action.node, job=action.job, finding_id=action.finding_id,
+                      before=before)  # fmt: skip
+
+    def _durable(self, event: str, t: float, **record: Any) -> dict[str, Any]:
+        """Append a record, retrying while the disk refuses it (full, read-only): the plan
+        waits rather than act without its intent or forget what it did. Raises
+        :class:`JournalError` only once the engine is shutting down."""
+        delay = 0.2
+        while True:
+            try:
+                return self.audit.append(event, t, **record)
+            except JournalError as exc:
+                if self._stopping.is_set():
+                    raise
+                log.error("%s; retrying in %.1f s", exc, delay)
+                if self._stopping.wait(delay):
+                    raise
+                delay = min(delay * 2, 5.0)
 
     def wait(self, timeout_s: float | None = None) -> bool:
         """Wait until every started plan has finished; False on timeout."""
@@ -158,6 +228,10 @@ class Executor:
             except TimeoutError:
                 return False
 
-    def shutdown(self) -> None:
+    def shutdown(self, journal_grace_s: float = 10.0) -> None:
+        """Let running plans finish; a plan that still cannot write its records after
+        ``journal_grace_s`` gives up (its intent, if written, is reconciled on the next start)."""
+        if not self.wait(journal_grace_s):
+            self._stopping.set()
         self.wait()
         self._pool.shutdown(wait=True)
