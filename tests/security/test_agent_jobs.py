@@ -137,3 +137,25 @@ def test_a_hostile_job_environment_does_not_stop_the_agent(tmp_path: Path) -> No
     assert all("job" not in t and "rank" not in t for t in tags if t["gpu"] == "0")
     assert all((t.get("job"), t.get("rank")) == ("llama-run", "3") for t in tags if t["gpu"] == "1")
     assert "fake" not in body and "gpu99" not in body and "xxxx" not in body
+
+
+def test_a_point_the_encoder_refuses_is_dropped_and_counted(tmp_path: Path) -> None:
+    """A hardware answer no grammar cleans: GPU 1's NVML name is CONSTRUCTED with a trailing
+    backslash, which no line-protocol tag value can end with. Its points are dropped and
+    counted in the sink's ``points_unencodable_total``; GPU 0's arrive every cycle."""
+    procfs = tmp_path / "proc"
+    procfs.mkdir()
+    with ScriptedServer([]) as influx:
+        nvml = recording(tmp_path, (4100, 4101), model="NVIDIA H100\\")
+        done = agent(agent_config(tmp_path, nvml, str(procfs), influx.url), "--cycles", "3")
+        body = b"\n".join(influx.bodies()).decode()
+    assert done.returncode == 0, done.stderr
+    assert sorted(t["gpu"] for t in gpu_tags(body)) == ["0", "0", "0"]
+    counts = [
+        int(field.split("=", 1)[1].rstrip("i"))
+        for line in body.splitlines()
+        if line.startswith("sink,")
+        for field in line.split(" ")[1].split(",")
+        if field.startswith("points_unencodable_total=")
+    ]
+    assert counts and counts[-1] > 0 and counts == sorted(counts)
