@@ -10,6 +10,11 @@ source for ``source_timeout_s`` (a D-state sysfs read, a stuck driver call) it i
 the source is reported failed, and a new loop thread carries on, skipping that source until
 its call returns. Every cycle writes, per source, ``agent`` self-metrics (duration, success,
 points, errors so far) and the sink's own counters. Stopping flushes the sink.
+
+Nothing a job or the hardware hands the agent stops the loop: a point the line protocol cannot
+carry is dropped and counted by the sink (``points_unencodable_total``), and a sink that fails
+outright is logged once per streak and counted (``sink_errors_total`` on the ``agent`` point);
+the next cycle writes again.
 """
 
 from __future__ import annotations
@@ -84,8 +89,12 @@ class Agent:
         self.skipped_ticks = 0
         self.last_points: list[Point] = []  # the sources' points of the last cycle (/metrics)
         self._hung: dict[str, threading.Thread] = {}
-        self._current: tuple[str, float] | None = None
-        self._owner: int | None = None
+        # per loop thread: the source it is in and since when (the watchdog reads the current
+        # loop thread's; an abandoned thread that returns clears only its own)
+        self._current: dict[threading.Thread, tuple[str, float]] = {}
+        self._owner: threading.Thread | None = None  # the loop thread that may carry on
+        self.sink_errors = 0
+        self._sink_failing = ""
         self._pending_failures: list[str] = []
         self._findings: list[Finding] = []
         self._findings_lock = threading.Lock()
@@ -112,7 +121,8 @@ class Agent:
                     continue
                 del self._hung[name]
             t0 = time.perf_counter()
-            self._current = (name, self.monotonic())
+            me = threading.current_thread()
+            self._current[me] = (name, self.monotonic())
             try:
                 result = source.collect(now_ns)
             except Exception as exc:  # a source's failure must never stop the agent
@@ -121,7 +131,7 @@ class Agent:
                 own.append(self._self_point(name, now_ns, time.perf_counter() - t0, False, 0))
                 continue
             finally:
-                self._current = None
+                self._current.pop(me, None)
             self._check_owner()
             if self.health[name].failing:
                 self._recovered(name)
@@ -140,7 +150,8 @@ class Agent:
             tags, fields = finding.to_point()
             points.append(Point("finding", tags, fields, finding.time_ns))  # type: ignore[arg-type]
         agent_tags = {"cluster": self.cluster, "node": self.node, "source": "agent"}
-        own.append(Point("agent", agent_tags, {"cycle_lag_s": lag_s}, now_ns))
+        loop_fields = {"cycle_lag_s": lag_s, "sink_errors_total": self.sink_errors}
+        own.append(Point("agent", agent_tags, loop_fields, now_ns))
         for report in self.self_reports:
             own.append(report(now_ns))
         if self.sink_stats is not None:
@@ -194,18 +205,18 @@ class Agent:
                     target=self._loop, args=(stop, done, start, max_cycles), daemon=True,
                     name="agent-loop",
                 )  # fmt: skip
-                self._owner = None
+                self._owner = loop  # before it starts: an abandoned thread never carries on
                 loop.start()
                 while loop.is_alive():
                     loop.join(self.source_timeout_s / 4)
-                    current = self._current
+                    current = self._current.get(loop)
                     if current and self.monotonic() - current[1] > self.source_timeout_s:
                         break
                 else:
                     break  # the loop ended (stop, max_cycles)
                 name = current[0]
                 self._hung[name] = loop
-                self._current = None
+                self._current.pop(loop, None)
                 health = self.health[name]
                 health.errors += 1
                 health.failed_cycles += 1
@@ -219,7 +230,6 @@ class Agent:
     def _loop(
         self, stop: threading.Event, done: threading.Event, start: float, max_cycles: int | None
     ) -> None:
-        self._owner = threading.get_ident()
         try:
             while not stop.is_set() and (max_cycles is None or self.cycles < max_cycles):
                 tick = max(0, int((self.monotonic() - start) / self.interval_s))
@@ -229,7 +239,7 @@ class Agent:
                 points = self.collect(now, lag)
                 for name in self._drain_failures():
                     points.append(self._self_point(name, now, self.source_timeout_s, False, 0))
-                self.sink.write_points(points)
+                self._write(points)
                 behind = int((self.monotonic() - start) / self.interval_s) - tick
                 if behind > 0:  # overran: the ticks already missed are skipped, not burst
                     self.skipped_ticks += behind
@@ -240,8 +250,26 @@ class Agent:
             return
         done.set()
 
+    def _write(self, points: list[Point]) -> None:
+        """Hands a cycle's points to the sink; a sink that raises is counted and logged (once
+        per streak and message, as a failing source is), and the loop goes on."""
+        try:
+            self.sink.write_points(points)
+        except Exception as exc:
+            self.sink_errors += 1
+            message = f"{type(exc).__name__}: {exc}"
+            if message != self._sink_failing:
+                self._sink_failing = message
+                log.warning("the sink refused a cycle's points: %s (counted in "
+                            "sink_errors_total; logged again when the error changes)", message,
+                            exc_info=log.isEnabledFor(10))  # fmt: skip
+            return
+        if self._sink_failing:
+            log.warning("the sink takes points again")
+            self._sink_failing = ""
+
     def _check_owner(self) -> None:
-        if self._owner is not None and threading.get_ident() != self._owner:
+        if self._owner is not None and threading.current_thread() is not self._owner:
             raise _AbandonedError
 
     def _drain_failures(self) -> list[str]:
@@ -297,12 +325,15 @@ class LinePrinter:
 
     def __init__(self, write: Callable[[str], Any]) -> None:
         self.write = write
+        self.unencodable = 0  # points the line protocol cannot carry: dropped, counted
 
     def write_points(self, points: Iterable[Point]) -> None:
-        from gpuwarden.core.store.lineprotocol import encode_points
+        from gpuwarden.core.store.lineprotocol import EncodeStats, encode_points
 
-        for line in encode_points(points):
+        stats = EncodeStats()
+        for line in encode_points(points, stats=stats, drop_unencodable=True):
             self.write(line + "\n")
+        self.unencodable += stats.points_unencodable
 
     def close(self, timeout_s: float = 10.0) -> bool:
         return True

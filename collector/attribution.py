@@ -2,16 +2,26 @@
 
 In order of preference, for each process NVML lists on a GPU:
 
-1. the process environment (``<procfs>/<pid>/environ``, readable by root): ``SLURM_JOB_ID``,
-   torchrun's ``RANK``/``LOCAL_RANK``/``TORCHELASTIC_RUN_ID``, ``SLURM_PROCID``/``SLURM_LOCALID``
-   for ``srun`` launches;
-2. the process cgroup (``<procfs>/<pid>/cgroup``): Slurm's ``job_<id>`` and Kubernetes'
-   ``pod<uid>`` (the pod UID, tagged ``pod-<uid>``);
+1. the process cgroup (``<procfs>/<pid>/cgroup``): Slurm's ``job_<id>`` and Kubernetes'
+   ``pod<uid>`` (the pod UID, tagged ``pod-<uid>``). The system sets it, the job cannot;
+2. the process environment (``<procfs>/<pid>/environ``, readable by root): ``SLURM_JOB_ID``,
+   torchrun's ``TORCHELASTIC_RUN_ID``, ``GPUWARDEN_JOB``; the rank from ``RANK``/``LOCAL_RANK``,
+   or ``SLURM_PROCID``/``SLURM_LOCALID`` for ``srun`` launches (only the environment knows a
+   rank). The job's user sets all of these, so they are a claim, used only where the cgroup
+   names no job;
 3. on Kubernetes, the kubelet's pod-resources API (:mod:`collector.podresources`), which names
-   the pod holding each GPU: ``<namespace>/<pod>`` replaces a pod UID from step 2, and tags a
+   the pod holding each GPU: ``<namespace>/<pod>`` replaces a pod UID from step 1, and tags a
    GPU the pod holds while none of its processes runs;
 4. for a GPU with no readable process, the job map written by the Slurm prolog
    (``deploy/slurm/prolog.sh``): one file per GPU index in ``jobmap_dir`` holding the job id.
+
+Every value read from a process or a file passes one grammar before it becomes a tag
+(:func:`job_value`, :func:`rank_value`): a job is ``[A-Za-z0-9_][A-Za-z0-9._+-]*`` (ASCII, at most
+253 characters: a Slurm job id ``1234``, an array task ``1234_5``, a heterogeneous component
+``1234+0``, a torchrun run id, a pod ``pod-<uid>``), a rank is 1 to 9 digits. A value that fails
+it is dropped, as if the variable were not set (the next source in the order is asked): a
+job's environment can hold any bytes (a line break, a trailing backslash, ``,``, ``=``, a
+megabyte), and a tag that the line protocol cannot carry would otherwise stop the agent.
 
 A pid's answer is cached while the pid stays on a GPU, so the environment is read once.
 """
@@ -29,7 +39,17 @@ from pathlib import Path
 _POD_RE = re.compile(
     r"pod([0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12})"
 )
-_SLURM_CG_RE = re.compile(r"/job_(\d+)(?:/|$)")
+# A cgroup path names a job only under a root the system owns: a user can create cgroups of any
+# name in the subtree systemd delegates to them (``/user.slice/user-1000.slice/user@1000.service/
+# .../job_77``), never under Slurm's or the kubelet's. The path is the third field of a line of
+# ``/proc/<pid>/cgroup``; ``/..`` components lead it when the reader is in another cgroup
+# namespace.
+_CG_LINE_RE = re.compile(r"^[^:\n]*:[^:\n]*:(?:/\.\.)*(?P<path>/[^\n]*)$", re.MULTILINE)
+_SLURM_CG_RE = re.compile(
+    r"^/(?:system\.slice/)?slurmstepd\.scope/job_(?P<a>\d+)(?:/|$)"  # cgroup v2 (Slurm 22.05+)
+    r"|^/slurm[^/]*/uid_\d+/job_(?P<b>\d+)(?:/|$)"  # cgroup v1
+)
+_KUBEPODS_RE = re.compile(r"^/kubepods(?:[./]|$)")
 POD_UID_PREFIX = "pod-"  # the job of a process known only by its pod's cgroup
 
 
@@ -53,36 +73,64 @@ class JobInfo:
 NO_JOB = JobInfo()
 
 
+_JOB_VALUE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+-]{0,252}")
+_RANK_VALUE = re.compile(r"[0-9]{1,9}")
+
+
+def job_value(value: str | None) -> str:
+    """``value`` if it is a job name by the grammar above, else ``""`` (no job)."""
+    if value and value.isascii() and _JOB_VALUE.fullmatch(value):
+        return value
+    return ""
+
+
+def rank_value(value: str | None) -> str:
+    """``value`` if it is a rank (1 to 9 ASCII digits), else ``""`` (no rank)."""
+    if value and value.isascii() and _RANK_VALUE.fullmatch(value):
+        return value
+    return ""
+
+
 def job_from_environ(env: Mapping[str, str]) -> str:
-    """The job a process environment names; the agent (for the GPUs a process uses) and the
-    training-side reporter (for its steps) both use this, so the two tag the same job."""
-    return env.get("SLURM_JOB_ID") or env.get("TORCHELASTIC_RUN_ID") or env.get("GPUWARDEN_JOB", "")
+    """The job a process environment names (the first of ``SLURM_JOB_ID``,
+    ``TORCHELASTIC_RUN_ID``, ``GPUWARDEN_JOB`` that is a job name; ``""`` if none is); the
+    agent (for the GPUs a process uses) and the training-side reporter (for its steps) both use
+    this, so the two tag the same job."""
+    for key in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID", "GPUWARDEN_JOB"):
+        if job := job_value(env.get(key)):
+            return job
+    return ""
 
 
 def parse_environ(data: bytes) -> JobInfo:
+    """The job and ranks a process environment claims (each value checked; see the module)."""
     env = {}
     for item in data.split(b"\0"):
         key, sep, value = item.partition(b"=")
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    rank = env.get("RANK") or env.get("SLURM_PROCID", "")
-    local = env.get("LOCAL_RANK") or env.get("SLURM_LOCALID", "")
+    rank = rank_value(env.get("RANK")) or rank_value(env.get("SLURM_PROCID"))
+    local = rank_value(env.get("LOCAL_RANK")) or rank_value(env.get("SLURM_LOCALID"))
     return JobInfo(job_from_environ(env), rank, local)
 
 
 def parse_cgroup(text: str) -> str:
-    m = _SLURM_CG_RE.search(text)
-    if m:
-        return m[1]
-    p = _POD_RE.search(text)
-    if p:
-        return POD_UID_PREFIX + p[1].replace("_", "-")
+    """The job a ``/proc/<pid>/cgroup`` names: Slurm's job id, or ``pod-<uid>`` of a Kubernetes
+    pod; ``""`` if no line's path is under Slurm's or the kubelet's root."""
+    paths = [m["path"] for m in _CG_LINE_RE.finditer(text)]
+    for path in paths:
+        if m := _SLURM_CG_RE.match(path):
+            return m["a"] or m["b"]
+    for path in paths:
+        if _KUBEPODS_RE.match(path) and (p := _POD_RE.search(path)):
+            return POD_UID_PREFIX + p[1].replace("_", "-")
     return ""
 
 
 def job_of_pid(procfs: str, pid: int, comm: str = "") -> JobInfo:
-    """The job of a running process, from its environment, else its cgroup; NO_JOB if it is
-    gone or unreadable, or (``comm`` given) if it is another program now (a reused pid)."""
+    """The job of a running process, from its cgroup, else its environment (the rank always
+    from its environment); NO_JOB if it is gone or unreadable, or (``comm`` given) if it is
+    another program now (a reused pid)."""
     # plain strings, not pathlib: pathlib interns every path part, and a node sees millions
     # of pids over its life
     base = os.path.join(procfs, str(pid))
@@ -97,14 +145,13 @@ def job_of_pid(procfs: str, pid: int, comm: str = "") -> JobInfo:
     info = NO_JOB
     with contextlib.suppress(OSError), open(os.path.join(base, "environ"), "rb") as f:
         info = parse_environ(f.read())
-    if not info.job:
-        try:
-            with open(os.path.join(base, "cgroup"), "rb") as f:
-                job = parse_cgroup(f.read().decode("utf-8", "replace"))
-        except OSError:
-            job = ""
-        if job:
-            info = JobInfo(job, info.rank, info.local_rank)
+    try:
+        with open(os.path.join(base, "cgroup"), "rb") as f:
+            job = parse_cgroup(f.read().decode("utf-8", "replace"))
+    except OSError:
+        job = ""
+    if job:  # the system's word on the job wins over what the process's environment says
+        info = JobInfo(job, info.rank, info.local_rank)
     return info
 
 
@@ -128,8 +175,8 @@ class JobResolver:
             return NO_JOB
         try:
             with open(os.path.join(self.jobmap_dir, str(index)), encoding="utf-8") as f:
-                job = f.read().strip()
-        except OSError:
+                job = job_value(f.read(1024).strip())
+        except (OSError, UnicodeDecodeError):
             return NO_JOB
         return JobInfo(job) if job else NO_JOB
 

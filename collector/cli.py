@@ -248,6 +248,9 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
                 "%d still spooled",
                 agent.cycles, s.points_accepted, s.points_written, s.points_dropped, s.spool_points,
             )  # fmt: skip
+    if isinstance(sink, LinePrinter) and sink.unencodable:
+        log.warning("%d point(s) left out: a name or tag value line protocol cannot carry",
+                    sink.unencodable)  # fmt: skip
     if args.once:  # a node check: says how each source did, fails when any did
         print(check_summary(agent.health), file=sys.stderr)
         failed = sorted(name for name, health in agent.health.items() if health.errors)

@@ -1,7 +1,8 @@
 """The agent's ``/metrics``: its own health, and its GPUs under dcgm-exporter's names.
 
-Self-metrics (always): cycles, ticks skipped, and per source whether it works, its errors, the
-points of its last cycle and the readings screened out as impossible; the sink's counters.
+Self-metrics (always): cycles, ticks skipped, cycles the sink refused, and per source whether it
+works, its errors, the points of its last cycle and the readings screened out as impossible;
+the sink's counters.
 
 GPU metrics (``[agent] metrics_gpu``, on by default): the last cycle's ``gpu`` points under
 the names and labels of NVIDIA's dcgm-exporter (its default counters, ``DCGM_FI_DEV_*``, with
@@ -84,6 +85,9 @@ def agent_metrics(
                    "counter"),
         Metric.one("gpuwarden_agent_interval_seconds", "the collection interval",
                    agent.interval_s),
+        Metric.one("gpuwarden_agent_sink_errors_total",
+                   "cycles whose points the sink refused (the loop went on)", agent.sink_errors,
+                   "counter"),
     ]  # fmt: skip
     health = sorted(agent.health.items())
     for name, help_, kind, value in (

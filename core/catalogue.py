@@ -549,6 +549,7 @@ _m(
             "readings left out since start as physically impossible (sensor sentinels)",
         ),
         _f("cycle_lag_s", F, "s", G, "how late the cycle started against its schedule"),
+        _f("sink_errors_total", I, "", C, "cycles whose points the sink refused (raised)"),
     ],
 )
 _m(
@@ -561,6 +562,13 @@ _m(
         _f("points_rejected_total", I, "", C, "points the server refused (400, partial write)"),
         _f("points_invalid_total", I, "", C, "points dropped by the encoder (no valid field)"),
         _f("fields_invalid_total", I, "", C, "fields dropped by the encoder (NaN, inf)"),
+        _f(
+            "points_unencodable_total",
+            I,
+            "",
+            C,
+            "points dropped by the encoder: a name or tag value line protocol cannot carry",
+        ),
         _f("points_dropped_total", I, "", C, "points dropped because the spool was full"),
         _f("spool_bytes", I, "B", G, "bytes held in the on-disk spool"),
         _f("spool_memory_bytes", I, "B", G, "bytes of batches waiting in memory (write-behind)"),

@@ -194,6 +194,7 @@ def test_agent_metrics_show_a_failing_source() -> None:
     class FakeAgent:
         def __init__(self) -> None:
             self.cycles, self.skipped_ticks, self.interval_s, self.node = 12, 1, 10.0, "n1"
+            self.sink_errors = 2
             self.health = {"nvml": SourceHealth(errors=3, failing="gone", failed_cycles=3),
                            "xid": SourceHealth(points=2)}  # fmt: skip
             self.last_points: list[Point] = []
@@ -203,3 +204,4 @@ def test_agent_metrics_show_a_failing_source() -> None:
     assert got["gpuwarden_agent_source_errors_total"][0] == ({"source": "nvml"}, 3.0)
     assert got["gpuwarden_agent_sink_spool_bytes"] == [({}, 5.0)]
     assert got["gpuwarden_agent_skipped_ticks_total"] == [({}, 1.0)]
+    assert got["gpuwarden_agent_sink_errors_total"] == [({}, 2.0)]

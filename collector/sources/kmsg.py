@@ -4,7 +4,20 @@ one of the OS rules (:data:`OS_RULES`: NFS, Lustre, hung tasks, soft lockups, NV
 Pure parsing, shared by the kernel-log source (:mod:`collector.sources.xid`) and the GPU event
 points (:mod:`collector.sources.events`). A line comes from ``/dev/kmsg``
 (``prio,seq,usec,flags;text``: its time is the boot time plus ``usec``), from ``dmesg -T``
-(``[Tue Nov 11 10:00:00 2025] text``) or bare.
+(``[Tue Nov 11 10:00:00 2025] text``), ``dmesg`` (``[ 3223.539141] text``), a Fabric Manager
+log (``[2026-11-14 02:11:07.513286] text``), a journal export (``May 07 21:43:54 host kernel:
+text``) or bare.
+
+Only the kernel speaks here. Every rule's pattern is anchored at the start of the message, so
+a kernel line that merely *quotes* user data cannot match: a segfault report ends
+``... error 4 in NVRM: Xid (0): 79, pwn.so[...]`` when the faulting code was mapped from a file
+of that name, and is nobody's XID. And a ``/dev/kmsg`` record counts only if its facility
+(``prio >> 3``) is the kernel's, 0: whatever user space writes to ``/dev/kmsg`` is logged with
+facility ``user`` (1) or higher, never 0, whatever ``<N>`` prefix it sends. Where a line carries
+no priority (a plain file in one of the formats above), it is the file's word: the operator who
+points the source at such a file vouches for what writes it, and a journal export's line counts
+only if its identifier is ``kernel``. The ``/dev/kmsg`` device itself always gives a priority,
+and a record of it that has none is refused (``priority_required``).
 """
 
 from __future__ import annotations
@@ -16,21 +29,33 @@ from dataclasses import dataclass
 
 from gpuwarden.collector.sources.base import normalise_pci
 
+# Every pattern starts with ``^``: it matches the message's start, never a quote of user data in
+# the middle of a kernel line (see the module's docstring).
 XID_RE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
+    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
     r"(?:, pid=(?P<pid>\d+|'?<unknown>'?))?(?:, name=(?P<name>[^,]*))?(?:, (?P<text>.*))?$"
 )
 # Only a line with its severity is an error; the driver's continuation lines for the same
 # SXid ("12028, Data {0x..., ...}") are not new errors.
 SXID_RE = re.compile(
-    r"nvidia-nvswitch(?P<switch>\d+): SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)"
+    r"^nvidia-nvswitch(?P<switch>\d+): SXid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<sxid>\d+)"
     r", (?P<severity>Fatal|Non-fatal)\b(?:, (?P<text>.*))?$",
     re.IGNORECASE,
 )
 LINK_RE = re.compile(r"\bLink (?P<link>\d+)\b")
-GPU_AT_RE = re.compile(r"NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
+GPU_AT_RE = re.compile(r"^NVRM: GPU at PCI:(?P<pci>[0-9a-fA-F:.]+): (?P<uuid>GPU-[0-9a-fA-F-]+)")
 DMESG_T_RE = re.compile(r"^\[(?P<when>\w{3} \w{3} +\d+ \d\d:\d\d:\d\d \d{4})\] ")
-KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;]*;(?P<text>.*)$")
+# a /dev/kmsg record: its first line is the header and the message (the kernel escapes control
+# characters in a message as \xNN); continuation lines (`` SUBSYSTEM=...``) follow it
+KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;\n]*;(?P<text>[^\n]*)")
+# prefixes of a line that carries no priority: ``dmesg``'s uptime, a Fabric Manager log's time
+DMESG_RE = re.compile(r"^\[ *\d+\.\d+\] ")
+FABRIC_RE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] ")
+# ``journalctl -o short`` / ``short-iso``: time, host, identifier[pid]:
+JOURNAL_RE = re.compile(
+    r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: "
+)
+KERNEL_FACILITY = 0  # LOG_KERN; user space cannot log with it (kernel/printk: devkmsg_write)
 
 
 @dataclass(frozen=True)
@@ -83,34 +108,40 @@ class OsRule:
 
 # The message formats are the kernel's own (net/sunrpc, kernel/hung_task.c, kernel/watchdog.c,
 # drivers/nvme/host, mm/oom_kill.c, block/blk-core.c) and Lustre's; the golden case
-# tests/golden/os-kmsg cites real lines of each where a public one exists. Order matters: the
-# first rule that matches a line decides.
+# tests/golden/os-kmsg cites real lines of each where a public one exists. Each pattern is
+# anchored at the message's start; the only prefixes allowed before it are the kernel's own
+# (the soft-lockup watchdog's, the block layer's function name on kernels before 5.x, the OOM
+# killer's first words); an empty group ``msg`` marks where the message quoted in the point
+# starts, after such a prefix (the point quotes from the match's start otherwise). Order
+# matters: the first rule that matches a line decides.
+_BLOCK = r"^(?:(?:blk_update_request|print_req_error): )?(?P<msg>)"
 OS_RULES: tuple[OsRule, ...] = (
     OsRule("nfs_not_responding", "warning",
-           re.compile(r"\bnfs: server (?P<key>\S+) not responding, (?:still trying|timed out)")),
-    OsRule("nfs_ok", "info", re.compile(r"\bnfs: server (?P<key>\S+) OK\b")),
-    OsRule("lustre_ok", "info", re.compile(r"\bLustre: .*\bConnection restored to "),
+           re.compile(r"^nfs: server (?P<key>\S+) not responding, (?:still trying|timed out)")),
+    OsRule("nfs_ok", "info", re.compile(r"^nfs: server (?P<key>\S+) OK\b")),
+    OsRule("lustre_ok", "info", re.compile(r"^Lustre: .*\bConnection restored to "),
            key="lustre"),
-    OsRule("lustre_error", "warning", re.compile(r"\bLustre: .*\bConnection to .* was lost"),
+    OsRule("lustre_error", "warning", re.compile(r"^Lustre: .*\bConnection to .* was lost"),
            key="lustre"),
-    OsRule("lustre_error", "warning", re.compile(r"\bLustreError: "), key="lustre"),
+    OsRule("lustre_error", "warning", re.compile(r"^LustreError: "), key="lustre"),
     OsRule("hung_task", "warning", re.compile(
-        r"\bINFO: task (?P<process>.+?):(?P<pid>\d+) blocked for more than \d+ seconds"),
+        r"^INFO: task (?P<process>.+?):(?P<pid>\d+) blocked for more than \d+ seconds"),
         key="process"),
     OsRule("soft_lockup", "critical", re.compile(
-        r"\bBUG: soft lockup - CPU#\d+ stuck for \d+s! \[(?P<process>.*):(?P<pid>\d+)\]"),
+        r"^(?:(?:NMI )?watchdog: )?(?P<msg>)BUG: soft lockup - CPU#\d+ stuck for \d+s! "
+        r"\[(?P<process>.*):(?P<pid>\d+)\]"),
         key="cpu"),
     OsRule("nvme_error", "critical", re.compile(
-        r"\bnvme (?P<key>nvme\d+): (?:controller is down; will reset|Removing after probe "
+        r"^nvme (?P<key>nvme\d+): (?:controller is down; will reset|Removing after probe "
         r"failure|Device not ready; aborting reset)")),
     OsRule("nvme_error", "critical",
-           re.compile(r"\bcritical medium error, dev (?P<key>nvme\d+)n\d+")),
+           re.compile(_BLOCK + r"critical medium error, dev (?P<key>nvme\d+)n\d+")),
     OsRule("nvme_error", "warning", re.compile(
-        r"\bnvme (?P<key>nvme\d+): I/O \d+ QID \d+ timeout, (?:aborting|reset controller)")),
-    OsRule("nvme_error", "warning", re.compile(r"\bI/O error, dev (?P<key>nvme\d+)n\d+")),
+        r"^nvme (?P<key>nvme\d+): I/O \d+ QID \d+ timeout, (?:aborting|reset controller)")),
+    OsRule("nvme_error", "warning", re.compile(_BLOCK + r"I/O error, dev (?P<key>nvme\d+)n\d+")),
     OsRule("oom_kill", "warning", re.compile(
-        r"(?:\b(?:Memory cgroup out of memory|Out of memory): )?\bKilled process (?P<pid>\d+) "
-        r"\((?P<process>[^)]*)\)"), key="process"),
+        r"^(?:(?:Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): )?"
+        r"Killed process (?P<pid>\d+) \((?P<process>[^)]*)\)"), key="process"),
 )  # fmt: skip
 
 
@@ -138,28 +169,34 @@ def _os_line(text: str, time_ns: int | None) -> OsLine | None:
         if key == "lustre" and (target := LUSTRE_TARGET.search(text)):
             key = target[0]  # the OST or MDT the line names
         pid = groups.get("pid")
+        start = m.start("msg") if "msg" in groups else m.start()
         return OsLine(rule.rule, rule.severity, key, int(pid) if pid else None,
-                      groups.get("process") or "", text[m.start():].strip(), time_ns)  # fmt: skip
+                      groups.get("process") or "", text[start:].strip(), time_ns)  # fmt: skip
     return None
 
 
 def parse_line(
-    line: str, boot_ns: int | None = None, *, os_rules: bool = False
+    line: str,
+    boot_ns: int | None = None,
+    *,
+    os_rules: bool = False,
+    priority_required: bool = False,
 ) -> XidLine | SxidLine | OsLine | tuple[str, str] | None:
     """An XID line, an SXid line, a ``(pci, uuid)`` pair from a "GPU at" line, an OS rule's
-    line (``os_rules``), or None (pure)."""
+    line (``os_rules``), or None (pure). None too for a record the kernel did not write: a
+    ``/dev/kmsg`` record of another facility, a journal line of another identifier, and (with
+    ``priority_required``: reading the ``/dev/kmsg`` device) a line with no priority."""
+    text = kernel_message(line, priority_required=priority_required)
+    if text is None:
+        return None
     time_ns = None
     m = KMSG_RE.match(line)
     if m:
-        text = m["text"]
         if boot_ns is not None:
             time_ns = boot_ns + int(m["usec"]) * 1000
-    else:
-        text = line
-        t = DMESG_T_RE.match(line)
-        if t:
-            when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
-            time_ns = timegm(when) * 10**9
+    elif t := DMESG_T_RE.match(line):
+        when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
+        time_ns = timegm(when) * 10**9
     g = GPU_AT_RE.search(text)
     if g:
         return normalise_pci(g["pci"]), g["uuid"]
@@ -170,7 +207,7 @@ def parse_line(
             return _os_line(text, time_ns)
         return sxid
     pid = int(x["pid"]) if x["pid"] and x["pid"].isdigit() else None
-    message = text[text.index("NVRM: ") + 6 :].strip()
+    message = text[len("NVRM: ") :].strip()
     return XidLine(
         normalise_pci(x["pci"]),
         int(x["xid"]),
@@ -180,6 +217,24 @@ def parse_line(
         message,
         time_ns,
     )
+
+
+def kernel_message(line: str, *, priority_required: bool = False) -> str | None:
+    """The message of a kernel-log line, without its header or time prefix; None if the line
+    is not the kernel's (see the module's docstring): a ``/dev/kmsg`` record whose facility is
+    not the kernel's, a journal line whose identifier is not ``kernel``, or any line without a
+    priority when ``priority_required``."""
+    m = KMSG_RE.match(line)
+    if m:
+        return m["text"] if int(m["prio"]) >> 3 == KERNEL_FACILITY else None
+    if priority_required:
+        return None
+    for prefix in (DMESG_T_RE, DMESG_RE, FABRIC_RE):
+        if p := prefix.match(line):
+            return line[p.end() :]
+    if j := JOURNAL_RE.match(line):
+        return line[j.end() :] if j["ident"] == "kernel" else None
+    return line
 
 
 def _sxid(text: str, time_ns: int | None) -> SxidLine | None:

@@ -9,6 +9,9 @@ file are read the same way.
 
 ``/dev/kmsg`` yields one record per read (``prio,seq,usec,flags;text``) and is read without
 blocking; a plain file (a saved ``dmesg -T``, a journal export) is followed like ``tail -f``.
+Only the kernel's own lines count (:mod:`collector.sources.kmsg`): every rule is anchored at the
+message's start, and a record whose facility is not the kernel's (what user space writes to
+``/dev/kmsg``) is skipped; from the ``/dev/kmsg`` device, so is a record without a priority.
 The PCI address in the XID line is mapped to the GPU index and UUID through the NVML source's
 inventory, or through the driver's own ``NVRM: GPU at PCI:... GPU-...`` lines when NVML is
 not running. The job tagged is the one the NVML source saw on that process or GPU when the
@@ -140,7 +143,8 @@ class KmsgXidSource:
         points = []
         oldest = now_ns - int(self.lookback_s * 1e9) if self.lookback_s > 0 else None
         for record in self._records():
-            parsed = parse_line(record, self._boot_ns, os_rules=self.os_rules)
+            parsed = parse_line(record, self._boot_ns, os_rules=self.os_rules,
+                                priority_required=self._is_kmsg)  # fmt: skip
             if parsed is None:
                 continue
             if isinstance(parsed, tuple):

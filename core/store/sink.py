@@ -148,6 +148,7 @@ class SinkStats:
             "points_rejected_total": self.points_rejected,
             "points_invalid_total": self.encode.points_dropped,
             "fields_invalid_total": self.encode.fields_dropped,
+            "points_unencodable_total": self.encode.points_unencodable,
             "points_dropped_total": self.points_dropped,
             "spool_bytes": self.spool_bytes,
             "spool_memory_bytes": self.spool_memory_bytes,
@@ -198,7 +199,9 @@ class InfluxSink:
 
     def write_points(self, points: Iterable[Point]) -> None:
         stats = EncodeStats()
-        lines = encode_points(points, self.precision, stats)
+        # what a job or the hardware put in a point must never stop the agent: a point that
+        # cannot be written is dropped and counted (points_unencodable_total)
+        lines = encode_points(points, self.precision, stats, drop_unencodable=True)
         self._stats.encode.add(stats)
         self.write_lines(lines)
 

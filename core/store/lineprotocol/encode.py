@@ -13,7 +13,10 @@ in a name (it would end the line), a trailing backslash (it would escape the sep
 measurement starting with ``#`` (a comment line) or with a tab or NUL (InfluxDB skips them at
 the start of a line, so the name would lose them), a field key starting with a tab or NUL (it
 skips them before the field set too), and the key ``time``. An empty tag value
-means "no tag" and is left out.
+means "no tag" and is left out. Where the points come from outside the code (a job's
+environment, a hardware answer: the agent's sink), ``encode_points(..., drop_unencodable=True)``
+drops such a point instead and counts it (``EncodeStats.points_unencodable``), so that one bad
+value never stops a writer.
 
 Values: ``int`` is written with the ``i`` suffix (and must fit in int64), ``bool`` as
 ``true``/``false``, ``float`` in its shortest round-trip form. A non-finite float or an
@@ -71,6 +74,8 @@ class EncodeStats:
     points_out: int = 0
     fields_dropped: int = 0
     points_dropped: int = 0
+    points_unencodable: int = 0
+    """points with a name or value the line protocol cannot carry (``drop_unencodable``)"""
     reasons: dict[str, int] = field(default_factory=dict)
 
     def drop_field(self, reason: str) -> None:
@@ -82,6 +87,7 @@ class EncodeStats:
         self.points_out += other.points_out
         self.fields_dropped += other.fields_dropped
         self.points_dropped += other.points_dropped
+        self.points_unencodable += other.points_unencodable
         for k, v in other.reasons.items():
             self.reasons[k] = self.reasons.get(k, 0) + v
 
@@ -202,13 +208,27 @@ def encode_point(
 
 
 def encode_points(
-    points: Iterable[Point], precision: Precision = Precision.NS, stats: EncodeStats | None = None
+    points: Iterable[Point],
+    precision: Precision = Precision.NS,
+    stats: EncodeStats | None = None,
+    *,
+    drop_unencodable: bool = False,
 ) -> list[str]:
+    """The points' lines. A point that cannot be written raises :class:`LineProtocolError`, or
+    with ``drop_unencodable`` is left out and counted (``stats.points_unencodable``, reason
+    ``unencodable``): for writers that must go on whatever their points carry."""
     if stats is None:
         stats = EncodeStats()
     lines = []
     for p in points:
-        line = encode_point(p, precision, stats)
+        try:
+            line = encode_point(p, precision, stats)
+        except LineProtocolError:
+            if not drop_unencodable:
+                raise
+            stats.points_unencodable += 1
+            stats.reasons["unencodable"] = stats.reasons.get("unencodable", 0) + 1
+            continue
         if line is not None:
             lines.append(line)
     return lines
