@@ -3,8 +3,13 @@
 Runs the configured probes (``[check] probes``) and exits 0 when none failed, 1 when one did,
 with a one-screen summary (``--json``: ``{"node", "ok", "probes": [{"name", "status",
 "detail", "seconds"}]}``, ``status`` one of ``pass``, ``fail``, ``unavailable``). A probe that
-cannot run here (no GPU, no ``dcgmi``, no torch, no InfiniBand) says ``unavailable`` and why:
-that is not a failure.
+cannot run here (no GPU, no ``dcgmi``, no torch, no InfiniBand) says ``unavailable`` and why.
+The command fails closed: ``unavailable`` is a failure for every probe the configuration asks
+for, except those listed in ``[check] optional`` (by default ``dcgm``, ``gpu_matmul`` and
+``allreduce``, which need DCGM, torch or a GPU), so a node whose GPUs NVML cannot see is not
+healthy. The probes run one after another; one not started by ``[check] deadline_s`` (50 s)
+fails as "not run", so the defaults end inside slurmd's 60 s ``HealthCheckProgram`` limit.
+(The agent's own gate, ``[health] check_probes``, still counts ``unavailable`` as no failure.)
 
 * ``gpu_count``: NVIDIA GPUs on the PCI bus, NVML's count and ``[health] expected_gpus`` agree
   (:mod:`collector.gpucount`), and every GPU NVML lists runs the same driver;
@@ -42,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -301,14 +306,27 @@ PROBES: dict[str, Callable[[AgentConfig], Result]] = {
 }
 
 
-def run_checks(config: AgentConfig, names: list[str]) -> list[Result]:
+def run_checks(config: AgentConfig, names: list[str], *, strict: bool = False) -> list[Result]:
+    """Run ``names`` in turn. ``strict`` (the ``gpuwarden check`` command): a probe asked for
+    that cannot run fails unless ``[check] optional`` lists it, and a probe not started by
+    ``[check] deadline_s`` fails as not run."""
+    c = config["check"]
+    optional = set(c["optional"])
+    started = time.monotonic()
     out = []
     for name in names:
         t0 = time.monotonic()
+        if strict and t0 - started > float(c["deadline_s"]):
+            out.append(Result(name, FAIL, f"not run: the check passed its deadline_s "
+                              f"({float(c['deadline_s']):g} s)"))  # fmt: skip
+            continue
         try:
             r = PROBES[name](config)
         except Exception as exc:  # a probe's own bug is a failed check, not a crash
             r = Result(name, FAIL, f"the probe failed: {type(exc).__name__}: {exc}")
+        if strict and r.status == UNAVAILABLE and name not in optional:
+            r = Result(name, FAIL, f"could not run: {r.detail} (asked for and not in "
+                       "[check] optional)")  # fmt: skip
         r.seconds = round(time.monotonic() - t0, 3)
         out.append(r)
     return out
@@ -362,7 +380,9 @@ def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -
     """Write the results to InfluxDB and post the finding to the engine; what was done."""
     cluster = str(config["agent"]["cluster"])
     done = []
-    sink = InfluxSink(config.sink)
+    # a spool of its own beside the agent's: the running agent holds its spool's lock
+    spool = config.sink.spool_dir
+    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else ""))
     try:
         sink.write_points(check_points(cluster, node, results, now_ns))
         wrote = sink.flush(timeout_s=10.0)
@@ -405,12 +425,15 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    results = run_checks(config, names)
+    results = run_checks(config, names, strict=True)
     ok = passed(results)
     node = config["agent"]["node"] or socket.gethostname()
     if args.report:
-        print(f"gpuwarden check: {report(config, node, results, time.time_ns())}",
-              file=sys.stderr)  # fmt: skip
+        try:
+            print(f"gpuwarden check: {report(config, node, results, time.time_ns())}",
+                  file=sys.stderr)  # fmt: skip
+        except (GpuwardenError, OSError) as exc:  # the verdict stands; the report is extra
+            print(f"gpuwarden check: the results were not reported: {exc}", file=sys.stderr)
     if args.json:
         print(json.dumps({"node": node, "ok": ok, "probes": [asdict(r) for r in results]},
                          indent=2))  # fmt: skip

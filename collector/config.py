@@ -95,12 +95,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     # gpuwarden check: the active node check (collector.check)
     "check": {
-        "probes": ["gpu_count", "infiniband", "disk", "dcgm", "gpu_matmul", "allreduce"],
+        "probes": ["gpu_count", "infiniband", "disk", "dcgm"],
         "ib_rate_gbps": 0.0,
         "disk_paths": ["/tmp"],
         "disk_timeout_s": 10.0,
         "dcgm_level": 1,
-        "probe_timeout_s": 300.0,
+        "probe_timeout_s": 30.0,
+        "deadline_s": 50.0,
+        "optional": ["dcgm", "gpu_matmul", "allreduce"],
     },
     "sink": SinkConfig().to_mapping(),
 }

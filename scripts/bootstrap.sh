@@ -6,13 +6,14 @@
 #           slurm-wlm + munge (a real Slurm 22.05 for the remediation tests and the demo),
 #           prometheus + prometheus-alertmanager (a real Prometheus that scrapes /metrics, a
 #           real Alertmanager that posts alerts to the engine),
+#           systemd (systemd-analyze verify and systemd-sysusers check the shipped units),
 #           python3 + python3-venv (to install the pinned uv)
 #   python: the locked environment (uv.lock) in .venv, via the pinned uv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
-APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager python3
+APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager systemd python3
   python3-venv ca-certificates)
 
 missing=()

@@ -103,19 +103,30 @@ def test_dcgm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_allreduce_on_gloo(tmp_path: Path) -> None:
     pytest.importorskip("torch")
-    r = probe(tmp_path, "allreduce")
+    r = probe(tmp_path, "allreduce", probe_timeout_s=300.0)  # two torch imports on a busy CPU
     assert r.status == "pass" and "over gloo" in r.detail, r.detail
 
 
 def test_the_command_is_clear_on_a_machine_without_gpus(tmp_path: Path) -> None:
-    """``gpuwarden check --json`` here (no GPU, no DCGM): every probe says pass, fail or
-    unavailable, and why; a failing probe makes the exit status 1."""
-    cfg = config(tmp_path, disk_paths=[str(tmp_path)])
-    done = subprocess.run(
-        [sys.executable, "-m", "gpuwarden", "check", "--config", str(cfg), "--json",
-         "--probes", "infiniband,disk,dcgm,gpu_matmul"],
-        cwd=ROOT, capture_output=True, text=True, check=False,
-    )  # fmt: skip
+    """``gpuwarden check --json`` here (no GPU, no DCGM, no InfiniBand): every probe says pass,
+    fail or unavailable, and why; it fails closed: a probe asked for that cannot run fails,
+    unless ``[check] optional`` lists it (before: unavailable passed, exit 0)."""
+    argv = [sys.executable, "-m", "gpuwarden", "check", "--json",
+            "--probes", "infiniband,disk,dcgm,gpu_matmul"]  # fmt: skip
+    strict = config(tmp_path, disk_paths=[str(tmp_path)])
+    done = subprocess.run([*argv, "--config", str(strict)], cwd=ROOT, capture_output=True,
+                          text=True, check=False)  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    out = json.loads(done.stdout)
+    status = {p["name"]: p["status"] for p in out["probes"]}
+    assert status == {"infiniband": "fail", "disk": "pass", "dcgm": "unavailable",
+                      "gpu_matmul": "unavailable"}  # fmt: skip
+    ib = next(p for p in out["probes"] if p["name"] == "infiniband")
+    assert ib["detail"].startswith("could not run:") and "[check] optional" in ib["detail"]
+    cfg = config(tmp_path, disk_paths=[str(tmp_path)],
+                 optional=["infiniband", "dcgm", "gpu_matmul"])  # fmt: skip
+    done = subprocess.run([*argv, "--config", str(cfg)], cwd=ROOT, capture_output=True,
+                          text=True, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["ok"] is True and out["node"] == "node-7"

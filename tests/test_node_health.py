@@ -305,7 +305,7 @@ def _agent_config(
     (configs / f"agent-{node}.toml").write_text(
         f'[agent]\ncluster = "c"\nnode = "{node}"\nsysfs = "{configs}/sys"\n{fast}'
         f'[check]\nprobes = ["gpu_count", "disk"]\ndisk_paths = ["{disk}"]\n'
-        f"disk_timeout_s = 10.0\n"
+        f'disk_timeout_s = 10.0\noptional = ["gpu_count"]\n'  # no GPU on this machine
         f'[sink]\nurl = "{url}"\ndatabase = "{db}"\n'
         f'spool_dir = "{configs}/spool-{node}"\n'
     )

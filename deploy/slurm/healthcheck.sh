@@ -3,23 +3,52 @@
 #   slurm.conf:  HealthCheckProgram=/etc/gpuwarden/healthcheck.sh
 #                HealthCheckInterval=300
 #                HealthCheckNodeState=IDLE,CYCLE    # probe idle nodes, a few at a time
-# A failing probe drains this node at once, with the probes that failed as the reason; a node
-# that passes is left as it is. With GPUWARDEN_CHECK_REPORT=1 the results also go to InfluxDB
-# and the engine (gpuwarden check --report): a failure is a node_check_failed finding (the
-# engine drains the node as its own), and a pass on a node the engine took out is the passing
-# check it needs to resume it ([engine] return_requires = "check").
+# It fails closed, as LBNL NHC does: a check that cannot run has failed.
+#   * a failing probe drains this node, with the probes that failed as the reason;
+#   * gpuwarden missing, its configuration missing or broken, a check that crashes or does not
+#     finish within GPUWARDEN_CHECK_TIMEOUT_S (55 s: slurmd kills the program at 60) drains it
+#     too, with what went wrong as the reason;
+#   * a passing check resumes the node only if this script drained it (its reason starts with
+#     "gpuwarden check"); a node drained for any other reason (an operator, the engine, Slurm)
+#     is left as it is.
+# With GPUWARDEN_CHECK_REPORT=1 the results also go to InfluxDB and the engine (gpuwarden check
+# --report, with a spool of its own beside the running agent's): a failure is a
+# node_check_failed finding (the engine drains the node as its own), and a pass on a node the
+# engine took out is the passing check it needs to resume it ([engine] return_requires).
 # The GPU probes (gpu_matmul, allreduce, dcgm) take the GPUs: run them on idle nodes only.
 set -u
 node=${SLURMD_NODENAME:-$(hostname -s)}
 config=${GPUWARDEN_CHECK_CONFIG:-/etc/gpuwarden/agent.toml}
+limit=${GPUWARDEN_CHECK_TIMEOUT_S:-55}
+ours="gpuwarden check"
+
+drain() {
+  scontrol update NodeName="$node" State=DRAIN Reason="$(printf '%s' "$ours: $1" | cut -c1-200)"
+  exit 1
+}
+
+command -v gpuwarden >/dev/null 2>&1 || drain "could not run: gpuwarden is not on PATH ($PATH)"
+[ -r "$config" ] || drain "could not run: no readable configuration at $config"
 report=""
 [ "${GPUWARDEN_CHECK_REPORT:-0}" = "1" ] && report="--report"
-out=$(gpuwarden check --config "$config" $report 2>&1)
+out=$(timeout -k 2 "$limit" gpuwarden check --config "$config" $report 2>&1)
 rc=$?
-if [ "$rc" -eq 1 ]; then
-  # "FAIL         disk        /scratch: no answer within 10 s  (10.00 s)" -> "disk: /scratch: ..."
-  reason=$(printf '%s\n' "$out" | sed -n 's/^FAIL  *\([a-z_]*\)  *\(.*\)  ([0-9.]* s)$/\1: \2/p' \
-    | tr '\n' ';' | cut -c1-200)
-  scontrol update NodeName="$node" State=DRAIN Reason="gpuwarden check: ${reason}"
-fi
-exit 0
+last=$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c1-150)
+case $rc in
+  0)
+    # resume the node if, and only if, this check drained it
+    reason=$(sinfo -h -N -n "$node" -o '%E' 2>/dev/null | head -n 1)
+    case $reason in
+      "$ours"*) scontrol update NodeName="$node" State=RESUME ;;
+    esac
+    exit 0 ;;
+  1)
+    # "FAIL         disk        /scratch: no answer within 10 s  (10.00 s)" -> "disk: /scratch: ..."
+    failed=$(printf '%s\n' "$out" | sed -n 's/^FAIL  *\([a-z_]*\)  *\(.*\)  ([0-9.]* s)$/\1: \2/p' \
+      | tr '\n' ';')
+    drain "${failed:-failed without naming a probe: $last}" ;;
+  124|137)
+    drain "did not finish within ${limit} s" ;;
+  *)
+    drain "could not run (exit $rc): $last" ;;
+esac
