@@ -1,0 +1,140 @@
+"""Issue 37, item 3: the Kubernetes manifests apply as they are, and every name one of them
+uses exists in another.
+
+No API server can run here, so the check is the one ``kubectl apply -f deploy/kubernetes/``
+needs before the server is asked: every document of every ``*.yaml`` has ``apiVersion``,
+``kind`` and a name, and every cross-reference resolves within the folder: the Service and port
+the agent posts to, the claim, the ConfigMaps, the ServiceAccounts, the PriorityClass, one image
+name, and the configurations in ConfigMaps load with gpuwarden's own loaders. Secrets are never
+shipped (a known token would let anyone post findings): each Secret a manifest mounts must have
+its ``kubectl create secret`` recipe in the folder. Before this change: the agent posted to
+``gpuwarden-remediation...:8750`` (the Service is ``gpuwarden-remediate`` on 9470), two image
+names, no Namespace, claim or ServiceAccount, ``check-initcontainer.yaml`` had no ``kind``, and
+the agent ran at ``system-node-critical`` outside kube-system.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpuwarden.collector.config import load_config as load_agent_config
+from gpuwarden.remediation.config import load_config as load_engine_config
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDER = ROOT / "deploy/kubernetes"
+NAMESPACE = "gpuwarden"
+
+
+def documents() -> list[dict[str, Any]]:
+    docs = []
+    for path in sorted(FOLDER.glob("*.yaml")):  # what kubectl apply -f takes
+        docs += [d for d in yaml.safe_load_all(path.read_text()) if d is not None]
+    return docs
+
+
+def pod_specs(docs: list[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    for d in docs:
+        if d["kind"] in ("DaemonSet", "Deployment", "StatefulSet", "Job"):
+            yield d["spec"]["template"]["spec"]
+
+
+def named(docs: list[dict[str, Any]], kind: str) -> set[str]:
+    return {d["metadata"]["name"] for d in docs if d["kind"] == kind}
+
+
+def test_every_document_applies_as_an_object_in_our_namespace() -> None:
+    docs = documents()
+    assert docs
+    for d in docs:
+        assert d.get("apiVersion") and d.get("kind") and d.get("metadata", {}).get("name"), d
+        cluster_wide = d["kind"] in ("Namespace", "PriorityClass", "ClusterRole",
+                                     "ClusterRoleBinding")  # fmt: skip
+        if not cluster_wide:
+            assert d["metadata"].get("namespace") == NAMESPACE, d["metadata"]
+    assert NAMESPACE in named(docs, "Namespace")
+
+
+def test_every_reference_resolves() -> None:
+    docs = documents()
+    images, secrets = set(), set()
+    for spec in pod_specs(docs):
+        pc = spec.get("priorityClassName")
+        if pc:
+            assert pc in named(docs, "PriorityClass") and not pc.startswith("system-"), pc
+        sa = spec.get("serviceAccountName")
+        assert sa in named(docs, "ServiceAccount"), sa
+        for v in spec.get("volumes", []):
+            if "configMap" in v:
+                assert v["configMap"]["name"] in named(docs, "ConfigMap"), v
+            if "persistentVolumeClaim" in v:
+                claim = v["persistentVolumeClaim"]["claimName"]
+                assert claim in named(docs, "PersistentVolumeClaim"), v
+            if "secret" in v:
+                secrets.add(v["secret"]["secretName"])
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            images.add(c["image"])
+            for probe in ("readinessProbe", "livenessProbe"):
+                port = c.get(probe, {}).get("httpGet", {}).get("port")
+                if isinstance(port, str):
+                    assert port in {p.get("name") for p in c.get("ports", [])}, (probe, port)
+    assert len(images) == 1, images
+    recipes = "\n".join(p.read_text() for p in FOLDER.iterdir() if p.is_file())
+    for secret in secrets:
+        assert re.search(rf"kubectl -n {NAMESPACE} create secret generic {secret}\b", recipes)
+    assert not [d for d in docs if d["kind"] == "Secret"], "no secret is shipped"
+
+
+def test_the_agent_posts_to_the_engines_service_and_port() -> None:
+    docs = documents()
+    agent_cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"]
+                    == "gpuwarden-agent")  # fmt: skip
+    url = tomllib.loads(agent_cm["data"]["agent.toml"])["agent"]["remediation_url"]
+    m = re.fullmatch(r"https?://([a-z0-9-]+)\.([a-z0-9-]+)\.svc(?:\.cluster\.local)?:(\d+)/v1/"
+                     r"findings", url)  # fmt: skip
+    assert m, url
+    service, namespace, port = m.group(1), m.group(2), int(m.group(3))
+    svc = next(d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == service)
+    assert svc["metadata"]["namespace"] == namespace
+    ports = svc["spec"]["ports"]
+    assert port in [p["port"] for p in ports]
+    # the Service's pods listen there: its target port is a named port of their container
+    target = next(p["targetPort"] for p in ports if p["port"] == port)
+    selector = svc["spec"]["selector"]
+    backends = [
+        d for d in docs if d["kind"] in ("Deployment", "DaemonSet")
+        and selector.items() <= d["spec"]["template"]["metadata"]["labels"].items()
+    ]  # fmt: skip
+    assert backends, selector
+    names = {p.get("name") for c in backends[0]["spec"]["template"]["spec"]["containers"]
+             for p in c.get("ports", [])}  # fmt: skip
+    assert target in names or isinstance(target, int)
+
+
+def test_the_configurations_in_configmaps_load(tmp_path: Path) -> None:
+    docs = documents()
+    for d in docs:
+        if d["kind"] != "ConfigMap":
+            continue
+        for key, text in d["data"].items():
+            path = tmp_path / key
+            path.write_text(text)
+            if key == "agent.toml":
+                load_agent_config(str(path))
+            elif key == "remediation.toml":
+                load_engine_config(path)
+
+
+def test_the_init_container_example_names_the_agents_configmap() -> None:
+    """The example is a fragment to copy (its name keeps ``kubectl apply -f`` off it)."""
+    fragment = yaml.safe_load((FOLDER / "check-initcontainer.yaml.example").read_text())
+    (container,) = fragment["initContainers"]
+    assert container["image"] in {c["image"] for s in pod_specs(documents())
+                                  for c in s["containers"]}  # fmt: skip
+    cms = {v["configMap"]["name"] for v in fragment["volumes"] if "configMap" in v}
+    assert cms <= named(documents(), "ConfigMap")
