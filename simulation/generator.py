@@ -31,6 +31,7 @@ from scipy.signal import lfilter  # type: ignore[import-untyped]
 from scipy.special import ndtr  # type: ignore[import-untyped]
 
 from gpuwarden.core.catalogue import CATALOGUE
+from gpuwarden.core.xidcat import catalogue as xid_catalogue
 from gpuwarden.simulation.calibration import LOAD_CORRELATION, acmetrace, lingjun_tors
 from gpuwarden.simulation.faults import resolve_all
 from gpuwarden.simulation.faulttypes import Chunk, Fault, Window, of
@@ -63,6 +64,8 @@ GPU_PROFILES = {
         "NVIDIA H100 80GB HBM3", 1980.0, 345.0, 2619.0, 700.0, 700 / 400, 5, True, "96.00.74.00.01"
     ),
 }
+#: what the driver says after each XID code (the catalogue's description)
+_XID_WORDS = {code: info.description for code, info in xid_catalogue().items()}
 DRIVER = "550.90.07"
 OLD_DRIVER = "535.129.03"  # what a config_drift fault's node runs
 INFO_EVERY_S = 600.0  # the agent's [nvml] info_every_s default
@@ -401,7 +404,9 @@ class ScenarioGenerator:
             "severity": "critical" if f.fatal else "warning",
             "source": "scenario",
             "xid_code": f.xid,
-            "message": f"NVRM: Xid (PCI:0000:{f.gpu:02x}:00): {f.xid}, simulated {f.type}",
+            # the driver's words for the code, never the scenario's name for the fault
+            "message": f"NVRM: Xid (PCI:0000:{f.gpu:02x}:00): {f.xid}, "
+            f"{_XID_WORDS.get(f.xid, 'Unknown error')}.",
             "fatal_active": f.fatal,
         }
 

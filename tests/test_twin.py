@@ -107,7 +107,8 @@ def test_a_fatal_fault_writes_its_xid_loses_the_gpu_and_kills_what_runs_there(
     poll(lambda: rank.poll() is not None, 30, "the fault to kill the bound process")
     assert rank.returncode == -9  # SIGKILL, as a GPU off the bus ends its CUDA processes
     kmsg = twin.paths("node-001").kmsg.read_text()
-    assert "NVRM: Xid (PCI:0000:68:00): 79, pid=" in kmsg and "SIMULATED" in kmsg  # GPU 5
+    # the driver's wording (GPU 5), and nothing of the scenario's own (issue 40)
+    assert "NVRM: Xid (PCI:0000:68:00): 79, pid=" in kmsg and "GPU has fallen off the bus." in kmsg
     what = [(h.node, h.what) for h in twin.log]
     assert ("node-001", "xid") in what and ("node-001", "kill") in what
     xid_at = next(h.t for h in twin.log if h.what == "xid")
@@ -120,6 +121,12 @@ def test_a_fatal_fault_writes_its_xid_loses_the_gpu_and_kills_what_runs_there(
     assert any("event=gpu_lost" in e and "gpu=5" in e for e in events)
     assert sum(line.startswith("gpu,") for line in lines) == 7  # GPU 5 answers nothing now
     assert not any(h.node == "node-000" for h in twin.log if h.what == "kill")
+    # no string of the scenario's fault list reaches what the agent writes to InfluxDB or
+    # posts to the engine: the ground truth is the twin's alone (before: "SIMULATED xid79")
+    secrets = {f.type.lower() for f in SCENARIO.faults} | {"simulated"}
+    secrets |= {f"f{i:04d}-{f.type}".lower() for i, f in enumerate(SCENARIO.faults)}  # fault ids
+    said = "\n".join(lines).lower() + kmsg.lower()
+    assert not [s for s in secrets if s in said], secrets
 
 
 def test_a_followed_recording_delivers_each_event_once(tmp_path) -> None:
@@ -152,3 +159,20 @@ def test_a_followed_recording_delivers_each_event_once(tmp_path) -> None:
     path.write_text("{not json")
     b.begin_cycle()
     assert b.call(None, "nvmlDeviceGetCount") == 1
+
+
+def test_a_generated_trace_carries_the_drivers_words_not_the_fault_names() -> None:
+    """The replay path's gpu_event points (what ``gpuwarden replay`` writes to InfluxDB) say
+    what the driver says; before, their message ended "simulated xid79" (issue 40)."""
+    from gpuwarden.simulation.generator import ScenarioGenerator
+
+    gen = ScenarioGenerator(SCENARIO, 1)
+    secrets = {f.type.lower() for f in gen.faults} | {f.fault_id.lower() for f in gen.faults}
+    messages = []
+    for chunk in gen.chunks():
+        events = chunk.get("gpu_event")
+        if events is not None and "message" in events.columns:
+            messages += [str(m) for m in events["message"].to_list()]
+    assert any("GPU has fallen off the bus." in m for m in messages), messages
+    text = "\n".join(messages).lower()
+    assert not [s for s in secrets | {"simulated"} if s in text]

@@ -40,7 +40,7 @@ from gpuwarden.collector.nvml.recorded import FORMAT
 from gpuwarden.simulation.faulttypes import Fault
 from gpuwarden.simulation.generator import NS, ScenarioGenerator
 from gpuwarden.simulation.spec import ScenarioSpec
-from gpuwarden.simulation.twin.nvml import NodeNvml, xid_event, xid_line
+from gpuwarden.simulation.twin.nvml import NodeNvml, driver_text, xid_event, xid_line
 from gpuwarden.simulation.twin.sysfs import write_host, write_ports
 
 log = logging.getLogger(__name__)
@@ -206,8 +206,7 @@ class Twin:
         events = frames.get("gpu_event")
         if events is not None:
             for ev in events.iter_rows(named=True):
-                self._xid(k, node, paths, int(ev["gpu"]), int(ev["xid_code"]), procs,
-                          str(ev["message"]))  # fmt: skip
+                self._xid(k, node, paths, int(ev["gpu"]), int(ev["xid_code"]), procs)
         if broken:
             for pid in sorted({pid for gpu_procs in procs.values() for pid, _ in gpu_procs}):
                 self._kill(k, node, pid, broken[0])
@@ -252,12 +251,12 @@ class Twin:
         gpu: int,
         xid: int,
         procs: dict[int, list[tuple[int, int]]],
-        message: str,
     ) -> None:
         pid = procs[gpu][0][0] if procs.get(gpu) else None
-        text = message.split(", ", 1)[-1] if ", " in message else message
+        # the driver's own words for the code (the XID catalogue's description), never the
+        # scenario's name for the fault: the product must not read the ground truth there
         with paths.kmsg.open("a", encoding="utf-8") as f:
-            f.write(xid_line(gpu, xid, pid, "python" if pid else "", f"SIMULATED {text}"))
+            f.write(xid_line(gpu, xid, pid, "python" if pid else "", driver_text(xid)))
             f.flush()
         self._events[node].append((k, xid_event(gpu, xid)))
         self._say(k, node, "xid", f"gpu {gpu} xid {xid}")

@@ -30,6 +30,7 @@ from gpuwarden.collector.sources.nvml.poll import (
     STATIC_CALLS,
     field_request,
 )
+from gpuwarden.core.xidcat import catalogue
 from gpuwarden.simulation.generator import DRIVER, GpuProfile
 
 LOST = {"e": ERROR_GPU_IS_LOST}
@@ -43,6 +44,13 @@ FABRIC_OK = [3, 0, 0b10101010]
 def pci_bus_id(gpu: int) -> str:
     """The bus id NVML gives (``00000000:18:00.0``, ...), as an HGX baseboard numbers them."""
     return f"00000000:{0x18 + 0x10 * gpu:02X}:00.0"
+
+
+def driver_text(xid: int) -> str:
+    """What the driver says after an XID's code, as the catalogue describes it ("GPU has
+    fallen off the bus."); the same for every fault that raises that code."""
+    info = catalogue().get(xid)
+    return f"{info.description}." if info is not None else "Unknown error."
 
 
 def xid_line(gpu: int, xid: int, pid: int | None, process: str, text: str) -> str:
