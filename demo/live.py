@@ -49,6 +49,9 @@ from testbed.slurm import LocalSlurm
 ROOT = Path(__file__).resolve().parent.parent
 GPUWARDEN = [sys.executable, "-m", "gpuwarden"]
 DASK = [str(Path(sys.executable).with_name("dask"))]
+#: the loop's declared time compression: one second of the loop stands for a minute of a real
+#: cluster (checkpoints every 60 s stand for hourly ones; a 13B job's 276 s save is 4.6 s)
+TIME_SCALE = 60.0
 
 
 @dataclass(frozen=True)
@@ -72,12 +75,12 @@ class Settings:
     silent_after_s: float = 10.0  # ten agent cycles
     checkpoint_timeout_s: float = 20.0
     #: checkpoint advice at the live time scale: never under 10 s (a compressed 10 minutes),
-    #: and the StepFun prior times the live loop's compression. That is a setting chosen once
-    #: from how the scenario is designed (two fatal faults on four nodes in 330 s, about
-    #: 31,000 times StepFun's rate), like the interval floor; the run's own faults are the
-    #: twin's to know, not the analyze service's
+    #: and StepFun's per-node fault rate (the fleet prior) times the loop's declared time
+    #: compression, 60x, and nothing else: the analyze service learns this run's faults from
+    #: what it sees in its own store. (Before issue 40 this was 3.1e4, chosen from the
+    #: scenario's own fault count: the service was told the run's fault rate.)
     cadence_min_interval_s: float = 10.0
-    cadence_prior_scale: float = 3.1e4
+    cadence_prior_scale: float = TIME_SCALE
     model: str = ""  # a failure-risk model trained at the live time scale ("" = none)
     #: the analyze service's [predictor] settings for that model (its time scale)
     predictor: tuple[tuple[str, Any], ...] = ()

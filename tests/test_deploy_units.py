@@ -30,7 +30,7 @@ pytestmark = pytest.mark.skipif(
 
 def unit(path: Path) -> RawConfigParser:
     parser = RawConfigParser(strict=False, interpolation=None, delimiters=("=",))
-    parser.optionxform = str  # type: ignore[assignment, method-assign]
+    parser.optionxform = str
     parser.read(path)
     return parser
 
