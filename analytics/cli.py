@@ -34,6 +34,7 @@ from gpuwarden.analytics.runner import Analysis, analyse, executor_from_config, 
 from gpuwarden.analytics.silence import Confirmed
 from gpuwarden.analytics.stragglers import Straggler, detect
 from gpuwarden.analytics.whatif import job_slowdown
+from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.config import ConfigError
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.metrics import Metric
@@ -351,12 +352,12 @@ def _predict(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     ap = argparse.ArgumentParser(
         prog="gpuwarden analyze",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_common(ap, config_help="analytics TOML (default: built-in defaults)")
     sub = ap.add_subparsers(dest="command", required=True)
     st = sub.add_parser("stragglers", help="find stragglers in a real trace file")
     src = st.add_mutually_exclusive_group(required=True)
@@ -364,7 +365,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     src.add_argument("--minibatch-csv", type=Path, help="Alibaba mini-batch-time CSV")
     st.add_argument("--json", action="store_true")
     run = sub.add_parser("run", help="analyse a window of telemetry in InfluxDB")
-    run.add_argument("--config", type=Path, help="analytics TOML (default: built-in defaults)")
+    add_common(run, sub=True, config_help="analytics TOML (default: built-in defaults)")
     run.add_argument("--start", help="ISO time (default: end - analysis.window_s)")
     run.add_argument("--end", help="ISO time or 'now' (default: now)")
     run.add_argument("--every", type=duration_arg, help="run periodically, e.g. 60s")
@@ -374,6 +375,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     add_commands(sub)
     args = ap.parse_args(argv)
+    configure_logging(args)
+    try:
+        args.config = config_path(args)
+    except UsageError as exc:
+        print(f"gpuwarden analyze: {exc}", file=sys.stderr)
+        return 2
     if args.command == "stragglers":
         return _stragglers(args)
     if args.command in ("train", "evaluate"):

@@ -32,6 +32,7 @@ from gpuwarden.collector.health import HealthGate
 from gpuwarden.collector.nvml.recorded import Recorder
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.poster import FindingPoster
@@ -151,7 +152,7 @@ def build_agent(
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpuwarden agent", description=__doc__.split("\n")[0])
-    parser.add_argument("--config", help="TOML file (default: built-in defaults)")
+    add_common(parser, config_help="TOML file (default: built-in defaults)")
     parser.add_argument(
         "--once",
         action="store_true",
@@ -171,18 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         "(on a GPU machine: a real fixture for tests)",
     )
     parser.add_argument("--print-config", action="store_true")
-    parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    configure_logging(args)
     try:
-        config = load_config(args.config)
+        config = load_config(config_path(args))
         if args.print_config:
             _print_config(config)
             return 0
         return _run(config, args)
-    except GpuwardenError as exc:
+    except (GpuwardenError, UsageError) as exc:
         print(f"gpuwarden agent: {exc}", file=sys.stderr)
         return 2
 

@@ -18,6 +18,7 @@ from typing import Any
 import urllib3
 import yaml
 
+from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.config import ConfigError
 from gpuwarden.core.timeparse import parse_when
 from gpuwarden.dashboards.alerts import contact_points_file, rules_file
@@ -179,7 +180,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--config", help="dashboards TOML (config/dashboards.sample.toml)")
+    add_common(parser, config_help="dashboards TOML (config/dashboards.sample.toml)")
     sub = parser.add_subparsers(dest="command", required=True)
     ex = sub.add_parser("export", help="write dashboard JSON and Grafana provisioning files")
     ex.add_argument("--out", required=True)
@@ -198,9 +199,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         default="data: as found in InfluxDB",
         help="printed on every page: say whether the data is real or simulated",
     )
+    for sp in (ex, pu, sub.choices["check"], re_):
+        add_common(sp, sub=True, config_help="dashboards TOML (config/dashboards.sample.toml)")
     args = parser.parse_args(argv)
+    configure_logging(args)
     try:
-        cfg = load_config(args.config)
+        cfg = load_config(config_path(args))
         if args.command == "export":
             for path in export(cfg, Path(args.out)):
                 print(path)
@@ -215,7 +219,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             )
         else:
             return _render(args, cfg)
-    except (DashboardError, ConfigError, ValueError) as exc:
+    except (DashboardError, ConfigError, ValueError, UsageError) as exc:
         print(f"gpuwarden dashboards: {exc}", file=sys.stderr)
         return 2
     return 0

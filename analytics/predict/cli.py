@@ -26,6 +26,7 @@ from gpuwarden.analytics.predict.metrics import pr_auc, random_pr_auc
 from gpuwarden.analytics.predict.model import RiskModel, fit, out_of_fold
 from gpuwarden.analytics.predict.telemetry import FEATURES, MONOTONE
 from gpuwarden.analytics.runner import DaskExecutor, LocalExecutor, stderr_progress
+from gpuwarden.core.cli import add_common
 from gpuwarden.core.timeparse import parse_when
 
 
@@ -226,7 +227,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-
     tr = sub.add_parser("train", help="train the failure predictor on InfluxDB history")
     ev = sub.add_parser("evaluate", help="evaluate a trained predictor on a later period")
     for p in (tr, ev):
-        p.add_argument("--config", type=Path, help="analytics TOML")
+        add_common(p, sub=True, config_help="analytics TOML")
         p.add_argument("--start", required=True, help="ISO time")
         p.add_argument("--end", required=True, help="ISO time or 'now'")
         p.add_argument("--local", action="store_true", help="single process, no Dask")

@@ -1,0 +1,69 @@
+"""Issue 37, item 7: one command-line convention (``gpuwarden.core.cli``), in real processes.
+
+Before: ``--config`` went before the subcommand for ``dashboards`` and after it for
+``analyze``; ``--log-level verbose`` was a traceback; a missing config file was a traceback or
+a silent default; there were three log formats and no JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def gw(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "gpuwarden", *argv], cwd=cwd,
+                          capture_output=True, text=True, check=False, timeout=300)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["agent", "--once", "--config", "/nonexistent/agent.toml"],
+        ["analyze", "run", "--config", "/nonexistent/analytics.toml"],
+        ["analyze", "--config", "/nonexistent/analytics.toml", "run"],
+        ["dashboards", "--config", "/nonexistent/dashboards.toml", "check"],
+        ["dashboards", "check", "--config", "/nonexistent/dashboards.toml"],
+    ],
+)
+def test_a_missing_config_file_is_a_message_and_exit_2(argv: list[str]) -> None:
+    done = gw(*argv)
+    assert done.returncode == 2, done.stderr
+    assert "no such file" in done.stderr and "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("argv", [["agent", "--once"], ["dashboards", "check"]])
+def test_a_bad_log_level_is_a_usage_error_not_a_traceback(argv: list[str]) -> None:
+    done = gw(*argv, "--log-level", "verbose")
+    assert done.returncode == 2
+    assert "invalid choice: 'verbose'" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_config_goes_before_or_after_the_subcommand(tmp_path: Path) -> None:
+    config = tmp_path / "dashboards.toml"
+    config.write_text('[grafana]\nfolder = "gw-test"\n')
+    before = gw("dashboards", "--config", str(config), "check")
+    after = gw("dashboards", "check", "--config", str(config))
+    assert before.returncode == after.returncode == 0, before.stderr + after.stderr
+    assert before.stdout == after.stdout
+
+
+def test_json_logs_are_one_object_a_line(tmp_path: Path) -> None:
+    """A CONSTRUCTED agent whose NVML recording is missing: the source fails, and says so in
+    the log, which ``--log-format json`` writes as JSON lines."""
+    config = tmp_path / "agent.toml"
+    config.write_text(
+        f'[agent]\nnode = "n1"\nsources = ["nvml"]\n'
+        f'[nvml]\nbackend = "recorded"\nrecording = "{tmp_path}/missing.json"\n'
+    )
+    done = gw("agent", "--config", str(config), "--once", "--log-format", "json", cwd=tmp_path)
+    records = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    assert records, done.stderr
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    assert any(r["logger"].startswith("gpuwarden.") for r in records)
