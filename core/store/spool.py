@@ -44,7 +44,8 @@ Failures, none of them fatal:
   (same series, same timestamp); counted in ``cursor_resets_total``. A damaged stretch of a
   segment is skipped up to the next valid record (a record is valid when its header is sane
   and its payload matches its CRC), so the records after it are kept; the bytes skipped or
-  cut off the end are counted in ``cut_bytes_total``.
+  cut off the end are counted in ``cut_bytes_total``. The CRC does not cover ``appended_at``:
+  a damaged one is a wrong timestamp on data that is whole, not a loss.
 
 Clocks: ``appended_at`` (in each record's header) is wall time, a timestamp only. Every age
 that decides something (how long a batch has waited in memory, how old the oldest pending
@@ -267,9 +268,9 @@ class Spool:
         if pos + HEADER.size > size:
             return 0, 0
         length, points, appended_at, crc = HEADER.unpack_from(data, pos)
-        if length == 0 or pos + HEADER.size + length > size:
+        if length == 0 or points == 0 or pos + HEADER.size + length > size:
             return 0, 0
-        if strict and not (0 < points <= length and math.isfinite(appended_at)):
+        if strict and not (points <= length and math.isfinite(appended_at)):
             return 0, 0
         if zlib.crc32(data[pos + HEADER.size : pos + HEADER.size + length]) != crc:
             return 0, 0
@@ -375,8 +376,8 @@ class Spool:
     def append(self, payload: bytes, points: int) -> int:
         """Append one record; returns the points dropped to stay within the bound. A disk that
         refuses the write does not raise: the batch waits in memory (see the module doc)."""
-        if not payload:
-            raise SpoolError("spool: an empty payload cannot be spooled")
+        if not payload or points < 1:
+            raise SpoolError("spool: a record needs a payload and at least one point")
         now, queued = self._wall(), self._monotonic()
         with self._lock:
             self._require_open()
