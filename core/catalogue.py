@@ -576,6 +576,28 @@ _m(
         _f("batches_sent_total", I, "", C, "batches acknowledged"),
         _f("retries_total", I, "", C, "send attempts that were retried"),
         _f("send_duration_s", F, "s", G, "duration of the last successful send"),
+        _f("sender_errors_total", I, "", C, "failures the sender survived (it backed off)"),
+        _f(
+            "spool_write_errors_total",
+            I,
+            "",
+            C,
+            "spool writes and cursor saves the disk refused (the data waited in memory)",
+        ),
+        _f(
+            "spool_cursor_resets_total",
+            I,
+            "",
+            C,
+            "unreadable spool cursors on open: resent from the oldest segment",
+        ),
+        _f(
+            "spool_cut_bytes_total",
+            I,
+            "B",
+            C,
+            "bytes of torn or damaged spool records skipped or cut on open",
+        ),
     ],
 )
 _m(

@@ -19,6 +19,15 @@ order before newer data, and past its bound the oldest data is dropped and count
 Sending a batch twice is harmless: InfluxDB keeps one value per series (measurement + tag set)
 field and timestamp, so a re-sent point overwrites itself. That is why the sink can retry a
 batch whose answer was lost, and resume from its last committed batch after a crash.
+
+The sender is supervised: anything that raises in it (the spool's disk, a bug) is counted
+(``sender_errors_total``), logged once per streak, and the sender backs off and goes on; a
+sender thread that ended anyway is started again by the next write. A full disk under the
+spool loses nothing it can keep in memory (see :mod:`core.store.spool`).
+
+Clocks: the flush timer (``flush_interval_s``), backoff and parking run on the monotonic
+clock; wall time is only ever a timestamp, so a wall clock stepped back or forward neither
+holds a batch back nor sends one early.
 """
 
 from __future__ import annotations
@@ -138,6 +147,10 @@ class SinkStats:
     spool_bytes: int = 0
     spool_memory_bytes: int = 0
     spool_points: int = 0
+    sender_errors: int = 0
+    spool_write_errors: int = 0
+    spool_cursor_resets: int = 0
+    spool_cut_bytes: int = 0
     encode: EncodeStats = field(default_factory=EncodeStats)
     last_error: str = ""
 
@@ -156,6 +169,10 @@ class SinkStats:
             "batches_sent_total": self.batches_sent,
             "retries_total": self.retries,
             "send_duration_s": self.last_send_s,
+            "sender_errors_total": self.sender_errors,
+            "spool_write_errors_total": self.spool_write_errors,
+            "spool_cursor_resets_total": self.spool_cursor_resets,
+            "spool_cut_bytes_total": self.spool_cut_bytes,
         }
 
 
@@ -175,6 +192,7 @@ class InfluxSink:
         )
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._sender_failing = ""  # the message of the sender's failure streak
         self._closing = False
         self._flush_requested = False
         self._stats = SinkStats()
@@ -188,11 +206,16 @@ class InfluxSink:
     # -- writing --------------------------------------------------------------------------
 
     def start(self) -> None:
+        """Opens the spool and starts the sender; starts it again if it ended (it never should:
+        :meth:`_run` survives every exception)."""
         with self._cond:
-            if self._thread is not None:
+            if self._thread is not None and (self._thread.is_alive() or self._closing):
                 return
             if self._closing:
                 raise SinkError("sink is closed")
+            if self._thread is not None:
+                self._stats.sender_errors += 1
+                log.error("the sink's sender had ended; starting it again")
             self._spool.open()
             self._thread = threading.Thread(target=self._run, name="gpuwarden-sink", daemon=True)
             self._thread.start()
@@ -310,6 +333,9 @@ class InfluxSink:
         s.spool_bytes = self._spool.size_bytes
         s.spool_memory_bytes = self._spool.memory_bytes
         s.spool_points = self._spool.pending_points
+        s.spool_write_errors = self._spool.write_errors_total
+        s.spool_cursor_resets = self._spool.cursor_resets_total
+        s.spool_cut_bytes = self._spool.cut_bytes_total
         return s
 
     # -- sending --------------------------------------------------------------------------
@@ -321,9 +347,9 @@ class InfluxSink:
                 pending = self._spool.pending_points
                 if pending and (self._flush_requested or pending >= self.config.batch_size):
                     return True
-                oldest = self._spool.oldest_pending_at() if pending else None
+                oldest = self._spool.oldest_queued() if pending else None
                 if oldest is not None:
-                    age = time.time() - oldest
+                    age = time.monotonic() - oldest
                     if age >= self.config.flush_interval_s:
                         return True
                     self._cond.wait(self.config.flush_interval_s - age)
@@ -339,64 +365,89 @@ class InfluxSink:
                 self._cond.wait(left)
 
     def _run(self) -> None:
+        """The sender, supervised: an exception anywhere in a round (peek, send, commit,
+        release) is counted and logged once per streak; the sender backs off and goes on."""
+        failures = 0
         attempt = 0
-        while self._wait_for_batch():
-            records = self._spool.peek(self.config.batch_size)
-            if not records:
-                continue
-            points = sum(r.points for r in records)
-            body = (
-                records[0].payload if len(records) == 1 else b"\n".join(r.payload for r in records)
-            )
-            started = time.monotonic()
+        while True:
             try:
-                result = self._transport.send(body, points)
-            except Exception as exc:  # a transport bug must not kill the sender
-                log.exception("sink transport raised")
-                result = SendResult(Outcome.RETRY, None, f"{type(exc).__name__}: {exc}")
-            if result.outcome in (Outcome.OK, Outcome.PARTIAL, Outcome.REJECTED):
-                self._spool.commit(records)
-                attempt = 0
+                if not self._wait_for_batch():
+                    return
+                attempt = self._round(attempt)
+            except Exception as exc:
+                failures += 1
+                message = f"{type(exc).__name__}: {exc}"
                 with self._cond:
-                    s = self._stats
-                    s.batches_sent += 1
-                    s.points_rejected += result.rejected_points
-                    s.points_written += points - result.rejected_points
-                    s.last_send_s = time.monotonic() - started
-                    if result.rejected_points:
-                        s.last_error = result.message
-                        log.error(
-                            "InfluxDB refused %d of %d points (%s): %s",
-                            result.rejected_points,
-                            points,
-                            result.status,
-                            result.message[:500],
-                        )
-                    self._cond.notify_all()
+                    self._stats.sender_errors += 1
+                    self._stats.last_error = message
+                if message != self._sender_failing:
+                    self._sender_failing = message
+                    log.exception("the sink's sender failed (counted in sender_errors_total; "
+                                  "it backs off and goes on, logged again when the error "
+                                  "changes)")  # fmt: skip
+                self._sleep(self._backoff(failures, None))
                 continue
-            self._spool.release(records)
-            self._stats.last_error = result.message
-            if result.outcome is Outcome.PARK:
-                log.error(
-                    "InfluxDB answered %s (%s); keeping %d points spooled, next try in %.0f s",
-                    result.status,
-                    result.message[:300],
-                    self._spool.pending_points,
-                    self.config.park_interval_s,
-                )
-                self._sleep(self.config.park_interval_s)
-                continue
-            self._stats.retries += 1
-            attempt += 1
-            delay = self._backoff(attempt, result.retry_after_s)
-            log.warning(
-                "send failed (%s %s); retry %d in %.2f s",
+            if failures:
+                log.warning("the sink's sender works again after %d failure(s)", failures)
+                failures, self._sender_failing = 0, ""
+
+    def _round(self, attempt: int) -> int:
+        """Sends one batch and settles it; returns the retry attempt the next round is at."""
+        records = self._spool.peek(self.config.batch_size)
+        if not records:
+            return attempt
+        points = sum(r.points for r in records)
+        body = records[0].payload if len(records) == 1 else b"\n".join(r.payload for r in records)
+        started = time.monotonic()
+        try:
+            result = self._transport.send(body, points)
+        except Exception as exc:  # a transport bug must not kill the sender
+            log.exception("sink transport raised")
+            result = SendResult(Outcome.RETRY, None, f"{type(exc).__name__}: {exc}")
+        if result.outcome in (Outcome.OK, Outcome.PARTIAL, Outcome.REJECTED):
+            self._spool.commit(records)
+            attempt = 0
+            with self._cond:
+                s = self._stats
+                s.batches_sent += 1
+                s.points_rejected += result.rejected_points
+                s.points_written += points - result.rejected_points
+                s.last_send_s = time.monotonic() - started
+                if result.rejected_points:
+                    s.last_error = result.message
+                    log.error(
+                        "InfluxDB refused %d of %d points (%s): %s",
+                        result.rejected_points,
+                        points,
+                        result.status,
+                        result.message[:500],
+                    )
+                self._cond.notify_all()
+            return attempt
+        self._spool.release(records)
+        self._stats.last_error = result.message
+        if result.outcome is Outcome.PARK:
+            log.error(
+                "InfluxDB answered %s (%s); keeping %d points spooled, next try in %.0f s",
                 result.status,
-                result.message[:200],
-                attempt,
-                delay,
+                result.message[:300],
+                self._spool.pending_points,
+                self.config.park_interval_s,
             )
-            self._sleep(delay)
+            self._sleep(self.config.park_interval_s)
+            return attempt
+        self._stats.retries += 1
+        attempt += 1
+        delay = self._backoff(attempt, result.retry_after_s)
+        log.warning(
+            "send failed (%s %s); retry %d in %.2f s",
+            result.status,
+            result.message[:200],
+            attempt,
+            delay,
+        )
+        self._sleep(delay)
+        return attempt
 
     def _backoff(self, attempt: int, retry_after_s: float | None) -> float:
         return self._retry.delay(attempt, retry_after_s, self._rng)
