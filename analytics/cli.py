@@ -172,6 +172,7 @@ def _write(
             url,
             f["token_file"],
             secret_file=f["hmac_secret_file"],
+            identity=f["identity"],
             ca_file=f["ca_file"],
             cert_file=f["cert_file"],
             key_file=f["key_file"],

@@ -67,6 +67,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "findings": {
         "url": "",
         "token_file": "",
+        "identity": "",
         "hmac_secret_file": "",
         "ca_file": "",
         "cert_file": "",

@@ -1,13 +1,15 @@
 """An XID storm against the engine, and 64 reporters against one relay, on loopback only.
 
 * **Engine**: ``gpuwarden remediate serve`` (the production command, a process of its own) with
-  signatures required and dry-run adapters (Kubernetes, against the testbed's fake API with
-  one node per agent). 1,000 simulated agents each post a burst of critical findings (an XID 79,
-  then the lost GPU, then an uncorrectable ECC error: what one failing GPU raises) at a moment
-  drawn within 10 s, each signed as the agent's fast path signs it; a post that cannot connect or
-  gets 5xx/429 is tried again as the fast path does (backoff), for at most 60 s. Afterwards the
-  audit log is read: a finding the engine never recorded is **lost**. The blast-radius guard
-  must stay exact: exactly ``max_nodes_out`` nodes get a drain, however many fail at once.
+  identities and signatures required (each simulated agent is ``agents/node-<i>``, signing with
+  its own key, derived from the family's master key) and dry-run adapters (Kubernetes, against
+  the testbed's fake API with one node per agent). 1,000 simulated agents each post a burst of
+  critical findings (an XID 79, then the lost GPU, then an uncorrectable ECC error: what one
+  failing GPU raises) at a moment drawn within 10 s, each signed as the agent's fast path signs
+  it; a post that cannot connect or gets 5xx/429 is tried again as the fast path does (backoff),
+  for at most 60 s. Afterwards the audit log is read: a finding the engine never recorded is
+  **lost**. The blast-radius guard must stay exact: exactly ``max_nodes_out`` nodes get a drain,
+  however many fail at once.
 * **Relay**: the agent's reporter relay (production code) with 64 job-side clients each
   posting 100 batches of 10 ``job_step`` lines, as fast as answered.
 
@@ -39,7 +41,7 @@ from pathlib import Path
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.retry import Backoff
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.signing import agent_key, sign_request
 from gpuwarden.remediation.audit import read_records
 from testbed.influxd import free_port
 from testbed.k8s import FakeKubernetes
@@ -73,6 +75,8 @@ class Storm:
     def agent(self, i: int, at: float) -> None:
         time.sleep(max(0.0, at - time.monotonic()))
         conn: http.client.HTTPConnection | None = None
+        node = f"node-{i:04d}"
+        key = agent_key(SECRET.encode(), node)  # this agent's own key (its node's)
         for kind, evidence in KINDS[: self.burst]:
             f = Finding(
                 kind=kind,
@@ -89,8 +93,8 @@ class Storm:
             deadline, tries = time.monotonic() + 60.0, 0
             while True:
                 tries += 1
-                headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-                           SIGNATURE_HEADER: sign(SECRET.encode(), body)}  # fmt: skip
+                signed = sign_request(key, "POST", "/v1/findings", body, f"agents/{node}")
+                headers = {"Content-Type": "application/json", **signed}
                 t0 = time.monotonic()
                 try:
                     if conn is None:
@@ -144,11 +148,13 @@ def engine_storm(args: argparse.Namespace, tmp: Path) -> tuple[Storm, int, int, 
     config = tmp / "remediation.toml"
     config.write_text(
         f'[engine]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp}/token"\n'
-        f'hmac_secret_file = "{tmp}/secret"\naudit_log = "{tmp}/audit.jsonl"\ndry_run = true\n'
+        f'audit_log = "{tmp}/audit.jsonl"\ndry_run = true\n'
         'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
         f"max_findings_per_request = 10\n[guards]\nmax_nodes_out = {MAX_NODES_OUT}\n"
         "max_fraction_out = 1.0\nactions_per_minute = 100000\n"
         f'[kubernetes]\napi_url = "{fake.url}"\ntoken_file = "{tmp}/k8s"\n'
+        f'[[identity]]\nname = "agents"\nkind = "agent"\nnode = "*"\n'
+        f'secret_file = "{tmp}/secret"\n'
     )
     proc = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],

@@ -394,7 +394,8 @@ def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -
     if a["remediation_url"]:
         poster = FindingPoster(
             a["remediation_url"], a["remediation_token_file"],
-            secret_file=a["remediation_hmac_secret_file"], ca_file=a["remediation_ca_file"],
+            secret_file=a["remediation_hmac_secret_file"], identity=a["remediation_identity"],
+            ca_file=a["remediation_ca_file"],
             cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
         )  # fmt: skip
         poster.post(finding)

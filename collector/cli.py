@@ -85,6 +85,7 @@ def build_agent(
             a["remediation_url"],
             a["remediation_token_file"],
             secret_file=a["remediation_hmac_secret_file"],
+            identity=a["remediation_identity"],
             ca_file=a["remediation_ca_file"],
             cert_file=a["remediation_cert_file"],
             key_file=a["remediation_key_file"],

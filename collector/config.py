@@ -33,7 +33,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "kmsg": "/dev/kmsg",
         "remediation_url": "",
         "remediation_token_file": "",
-        # the engine's hmac_secret_file, shared: the fast path signs what it posts
+        # the fast path signs what it posts as remediation_identity (this node's identity at
+        # the engine) with the key in remediation_hmac_secret_file (legacy: the shared secret)
+        "remediation_identity": "",
         "remediation_hmac_secret_file": "",
         # an https remediation_url: the CA that signed the engine's certificate ("" = system
         # CAs), and this agent's own certificate for an engine that requires one (mutual TLS)

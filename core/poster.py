@@ -3,8 +3,11 @@
 Two senders use it: the agent's fast path (critical events the moment they happen) and the
 analyze service (its findings after each analysis). ``POST <url>`` with the finding's JSON
 (:meth:`Finding.to_json`); with a token file, ``Authorization: Bearer <token>`` (read at each
-post, so a rotated token is picked up); with a secret file, the body is signed
-(:mod:`core.signing`), which an engine that has ``hmac_secret_file`` set requires. An
+post, so a rotated token is picked up); with a secret file, the request is signed
+(:func:`core.signing.sign_request`: method, path, query, timestamp, identity and body) as
+``identity``, this sender's own identity at an engine with identities (its key in the secret
+file, read at each post), or, with no identity, with the legacy shared secret. Each try is
+signed afresh (a new nonce), so a retry is never taken for a replay. An
 ``https`` URL is verified against ``ca_file`` (the system's CAs when empty), and ``cert_file``
 and ``key_file`` are this sender's certificate for an engine that requires one (mutual TLS).
 A server that fails verification is retried like one that is down, and says why.
@@ -35,7 +38,7 @@ from typing import Any
 
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.retry import RETRY_STATUSES, Backoff
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.signing import request_target, sign_request
 from gpuwarden.core.tls import client_context
 
 log = logging.getLogger(__name__)
@@ -51,6 +54,7 @@ class FindingPoster:
         token_file: str = "",
         *,
         secret_file: str = "",
+        identity: str = "",
         retry: Backoff = DEFAULT_RETRY,
         timeout_s: float = 5.0,
         max_age_s: float = 3600.0,
@@ -62,6 +66,8 @@ class FindingPoster:
         self.ca_file, self.cert_file, self.key_file = ca_file, cert_file, key_file
         self.token_file = token_file
         self.secret_file = secret_file
+        self.identity = identity
+        self.target = request_target(url)
         self.retry = retry
         self.timeout_s = timeout_s
         self.max_age_s = max_age_s
@@ -91,8 +97,8 @@ class FindingPoster:
             token = Path(self.token_file).read_text(encoding="utf-8").strip()
             headers["Authorization"] = f"Bearer {token}"
         if self.secret_file:
-            secret = Path(self.secret_file).read_bytes().strip()
-            headers[SIGNATURE_HEADER] = sign(secret, body)
+            key = Path(self.secret_file).read_bytes().strip()
+            headers |= sign_request(key, "POST", self.target, body, self.identity)
         return headers
 
     def _send(self, finding: Finding) -> None:

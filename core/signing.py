@@ -1,30 +1,43 @@
 """Signed HTTP: one helper for every sender and every receiver.
 
-A signed request carries::
+**Requests to the engine** (the agent's fast path and the analyze service through
+:mod:`core.poster`, the operator commands, the benchmarks) are signed with
+:func:`sign_request` and checked with :func:`verify_request`. A signed request carries::
 
-    X-Gpuwarden-Signature: t=<unix seconds>,v1=<hex HMAC-SHA256(secret, "<t>.<body>")>
+    X-Gpuwarden-Identity: <identity name>           (absent in the legacy shared-secret mode)
+    X-Gpuwarden-Signature: t=<unix seconds>,n=<nonce>,v2=<hex HMAC-SHA256(key, canonical)>
 
-The receiver recomputes the HMAC over the timestamp and the raw body, compares in constant time
-and refuses timestamps more than a few minutes off (:func:`verify_signature` does all of it);
-binding the timestamp into the MAC is what makes a captured request useless later, and the
-engine also refuses a signature it has seen before (a replay inside the window).
+where the canonical text is, one per line: ``gpuwarden-v2``, the method, the path, the query
+(without ``?``), ``t``, the nonce, the identity and the SHA-256 of the body. So a signature is
+good for one method on one path with one query and one body, from one identity: a signed
+``POST /v1/undo/gpu01`` replayed on ``/v1/undo/gpu02`` does not verify (issue 38). The nonce
+makes every try of a sender a signature of its own, so the receiver can refuse any signature
+it has seen (a replay) without refusing a sender's honest retry. Timestamps more than
+``tolerance_s`` off are refused.
 
-Who signs: the webhook adapter (so receivers can trust gpuwarden's notifications), and every
-sender to the engine when the engine has a secret (the agent's fast path and the analyze
-service through :mod:`core.poster`, and the operator commands).
+**Notifications from the engine** (the webhook adapter, to receivers outside gpuwarden) keep
+the simpler scheme receivers already verify: ``t=<t>,v1=<HMAC(secret, "<t>.<body>")>``
+(:func:`sign`, :func:`verify_signature`).
+
+:func:`agent_key` derives a node's own key from a master key, so an engine can hold one secret
+for a whole fleet of agents and still tell each node from the others.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import secrets
 import time
+from urllib.parse import urlsplit
 
 SIGNATURE_HEADER = "X-Gpuwarden-Signature"
+IDENTITY_HEADER = "X-Gpuwarden-Identity"
+_NONCE_CHARS = frozenset("0123456789abcdef")
 
 
 def sign(secret: bytes, body: bytes, t: int | None = None) -> str:
-    """The signature header's value for ``body`` at ``t`` (now when not given)."""
+    """The webhook adapter's signature header for ``body`` at ``t`` (now when not given)."""
     t = int(time.time()) if t is None else t
     mac = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
     return f"t={t},v1={mac}"
@@ -33,7 +46,7 @@ def sign(secret: bytes, body: bytes, t: int | None = None) -> str:
 def verify_signature(
     secret: bytes, header: str, body: bytes, *, tolerance_s: float = 300.0, now: float | None = None
 ) -> int:
-    """Check a signature header; the signed timestamp, or ValueError saying what is wrong."""
+    """Check a webhook signature header; the signed timestamp, or ValueError saying why not."""
     parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
     try:
         t = int(parts["t"])
@@ -43,7 +56,95 @@ def verify_signature(
     expected = hmac.new(secret, f"{t}.".encode() + body, hashlib.sha256).hexdigest()
     if not hmac.compare_digest(expected, given):
         raise ValueError("signature does not match the body")
+    _fresh(t, tolerance_s, now)
+    return t
+
+
+def _canonical(method: str, target: str, t: int, nonce: str, identity: str, body: bytes) -> bytes:
+    path, _, query = target.partition("?")
+    lines = ["gpuwarden-v2", method.upper(), path, query, str(t), nonce, identity]
+    return "\n".join(lines).encode() + b"\n" + hashlib.sha256(body).hexdigest().encode()
+
+
+def request_target(url: str) -> str:
+    """The path and query of ``url`` as a signature covers them (``/v1/findings?x=1``)."""
+    parts = urlsplit(url)
+    return (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+
+
+def sign_request(
+    key: bytes,
+    method: str,
+    target: str,
+    body: bytes,
+    identity: str = "",
+    *,
+    t: int | None = None,
+    nonce: str | None = None,
+) -> dict[str, str]:
+    """The headers that sign ``method target`` with ``body`` as ``identity`` (a path with its
+    query, ``/v1/undo/gpu01``; :func:`request_target` makes one from a URL)."""
+    t = int(time.time()) if t is None else t
+    nonce = secrets.token_hex(8) if nonce is None else nonce
+    mac = hmac.new(key, _canonical(method, target, t, nonce, identity, body), hashlib.sha256)
+    headers = {SIGNATURE_HEADER: f"t={t},n={nonce},v2={mac.hexdigest()}"}
+    if identity:
+        headers[IDENTITY_HEADER] = identity
+    return headers
+
+
+def signed_time(header: str) -> int:
+    """The timestamp a request signature header claims (unchecked), or ValueError."""
+    return int(_parts(header)[0])
+
+
+def _parts(header: str) -> tuple[str, str, str]:
+    parts = dict(p.split("=", 1) for p in header.split(",") if "=" in p)
+    t, nonce, given = parts.get("t", ""), parts.get("n", ""), parts.get("v2", "")
+    if not (t.isascii() and t.isdigit() and len(t) <= 12):
+        raise ValueError(f"malformed {SIGNATURE_HEADER} header (t=<unix seconds> needed)")
+    if not (0 < len(nonce) <= 64 and set(nonce) <= _NONCE_CHARS):
+        raise ValueError(f"malformed {SIGNATURE_HEADER} header (n=<hex nonce> needed)")
+    if not given:
+        raise ValueError(f"malformed {SIGNATURE_HEADER} header (v2=<hex HMAC> needed)")
+    return t, nonce, given
+
+
+def verify_request(
+    key: bytes,
+    header: str,
+    method: str,
+    target: str,
+    body: bytes,
+    identity: str = "",
+    *,
+    tolerance_s: float = 300.0,
+    now: float | None = None,
+) -> int:
+    """Check a request's signature header; the signed timestamp, or ValueError saying why
+    not (malformed, signed for another method, path, query, identity or body, or stale)."""
+    t, nonce, given = _parts(header)
+    expected = hmac.new(
+        key, _canonical(method, target, int(t), nonce, identity, body), hashlib.sha256
+    ).hexdigest()
+    if not hmac.compare_digest(expected.encode(), given.encode("utf-8", "replace")):
+        raise ValueError(
+            "signature does not match the request (method, path, query, identity and body)"
+        )
+    _fresh(int(t), tolerance_s, now)
+    return int(t)
+
+
+def agent_key(master: bytes, node: str) -> bytes:
+    """Node ``node``'s own key, derived from ``master`` (what its agent's key file holds)."""
+    return (
+        hmac.new(master, b"gpuwarden agent key\n" + node.encode(), hashlib.sha256)
+        .hexdigest()
+        .encode()
+    )
+
+
+def _fresh(t: int, tolerance_s: float, now: float | None) -> None:
     age = (time.time() if now is None else now) - t
     if abs(age) > tolerance_s:
         raise ValueError(f"signature timestamp is {age:.0f} s off (tolerance {tolerance_s:.0f} s)")
-    return t

@@ -265,7 +265,8 @@ class LiveArm:
         w = self.work
         (w / "secrets").mkdir(parents=True, exist_ok=True)
         (w / "secrets" / "token").write_text(os.urandom(16).hex() + "\n")
-        (w / "secrets" / "hmac").write_text(os.urandom(32).hex() + "\n")
+        for name in [*self.nodes, "analyze"]:  # one identity, with its own key, per sender
+            (w / "secrets" / f"key-{name}").write_text(os.urandom(32).hex() + "\n")
         (w / "requests").mkdir(exist_ok=True)
         self.influxd.query(f'DROP DATABASE "{self.db}"')  # a kept --workdir's old data
         self.influxd.create_database(self.db)
@@ -292,7 +293,7 @@ class LiveArm:
             "[engine]",
             f'listen = "127.0.0.1:{self.engine_port}"',
             f'token_file = "{w}/secrets/token"',
-            f'hmac_secret_file = "{w}/secrets/hmac"',
+            f'identities_file = "{self._identities()}"',
             f'audit_log = "{w}/audit.jsonl"',
             "dry_run = false",
             'notify_adapter = "webhook"',
@@ -327,6 +328,23 @@ class LiveArm:
             lines.append(f"actions = {json.dumps(p['actions'])}")
         path = w / "remediation.toml"
         path.write_text("\n".join(lines) + "\n")
+        return path
+
+    def _identities(self) -> Path:
+        """Each agent speaks for its own node, the analyze service for analytics' kinds, each
+        with a key of its own (docs/SECURITY.md, "Identities and scopes")."""
+        w = self.work
+        tables = [
+            f'[[identity]]\nname = "{node}"\nkind = "agent"\nnode = "{node}"\n'
+            f'secret_file = "{w}/secrets/key-{node}"\n'
+            for node in self.nodes
+        ]
+        tables.append(
+            f'[[identity]]\nname = "analyze"\nkind = "analytics"\n'
+            f'secret_file = "{w}/secrets/key-analyze"\n'
+        )
+        path = w / "identities.toml"
+        path.write_text("\n".join(tables))
         return path
 
     def _start_engine(self, config: Path | None = None) -> None:
@@ -372,8 +390,8 @@ class LiveArm:
             f"interval_s = {self.s.agent_interval_s}\n"
             f'sysfs = "{p.sysfs}"\nprocfs = "/proc"\nkmsg = "{p.kmsg}"\n'
             f'remediation_url = "http://127.0.0.1:{self.engine_port}/v1/findings"\n'
-            f'remediation_token_file = "{w}/secrets/token"\n'
-            f'remediation_hmac_secret_file = "{w}/secrets/hmac"\n'
+            f'remediation_identity = "{node}"\n'
+            f'remediation_hmac_secret_file = "{w}/secrets/key-{node}"\n'
             f'reporter_listen = "127.0.0.1:{self.relays[node]}"\n'
             "[nvml]\n"
             f'backend = "recorded"\nrecording = "{p.nvml}"\nfollow = true\n'
@@ -403,7 +421,7 @@ class LiveArm:
             f'spool_dir = "{w}/analytics-spool"\nnodes_per_task = 2\n'
             f"silent_after_s = {self.s.silent_after_s}\n"
             f'[findings]\nurl = "http://127.0.0.1:{self.engine_port}/v1/findings"\n'
-            f'token_file = "{w}/secrets/token"\nhmac_secret_file = "{w}/secrets/hmac"\n'
+            f'identity = "analyze"\nhmac_secret_file = "{w}/secrets/key-analyze"\n'
             f"[cadence]\nprior_scale = {self.s.cadence_prior_scale:g}\n"
             f"min_interval_s = {self.s.cadence_min_interval_s}\n"
             f"lookback_s = {float(self.spec.duration_s)}\n" + predictor

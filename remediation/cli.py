@@ -5,7 +5,10 @@
 * ``apply FILE``: findings from a file (a JSON list, or JSON lines; ``-`` = stdin) through the
   same engine, for a one-off or a replay; prints each decision;
 * ``audit``: the audit trail as a table (or ``--json``), filtered by node or finding;
-* ``pending``, ``approve PLAN``, ``undo NODE``: talk to a running ``serve``.
+* ``pending``, ``approve PLAN``, ``undo NODE``: talk to a running ``serve``, as the operator
+  identity ``[engine] operator_identity`` (signed with ``operator_secret_file``);
+* ``agent-key FAMILY NODE``: the key a node's agent signs with, derived from the family
+  identity's master key (``[[identity]]`` with ``node = "*"``).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from typing import Any
 
 from gpuwarden.core.config import ConfigError, read_secret
 from gpuwarden.core.finding import Finding, FindingError
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.names import NodeName
+from gpuwarden.core.signing import agent_key, sign_request
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.tls import client_context, server_context
@@ -32,7 +36,9 @@ from gpuwarden.remediation.adapters import create
 from gpuwarden.remediation.audit import AuditLog, AuditLogBusyError, JournalError, read_records
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
+from gpuwarden.remediation.identity import Keyring
 from gpuwarden.remediation.model import Action, AdapterError, Outcome
+from gpuwarden.remediation.replay import SignatureMemory
 from gpuwarden.remediation.server import Endpoint, make_server
 
 log = logging.getLogger("gpuwarden.remediate")
@@ -100,9 +106,19 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
 def serve(config: RemediationConfig) -> int:
     e = config["engine"]
     engine, sink = build_engine(config)
+    keyring = Keyring(config.identities)
+    if not keyring:
+        log.warning("no identities configured: one shared token%s serves every caller (the "
+                    "legacy mode; see docs/SECURITY.md, 'Identities and scopes')",
+                    " and secret" if e["hmac_secret_file"] else "")  # fmt: skip
+    audit_log = Path(e["audit_log"])
     endpoint = Endpoint(
         engine,
         read_secret(e["token_file"]),
+        keyring=keyring,
+        signatures=SignatureMemory(
+            audit_log.with_name(audit_log.name + ".signatures"), e["max_clock_skew_s"]
+        ),
         secret=read_secret(e["hmac_secret_file"]).encode(),
         max_body_bytes=e["max_body_bytes"],
         max_findings=e["max_findings_per_request"],
@@ -205,8 +221,9 @@ def audit(path: str, node: str, finding: str, as_json: bool) -> int:
 
 
 def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -> int:
-    """Talk to a running ``serve`` with the configured token; a POST is signed when the engine
-    has ``hmac_secret_file`` set (it then refuses unsigned ones)."""
+    """Talk to a running ``serve`` as the operator: signed as ``operator_identity`` with the
+    key in ``operator_secret_file`` when set (an engine with identities requires it); else, in
+    the legacy mode, with the shared token, a POST signed with ``hmac_secret_file`` if set."""
     e = config["engine"]
     host_port = e["listen"]
     url = f"{'https' if e['tls_cert_file'] else 'http'}://{host_port}{path}"
@@ -215,12 +232,17 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
         context = client_context(
             e["tls_ca_file"], e["tls_client_cert_file"], e["tls_client_key_file"]
         )
-    headers = {"Authorization": f"Bearer {read_secret(config['engine']['token_file'])}"}
-    if method == "POST":
-        headers["Content-Type"] = "application/json"
-        secret = read_secret(config["engine"]["hmac_secret_file"]).encode()
-        if secret:
-            headers[SIGNATURE_HEADER] = sign(secret, body)
+    headers = {"Content-Type": "application/json"} if method == "POST" else {}
+    if e["operator_identity"]:
+        key = read_secret(e["operator_secret_file"]).encode()
+        if not key:
+            raise ConfigError("engine.operator_identity needs operator_secret_file (its key)")
+        headers |= sign_request(key, method, path, body, e["operator_identity"])
+    else:
+        headers["Authorization"] = f"Bearer {read_secret(e['token_file'])}"
+        secret = read_secret(e["hmac_secret_file"]).encode()
+        if secret and method == "POST":
+            headers |= sign_request(secret, method, path, body)
     req = urllib.request.Request(url, body if method == "POST" else None, headers, method=method)
     try:
         with urllib.request.urlopen(req, timeout=30, context=context) as resp:
@@ -231,6 +253,15 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
     except urllib.error.URLError as exc:
         print(f"cannot reach the engine at {url}: {exc.reason}", file=sys.stderr)
     return 1
+
+
+def print_agent_key(config: RemediationConfig, family: str, node: str) -> int:
+    """The key of ``<family>/<node>``: what that node's agent keeps in its key file."""
+    found = [i for i in config.identities if i.name == family and i.node == "*"]
+    if not found:
+        raise ConfigError(f"no [[identity]] {family!r} with kind = 'agent' and node = '*'")
+    print(agent_key(read_secret(found[0].secret_file).encode(), str(NodeName(node))).decode())
+    return 0
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -255,6 +286,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     un = sub.add_parser("undo", help="put a node gpuwarden took out back (running engine)")
     un.add_argument("node")
     un.add_argument("--force", action="store_true", help="even one gpuwarden did not take out")
+    ak = sub.add_parser("agent-key", help="print a node's own key (an agent family's identity)")
+    ak.add_argument("family", help="the [[identity]] with node = '*'")
+    ak.add_argument("node")
     args = p.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
@@ -265,7 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "apply" and (args.live or args.dry_run):
             sections = {k: dict(v) for k, v in config.sections.items()}
             sections["engine"]["dry_run"] = not args.live
-            config = RemediationConfig(sections, config.policies)
+            config = RemediationConfig(sections, config.policies, config.identities)
         if args.command == "serve":
             return serve(config)
         if args.command == "apply":
@@ -278,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return call(config, "GET", "/v1/pending")
         if args.command == "approve":
             return call(config, "POST", f"/v1/approve/{args.plan_id}", b"{}")
+        if args.command == "agent-key":
+            return print_agent_key(config, args.family, args.node)
         body = json.dumps({"force": args.force}).encode()
         return call(config, "POST", f"/v1/undo/{args.node}", body)
     except (ConfigError, ValueError, AuditLogBusyError) as exc:

@@ -3,7 +3,8 @@
 Sections: ``[engine]`` (endpoint, audit log, which adapter does what, approval), ``[guards]``,
 one section per adapter (its constructor's keyword arguments and defaults, so the two cannot
 drift apart), ``[influxdb]`` (where ``remediation_action`` events go; empty url = none) and
-any number of ``[[policy]]`` tables (none given = the shipped :data:`DEFAULT_POLICIES`).
+any number of ``[[policy]]`` tables (none given = the shipped :data:`DEFAULT_POLICIES`) and of
+``[[identity]]`` tables (here or in ``[engine] identities_file``; :mod:`remediation.identity`).
 Environment variables ``GPUWARDEN_<SECTION>_<KEY>`` override single settings.
 """
 
@@ -21,6 +22,7 @@ from gpuwarden.core.config import ConfigError, merge_config, read_toml
 from gpuwarden.core.names import TemplateError, check_argv_template
 from gpuwarden.remediation.adapters import ADAPTERS
 from gpuwarden.remediation.engine import EngineSettings
+from gpuwarden.remediation.identity import Identity, load_identities
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
 
 
@@ -37,6 +39,7 @@ def adapter_defaults(name: str) -> dict[str, Any]:
 
 ENGINE = {
     "listen": "127.0.0.1:9470",
+    "identities_file": "",
     "token_file": "",
     "hmac_secret_file": "",
     "audit_log": "/var/lib/gpuwarden/remediation/audit.jsonl",
@@ -62,6 +65,8 @@ ENGINE = {
     "tls_ca_file": "",
     "tls_client_cert_file": "",
     "tls_client_key_file": "",
+    "operator_identity": "",
+    "operator_secret_file": "",
 }
 GUARDS = {
     "max_nodes_out": 2,
@@ -94,6 +99,7 @@ def defaults() -> dict[str, dict[str, Any]]:
 class RemediationConfig:
     sections: Mapping[str, Mapping[str, Any]]
     policies: tuple[Policy, ...]
+    identities: tuple[Identity, ...] = ()
 
     def __getitem__(self, section: str) -> Mapping[str, Any]:
         return self.sections[section]
@@ -133,12 +139,28 @@ def load_config(
 ) -> RemediationConfig:
     loaded = dict(read_toml(path, "remediation")) if path is not None else {}
     raw_policies = loaded.pop("policy", None)
+    raw_identities = loaded.pop("identity", [])
     sections = merge_config(defaults(), path, environ, "remediation", loaded)
+    identities = load_identities(raw_identities, str(path))
+    if sections["engine"]["identities_file"]:
+        more = read_toml(sections["engine"]["identities_file"], "identities")
+        unknown = set(more) - {"identity"}
+        if unknown:
+            raise ConfigError(f"{sections['engine']['identities_file']}: only [[identity]] "
+                              f"tables belong here, not {sorted(unknown)}")  # fmt: skip
+        identities = load_identities(
+            [*raw_identities, *more.get("identity", [])], sections["engine"]["identities_file"]
+        )
     try:
         policies = load_policies(raw_policies if raw_policies is not None else DEFAULT_POLICIES)
     except PolicyError as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    config = RemediationConfig(sections, tuple(policies))
+    config = RemediationConfig(sections, tuple(policies), identities)
+    if identities and sections["engine"]["hmac_secret_file"]:
+        raise ConfigError(
+            "engine.hmac_secret_file is the legacy shared secret: with identities each sender "
+            "signs with its own key; remove hmac_secret_file"
+        )
     e, g = config["engine"], config["guards"]
     for name in config.adapter_names():
         if name not in ADAPTERS:

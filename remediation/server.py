@@ -15,27 +15,40 @@
 With ``[engine] tls_cert_file`` and ``tls_key_file`` it serves HTTPS only, and with
 ``tls_client_ca_file`` every client must present a certificate that CA signed (mutual TLS).
 
-Every call but ``/healthz`` needs ``Authorization: Bearer <token>`` (compared in constant time).
-With a shared secret configured, POSTs must also carry an ``X-Gpuwarden-Signature`` (HMAC of
-timestamp and body, see :mod:`remediation.adapters.webhook`) that is fresh and never seen
-before. Requests are refused, with a JSON ``{"error": ...}`` saying why and nothing acted on,
-when they are: unauthenticated (401), larger than ``max_body_bytes`` (413, read no further),
-without a length (411), not JSON or not findings (400/422; a subject value that is not a
-name of its kind, :mod:`core.names`, is 400), stale (a finding older than
-``max_finding_age_s``, or from the future: 422), or replays (a signature seen before, or every
-finding in the request already received: 409, each result saying with ``same_content``
-whether the engine holds this very finding or another one under its id). A finding the engine
-cannot journal (its audit log's disk is full or read-only) gets 503: nothing was decided, and
-the same request, sent again once the disk is back, is decided then.
+Who may call (issue 38, :mod:`remediation.identity`): with identities configured, every
+call but ``/healthz`` is signed by one identity (``X-Gpuwarden-Identity`` and an
+``X-Gpuwarden-Signature`` over method, path, query, timestamp, identity and body,
+:func:`core.signing.sign_request`) and served within that identity's scope (403 outside it: an
+agent's findings about its own node only, analytics and alert sources their kinds only,
+operators alone approve and undo; a finding that returns a node to service only from that
+node's own agent); the audit records the identity's name as ``by``. A bearer token alone
+reads ``/metrics`` and ``/v1/stats`` (``token_file``), or, with ``alerts_unsigned``, posts an
+alert source's alerts (its own key as the token). A client certificate, when presented, must
+name the identity. Without identities (the legacy mode) one bearer token serves every caller
+and, with ``hmac_secret_file``, POSTs are signed with the one shared secret. Either way an
+accepted signature is remembered (:mod:`remediation.replay`) before anything is acted on,
+for its whole validity window, across restarts.
+
+Requests are refused, with a JSON ``{"error": ...}`` saying why and nothing acted on, when
+they are: unauthenticated (401), outside the identity's scope (403), larger than
+``max_body_bytes`` (413, read no further), without a length (411), not JSON or not findings
+(400/422; a subject value that is not a name of its kind, :mod:`core.names`, is 400), stale
+(a finding older than ``max_finding_age_s``, or from the future: 422), or replays (a
+signature seen before, or every finding in the request already received: 409, each result
+saying with ``same_content`` whether the engine holds this very finding or another one under
+its id). A finding the engine cannot journal (its audit log's disk is full or read-only) gets
+503: nothing was decided, and the same finding, sent again once the disk is back, is decided
+then (the sender signs its retry afresh: the first signature was remembered).
 
 Alerts from Grafana and from Alertmanager become findings the same way (:func:`alert_finding`):
 the kind from the rule's ``kind`` label (else its ``alertname``), the subject from the
 ``cluster``/``node``/``gpu``/... labels (Alertmanager's from Prometheus also from
 ``Hostname``, dcgm-exporter's host label, or the host of ``instance``), the severity from
 ``severity``. Resolved alerts are not findings: a repair is a node's own ``node_healthy``.
-Neither Grafana nor Alertmanager can sign a request as gpuwarden does, so with a shared secret
-set their posts are refused unless ``[engine] alerts_unsigned`` accepts them on the bearer
-token alone (and TLS, where the endpoint serves it).
+Neither Grafana nor Alertmanager can sign a request as gpuwarden does, so their unsigned posts
+are refused unless ``[engine] alerts_unsigned`` accepts them on a bearer token alone (and TLS,
+where the endpoint serves it); with identities, that token is the alert source's own key, and
+it creates findings of the kinds its identity allows, no other.
 """
 
 from __future__ import annotations
@@ -48,7 +61,6 @@ import re
 import ssl
 import threading
 import time
-from collections import OrderedDict
 from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -57,13 +69,21 @@ from typing import Any, Protocol
 from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, FindingNameError, Severity
 from gpuwarden.core.metrics import Metric, render
 from gpuwarden.core.names import BadNameError
-from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
+from gpuwarden.core.signing import IDENTITY_HEADER, SIGNATURE_HEADER, verify_request
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import http_server
 from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.engine import Engine, EngineClosedError
+from gpuwarden.remediation.identity import RETURN_KINDS, Keyring, Principal
+from gpuwarden.remediation.model import ActionKind
+from gpuwarden.remediation.replay import ReplayError, SignatureMemory
 
 log = logging.getLogger(__name__)
+
+
+#: the legacy mode's one credential (every scope) and the read-only monitoring token
+SHARED = Principal("shared-credential", "shared")
+MONITOR = Principal("monitor", "monitor")
 
 
 class Headers(Protocol):
@@ -80,7 +100,12 @@ class RequestError(Exception):
 
 
 class Endpoint:
-    """Request handling, independent of the HTTP server (so it can be tested directly)."""
+    """Request handling, independent of the HTTP server (so it can be tested directly).
+
+    With ``keyring`` (the configured identities) every request is authenticated to one
+    identity and served within its scope (:mod:`remediation.identity`); ``token`` is then
+    optional and only reads (``/metrics``, ``/v1/stats``) with it. Without identities (the
+    legacy mode) one bearer ``token`` and one ``secret`` serve every caller."""
 
     def __init__(
         self,
@@ -88,69 +113,150 @@ class Endpoint:
         token: str,
         *,
         secret: bytes = b"",
+        keyring: Keyring | None = None,
+        signatures: SignatureMemory | None = None,
         max_body_bytes: int = 1 << 20,
         max_findings: int = 1000,
         max_finding_age_s: float = 3600.0,
         max_clock_skew_s: float = 300.0,
         alerts_unsigned: bool = False,
     ) -> None:
-        if not token:
-            raise ValueError("the remediation endpoint needs a token (engine.token_file)")
+        self.keyring = keyring if keyring else None
+        if not token and self.keyring is None:
+            raise ValueError(
+                "the remediation endpoint needs identities (engine.identities_file or "
+                "[[identity]]) or, in the legacy mode, a token (engine.token_file)"
+            )
+        if self.keyring is not None and secret:
+            raise ValueError(
+                "engine.hmac_secret_file is the legacy shared secret: with identities, each "
+                "signs with its own key; remove hmac_secret_file"
+            )
         self.engine = engine
         self.token = token.encode()
         self.secret = secret
+        if signatures is None:  # (an empty memory is falsy: compared with None)
+            signatures = SignatureMemory("", max_clock_skew_s)
+        self.signatures = signatures
         self.max_body_bytes = max_body_bytes
         self.max_findings = max_findings
         self.max_finding_age_s = max_finding_age_s
         self.max_clock_skew_s = max_clock_skew_s
         self.alerts_unsigned = alerts_unsigned
         self.rejected: dict[int, int] = {}
-        self._signatures: OrderedDict[str, float] = OrderedDict()
         self._lock = threading.Lock()
 
     # -- checks -------------------------------------------------------------------------------
 
-    def authenticate(self, headers: Headers) -> None:
-        auth = headers.get("Authorization", "")
-        scheme, _, given = auth.partition(" ")
-        if scheme.lower() != "bearer" or not given:
-            raise RequestError(HTTPStatus.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'")
-        if not hmac.compare_digest(given.strip().encode(), self.token):
-            raise RequestError(HTTPStatus.UNAUTHORIZED, "wrong token")
+    def _bearer(self, headers: Headers) -> bytes:
+        scheme, _, given = str(headers.get("Authorization", "")).partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return b""
+        return given.strip().encode("utf-8", "replace")
 
-    def check_signature(self, headers: Headers, body: bytes, path: str = "") -> str:
-        """The request's signature, verified and not seen before ("" with no secret set, and
-        for an unsigned alert webhook where ``alerts_unsigned`` allows one)."""
-        if not self.secret:
-            return ""
-        header = headers.get(SIGNATURE_HEADER, "")
-        if not header and self.alerts_unsigned and path.startswith("/v1/alerts/"):
-            return ""
+    def who(self, headers: Headers, method: str, path: str) -> tuple[Principal, bytes | None]:
+        """Who the request says it comes from, before its body is read: the principal and the
+        key its signature must verify with (None: no signature needed), or 401."""
+        given = self._bearer(headers)
+        if self.keyring is None:  # legacy: the one shared credential
+            if not given:
+                raise RequestError(
+                    HTTPStatus.UNAUTHORIZED, "missing 'Authorization: Bearer <token>'"
+                )
+            if not hmac.compare_digest(given, self.token):
+                raise RequestError(HTTPStatus.UNAUTHORIZED, "wrong token")
+            unsigned = method != "POST" or (self.alerts_unsigned and path.startswith("/v1/alerts/"))
+            key = (
+                None
+                if not self.secret or (unsigned and not headers.get(SIGNATURE_HEADER))
+                else self.secret
+            )
+            return SHARED, key
+        if headers.get(SIGNATURE_HEADER):
+            claimed = str(headers.get(IDENTITY_HEADER, ""))
+            if not claimed:
+                raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {IDENTITY_HEADER}")
+            found = self.keyring.lookup(claimed)
+            if found is None:
+                raise RequestError(HTTPStatus.UNAUTHORIZED, f"unknown identity {claimed[:80]!r}")
+            return found
+        if given:
+            alerts = self.keyring.bearer(given)
+            if alerts is not None and self.alerts_unsigned and path.startswith("/v1/alerts/"):
+                return alerts, None
+            if self.token and method == "GET" and hmac.compare_digest(given, self.token):
+                return MONITOR, None
+            raise RequestError(
+                HTTPStatus.UNAUTHORIZED,
+                "a bearer token alone reads /metrics and /v1/stats, or, with alerts_unsigned, "
+                f"posts an alert source's alerts; anything else needs {SIGNATURE_HEADER}",
+            )
+        raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {SIGNATURE_HEADER}")
+
+    def verify(
+        self,
+        principal: Principal,
+        key: bytes | None,
+        headers: Headers,
+        request: tuple[str, str, bytes],
+        peer_names: frozenset[str] | None = None,
+    ) -> Principal:
+        """Check the signature of ``(method, target, body)`` and remember it, durably, before
+        anything is acted on (a signature seen before is a replay: 409); check the client
+        certificate's names against the identity (403)."""
+        method, target, body = request
+        if (
+            peer_names is not None
+            and self.keyring is not None
+            and principal.kind != "monitor"
+            and not peer_names & principal.cert_names
+        ):
+            raise RequestError(
+                HTTPStatus.FORBIDDEN,
+                f"the client certificate names {sorted(peer_names)}, not {principal.name} "
+                f"(accepted: {sorted(principal.cert_names)})",
+            )
+        if key is None:
+            return principal
+        header = str(headers.get(SIGNATURE_HEADER, ""))
         if not header:
             raise RequestError(HTTPStatus.UNAUTHORIZED, f"missing {SIGNATURE_HEADER}")
+        claimed = principal.name if self.keyring is not None else ""
         try:
-            verify_signature(self.secret, header, body, tolerance_s=self.max_clock_skew_s)
+            t = verify_request(
+                key, header, method, target, body, claimed, tolerance_s=self.max_clock_skew_s
+            )
         except ValueError as exc:
             raise RequestError(HTTPStatus.UNAUTHORIZED, str(exc)) from None
-        with self._lock:
-            if header in self._signatures:
+        if method == "GET":
+            return principal  # a read changes nothing: a replayed one is harmless
+        try:
+            if not self.signatures.remember(header.rpartition("v2=")[2], t):
                 raise RequestError(HTTPStatus.CONFLICT, "replayed request (signature seen before)")
-        return str(header)
+        except ReplayError as exc:
+            raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
+        return principal
 
-    def remember(self, signature: str) -> None:
-        """A signed request was answered: the same signature is a replay from now on. Only
-        answered ones are remembered, so a sender's retry of a request the engine could not
-        take (503 while it shuts down) goes through, unchanged, once it can."""
-        if not signature:
-            return
-        now = time.time()
-        with self._lock:
-            while (
-                self._signatures
-                and next(iter(self._signatures.values())) < now - 2 * self.max_clock_skew_s
-            ):
-                self._signatures.popitem(last=False)
-            self._signatures[signature] = now
+    def authorize(self, principal: Principal, route: str, what: str) -> None:
+        if not principal.may(route):
+            raise RequestError(
+                HTTPStatus.FORBIDDEN, f"{principal.name} ({principal.kind}) may not {what}"
+            )
+
+    def in_scope(self, principal: Principal, findings: list[Finding]) -> None:
+        """Every finding within the principal's scope, or 403 before any is acted on."""
+        for f in findings:
+            why = principal.refuses(f.kind, f.subject.get("node", ""), self._returns(f.kind))
+            if why:
+                raise RequestError(HTTPStatus.FORBIDDEN, f"finding {f.id}: {why}")
+
+    def _returns(self, kind: str) -> bool:
+        """Would a finding of ``kind`` put its node back in service?"""
+        if kind in RETURN_KINDS:
+            return True
+        return any(
+            kind in p.kinds and ActionKind.UNCORDON in p.actions for p in self.engine.policies
+        )
 
     def body_length(self, headers: Headers) -> int:
         raw = headers.get("Content-Length")
@@ -192,7 +298,9 @@ class Endpoint:
 
     # -- routes -------------------------------------------------------------------------------
 
-    def findings(self, body: bytes, via: str = "http") -> tuple[HTTPStatus, dict[str, Any]]:
+    def findings(
+        self, body: bytes, via: str = "http", principal: Principal | None = None
+    ) -> tuple[HTTPStatus, dict[str, Any]]:
         data = self._json(body)
         items = data if isinstance(data, list) else [data]
         if not items or len(items) > self.max_findings:
@@ -206,6 +314,7 @@ class Endpoint:
         except (FindingError, AttributeError, TypeError) as exc:
             raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"not a finding: {exc}") from None
         fresh = [self._fresh(f) for f in parsed]  # all checked before any is acted on
+        self.in_scope(principal or SHARED, fresh)
         return self._submit(fresh, via)
 
     def _submit(
@@ -229,7 +338,7 @@ class Endpoint:
         return HTTPStatus.ACCEPTED, {"results": results}
 
     def alerts(
-        self, body: bytes, source: str, via: str = "http"
+        self, body: bytes, source: str, via: str = "http", principal: Principal | None = None
     ) -> tuple[HTTPStatus, dict[str, Any]]:
         """A Grafana or Alertmanager webhook payload: each firing alert a finding."""
         data = self._json(body)
@@ -253,38 +362,37 @@ class Endpoint:
                 raise RequestError(HTTPStatus.UNPROCESSABLE_ENTITY, f"bad alert: {exc}") from None
         if not findings:
             return HTTPStatus.OK, {"results": [], "note": "no firing alerts"}
+        self.in_scope(principal or SHARED, findings)
         return self._submit(findings, via)
 
     def handle(
-        self, method: str, path: str, headers: Headers, read: Any
+        self,
+        method: str,
+        path: str,
+        headers: Headers,
+        read: Any,
+        *,
+        query: str = "",
+        peer_names: frozenset[str] | None = None,
     ) -> tuple[HTTPStatus, dict[str, Any]]:
-        """Route one request; ``read(n)`` reads the body (only after the checks allow it)."""
+        """Route one request; ``read(n)`` reads the body (only after the checks allow it).
+        ``peer_names``: the client certificate's CN and DNS names, when one was presented."""
         try:
             if method == "GET" and path == "/healthz":
                 return HTTPStatus.OK, {"status": "ok"}
-            self.authenticate(headers)
+            principal, key = self.who(headers, method, path)
+            body = read(self.body_length(headers)) if method == "POST" else b""
+            target = path + (f"?{query}" if query else "")
+            principal = self.verify(principal, key, headers, (method, target, body), peer_names)
             if method == "GET":
-                if path == "/v1/pending":
-                    return HTTPStatus.OK, {"pending": self.engine.pending()}
-                if path == "/v1/stats":
-                    s = self.engine.stats
-                    return HTTPStatus.OK, {
-                        "findings": s.findings,
-                        "decisions": s.decisions,
-                        "actions": s.actions,
-                        "rejected": self.rejected,
-                    }
-                raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {path}")
+                return self._get(path, principal)
             if method != "POST":
                 raise RequestError(HTTPStatus.METHOD_NOT_ALLOWED, f"{method} not allowed")
-            body = read(self.body_length(headers))
-            signature = self.check_signature(headers, body, path)
             try:
-                status, payload = self._post(path, body, headers, signed=bool(signature))
+                status, payload = self._post(path, body, principal, signed=key is not None)
             except (EngineClosedError, JournalError) as exc:  # shutting down, or the journal
                 # cannot be written (a full disk): nothing was decided, the sender retries later
                 raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
-            self.remember(signature)
             if status >= 400:  # a replay: answered with the per-finding results
                 self._count(method, path, status, payload["error"])
             return status, payload
@@ -292,11 +400,32 @@ class Endpoint:
             self._count(method, path, exc.status, exc.message)
             return exc.status, {"error": exc.message}
 
-    def metrics(self, headers: Headers) -> tuple[HTTPStatus, bytes, str]:
+    def _get(self, path: str, principal: Principal) -> tuple[HTTPStatus, dict[str, Any]]:
+        if path == "/v1/pending":
+            self.authorize(principal, "operator", "list pending plans")
+            return HTTPStatus.OK, {"pending": self.engine.pending()}
+        if path == "/v1/stats":
+            self.authorize(principal, "read", "read the counters")
+            s = self.engine.stats
+            return HTTPStatus.OK, {
+                "findings": s.findings,
+                "decisions": s.decisions,
+                "actions": s.actions,
+                "rejected": self.rejected,
+            }
+        raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: GET {path}")
+
+    def metrics(
+        self, headers: Headers, query: str = "", peer_names: frozenset[str] | None = None
+    ) -> tuple[HTTPStatus, bytes, str]:
         """``GET /metrics``: ``(status, body, content type)``; the bearer token is required
-        (Prometheus sends it with ``authorization: {credentials_file: ...}``)."""
+        (Prometheus sends it with ``authorization: {credentials_file: ...}``), or, with
+        identities, a signed request from any of them."""
         try:
-            self.authenticate(headers)
+            principal, key = self.who(headers, "GET", "/metrics")
+            target = "/metrics" + (f"?{query}" if query else "")
+            principal = self.verify(principal, key, headers, ("GET", target, b""), peer_names)
+            self.authorize(principal, "metrics", "read /metrics")
         except RequestError as exc:
             self._count("GET", "/metrics", exc.status, exc.message)
             return exc.status, json.dumps({"error": exc.message}).encode(), "application/json"
@@ -328,24 +457,30 @@ class Endpoint:
         log.warning("refused %s %s: %s %s", method, path, int(status), message)
 
     def _post(
-        self, path: str, body: bytes, headers: Headers, *, signed: bool = False
+        self, path: str, body: bytes, principal: Principal, *, signed: bool = False
     ) -> tuple[HTTPStatus, dict[str, Any]]:
-        by = headers.get("X-Gpuwarden-User", "operator")
-        via = "http, signed" if signed else "http"
+        by = principal.name  # who signed (or holds the shared credential), never a header
+        if self.keyring is None:
+            via = "http, signed" if signed else "http"
+        else:
+            via = f"http, signed by {by}" if signed else f"http, bearer of {by}"
         if path == "/v1/findings":
-            return self.findings(body, via)
-        if path == "/v1/alerts/grafana":
-            return self.alerts(body, "grafana", via)
-        if path == "/v1/alerts/alertmanager":
-            return self.alerts(body, "alertmanager", via)
+            self.authorize(principal, "findings", "post findings")
+            return self.findings(body, via, principal)
+        if path in ("/v1/alerts/grafana", "/v1/alerts/alertmanager"):
+            self.authorize(principal, "alerts", "post alerts")
+            return self.alerts(body, path.rpartition("/")[2], via, principal)
         if m := re.fullmatch(r"/v1/approve/([0-9a-f]{8,64})", path):
+            self.authorize(principal, "operator", "approve plans")
             try:
                 d = self.engine.approve(m.group(1), by=by)
             except KeyError as exc:
                 raise RequestError(HTTPStatus.NOT_FOUND, str(exc.args[0])) from None
             return HTTPStatus.ACCEPTED, {"plan_id": d.plan_id, "verdict": d.verdict, "why": d.why}
         if m := re.fullmatch(r"/v1/undo/([A-Za-z0-9._-]{1,253})", path):
-            force = self._json(body or b"{}").get("force", False) is True
+            self.authorize(principal, "operator", "undo")
+            data = self._json(body or b"{}")
+            force = isinstance(data, dict) and data.get("force", False) is True
             try:
                 d = self.engine.undo(m.group(1), by=by, force=force)
             except BadNameError as exc:
@@ -423,12 +558,25 @@ class _Handler(BaseHTTPRequestHandler):
     timeout = 10  # a client that stalls mid-request is dropped
     server_version = "gpuwarden remediate"
 
+    def _peer_names(self) -> frozenset[str] | None:
+        """The client certificate's CN and DNS names (None: no certificate presented)."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        cert = getpeercert() if getpeercert is not None else None
+        if not cert:
+            return None
+        names = {v for rdn in cert.get("subject", ()) for k, v in rdn if k == "commonName"}
+        names |= {v for k, v in cert.get("subjectAltName", ()) if k == "DNS"}
+        return frozenset(names)
+
     def _serve(self, method: str) -> None:
-        path = self.path.split("?", 1)[0]
+        path, _, query = self.path.partition("?")
+        peer = self._peer_names()
         if method == "GET" and path == "/metrics":
-            status, body, content_type = self.endpoint.metrics(self.headers)
+            status, body, content_type = self.endpoint.metrics(self.headers, query, peer)
         else:
-            status, payload = self.endpoint.handle(method, path, self.headers, self.rfile.read)
+            status, payload = self.endpoint.handle(
+                method, path, self.headers, self.rfile.read, query=query, peer_names=peer
+            )
             body, content_type = json.dumps(payload).encode(), "application/json"
         self.send_response(status)
         self.send_header("Content-Type", content_type)

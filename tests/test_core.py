@@ -20,7 +20,7 @@ from gpuwarden.core.errors import (
 )
 from gpuwarden.core.poster import FindingPoster
 from gpuwarden.core.retry import Backoff
-from gpuwarden.core.signing import SIGNATURE_HEADER, verify_signature
+from gpuwarden.core.signing import IDENTITY_HEADER, SIGNATURE_HEADER, verify_request
 from gpuwarden.core.timeparse import duration_arg, parse_duration_s, parse_iso, parse_when
 from tests.remediation_util import risk
 from tests.scripted_server import Reply, ScriptedServer
@@ -120,19 +120,36 @@ def test_the_poster_gives_up_on_refusals_age_and_close() -> None:
 
 
 def test_the_poster_signs_and_authenticates(tmp_path: Path) -> None:
+    """The request signature covers method, path, query, identity and body; each try is
+    signed afresh (a nonce of its own)."""
     (tmp_path / "token").write_text("t0ken\n")
     (tmp_path / "secret").write_bytes(b"s3cret\n")
     with ScriptedServer([], default=Reply(202)) as srv:
         poster = FindingPoster(
-            srv.url, str(tmp_path / "token"), secret_file=str(tmp_path / "secret"), retry=FAST
+            srv.url + "/v1/findings?x=1",
+            str(tmp_path / "token"),
+            secret_file=str(tmp_path / "secret"),
+            identity="node-001",
+            retry=FAST,
         )
         poster.post(risk("gpu01"))
         poster.close(timeout_s=30)
         _, _, headers, body = srv.requests[0]
     assert headers["Authorization"] == "Bearer t0ken"
-    assert verify_signature(b"s3cret", headers[SIGNATURE_HEADER], body) > 0
-    with pytest.raises(ValueError, match="does not match"):
-        verify_signature(b"other", headers[SIGNATURE_HEADER], body)
+    assert headers[IDENTITY_HEADER] == "node-001"
+    signature = headers[SIGNATURE_HEADER]
+    target = "/v1/findings?x=1"
+    assert verify_request(b"s3cret", signature, "POST", target, body, "node-001") > 0
+    for wrong in [
+        (b"other", "POST", target, body, "node-001"),
+        (b"s3cret", "PUT", target, body, "node-001"),
+        (b"s3cret", "POST", "/v1/undo/gpu01", body, "node-001"),
+        (b"s3cret", "POST", "/v1/findings?x=2", body, "node-001"),
+        (b"s3cret", "POST", target, body + b" ", "node-001"),
+        (b"s3cret", "POST", target, body, "node-002"),
+    ]:
+        with pytest.raises(ValueError, match="does not match"):
+            verify_request(wrong[0], signature, *wrong[1:])
 
 
 # -- time ---------------------------------------------------------------------------------------

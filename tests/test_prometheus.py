@@ -24,7 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.metrics import DCGM, agent_metrics, gpu_metrics
 from gpuwarden.core.metrics import Metric, render
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.signing import sign_request
 from gpuwarden.core.store.lineprotocol import Point
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.prometheus import LocalPrometheus, Target, prometheus_binary
@@ -140,7 +140,7 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
     body = json.dumps(risk("node-001").to_json()).encode()
     conn = http.client.HTTPConnection("127.0.0.1", services.engine.port, timeout=10)
     headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-               SIGNATURE_HEADER: sign(b"the-shared-secret", body)}  # fmt: skip
+               **sign_request(b"the-shared-secret", "POST", "/v1/findings", body)}  # fmt: skip
     conn.request("POST", "/v1/findings", body, headers)
     assert conn.getresponse().status == 202
     conn.request("GET", "/metrics")  # no token: refused, and counted

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign, verify_signature
+from gpuwarden.core.signing import SIGNATURE_HEADER, sign, sign_request, verify_signature
 from gpuwarden.remediation.adapters.webhook import WebhookAdapter
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.cli import main as remediate
@@ -211,20 +211,25 @@ def test_replayed_and_stale_requests_are_refused(running: Running) -> None:
 
 
 def test_signed_requests_replays_and_forgeries(tmp_path: Path) -> None:
+    """The legacy shared secret (no identities): the request signature (method, path, query,
+    timestamp, body; :func:`sign_request`), fresh and never seen before."""
     r = Running(tmp_path, secret=SECRET)
     try:
         body = json.dumps(risk("gpu06").to_json()).encode()
         assert r.post("/v1/findings", body)[1]["error"] == f"missing {SIGNATURE_HEADER}"
-        signature = sign(SECRET, body)
-        assert r.post("/v1/findings", body, **{SIGNATURE_HEADER: signature})[0] == 202
-        status, data = r.post("/v1/findings", body, **{SIGNATURE_HEADER: signature})
+        signed = sign_request(SECRET, "POST", "/v1/findings", body)
+        assert r.post("/v1/findings", body, **signed)[0] == 202
+        status, data = r.post("/v1/findings", body, **signed)
         assert status == 409 and "replayed request" in data["error"]
         other = json.dumps(risk("gpu07").to_json()).encode()
-        status, data = r.post("/v1/findings", other, **{SIGNATURE_HEADER: signature})
+        status, data = r.post("/v1/findings", other, **signed)
         assert status == 401 and "does not match" in data["error"]
-        old = sign(SECRET, other, int(time.time()) - 3600)
-        status, data = r.post("/v1/findings", other, **{SIGNATURE_HEADER: old})
+        old = sign_request(SECRET, "POST", "/v1/findings", other, t=int(time.time()) - 3600)
+        status, data = r.post("/v1/findings", other, **old)
         assert status == 401 and "off (tolerance 300 s)" in data["error"]
+        body_v1 = json.dumps(risk("gpu08").to_json()).encode()  # the body-only scheme of old
+        status, data = r.post("/v1/findings", body_v1, **{SIGNATURE_HEADER: sign(SECRET, body_v1)})
+        assert status == 401 and "malformed" in data["error"]
         assert [a["node"] for a in r.acted()] == ["gpu06"] * 4
     finally:
         r.close()

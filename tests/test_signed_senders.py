@@ -1,7 +1,8 @@
-"""Every sender signs when the engine requires it: the agent's fast path and the analyze
-service post findings to a real ``gpuwarden remediate serve`` whose ``hmac_secret_file`` is
-set, through their production commands; with the wrong secret, the engine refuses them and
-nothing is acted on. ``remediate approve`` / ``undo`` sign too.
+"""Every sender signs as its own identity: the agent's fast path and the analyze service post
+findings to a real ``gpuwarden remediate serve`` with identities (issue 38), through their
+production commands; with the wrong key, the engine refuses them and nothing is acted on.
+``remediate pending`` / ``undo`` sign as the operator identity. An agent of a family
+(``node = "*"``) signs with the key ``remediate agent-key`` derives for its node.
 
 The engine runs dry (``dry_run = true``) against the Kubernetes fake; the agent reads a
 CONSTRUCTED kernel-log line (NVIDIA's XID format, XID 79, no timestamp so it is read as now);
@@ -10,6 +11,8 @@ whose spare node runs an older driver (a ``config_drift`` finding)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -30,6 +33,29 @@ from tests.remediation_util import poll
 ROOT = Path(__file__).resolve().parent.parent
 TOKEN = "t0ken-for-tests"
 XID79 = "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n"
+IDENTITIES = """
+[[identity]]
+name = "node-001"
+kind = "agent"
+node = "node-001"
+secret_file = "{tmp}/key-node-001"
+
+[[identity]]
+name = "agents"
+kind = "agent"
+node = "*"
+secret_file = "{tmp}/key-agents"
+
+[[identity]]
+name = "analyze"
+kind = "analytics"
+secret_file = "{tmp}/key-analyze"
+
+[[identity]]
+name = "alice"
+kind = "operator"
+secret_file = "{tmp}/key-alice"
+"""
 
 
 class Engine:
@@ -39,8 +65,9 @@ class Engine:
         self.tmp = tmp
         self.port = free_port()
         (tmp / "token").write_text(TOKEN + "\n")
-        (tmp / "secret").write_text("the-shared-secret\n")
-        (tmp / "wrong").write_text("not-the-secret\n")
+        for name in ("node-001", "agents", "analyze", "alice"):
+            (tmp / f"key-{name}").write_text(f"the-key-of-{name}\n")
+        (tmp / "wrong").write_text("not-the-key\n")
         self.fake = FakeKubernetes(token="k").start()
         for i in range(4):
             self.fake.add_node(f"node-{i:03d}")
@@ -48,9 +75,11 @@ class Engine:
         self.config = tmp / "remediation.toml"
         self.config.write_text(
             f'[engine]\nlisten = "127.0.0.1:{self.port}"\ntoken_file = "{tmp}/token"\n'
-            f'hmac_secret_file = "{tmp}/secret"\naudit_log = "{tmp}/audit.jsonl"\n'
+            f'audit_log = "{tmp}/audit.jsonl"\noperator_identity = "alice"\n'
+            f'operator_secret_file = "{tmp}/key-alice"\n'
             'dry_run = true\nnode_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
             f'[kubernetes]\napi_url = "{self.fake.url}"\ntoken_file = "{tmp}/k8s"\n'
+            + IDENTITIES.format(tmp=tmp)
         )
         self.url = f"http://127.0.0.1:{self.port}/v1/findings"
         self.proc = subprocess.Popen(
@@ -82,14 +111,16 @@ def engine(tmp_path: Path) -> Iterator[Engine]:
             e.fake.stop()
 
 
-def agent_once(tmp: Path, engine: Engine, secret: str) -> subprocess.CompletedProcess[str]:
+def agent_once(
+    tmp: Path, engine: Engine, key: str, identity: str = "node-001", node: str = "node-001"
+) -> subprocess.CompletedProcess[str]:
     (tmp / "kmsg.log").write_text(XID79)
-    config = tmp / f"agent-{secret}.toml"
+    config = tmp / f"agent-{identity.replace('/', '-')}-{key}.toml"
     config.write_text(
-        f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\n'
+        f'[agent]\ncluster = "c"\nnode = "{node}"\nsources = ["xid"]\n'
         f'kmsg = "{tmp}/kmsg.log"\nremediation_url = "{engine.url}"\n'
-        f'remediation_token_file = "{tmp}/token"\n'
-        f'remediation_hmac_secret_file = "{tmp}/{secret}"\n[xid]\nlookback_s = 0.0\n'
+        f'remediation_identity = "{identity}"\n'
+        f'remediation_hmac_secret_file = "{tmp}/{key}"\n[xid]\nlookback_s = 0.0\n'
     )
     return subprocess.run(
         [sys.executable, "-m", "gpuwarden", "agent", "--config", str(config), "--once"],
@@ -102,14 +133,37 @@ def test_the_agents_fast_path_signs(engine: Engine, tmp_path: Path) -> None:
     assert wrong.returncode == 0, wrong.stderr
     assert "refused finding" in wrong.stderr and "HTTP 401" in wrong.stderr
     assert engine.findings() == []  # the engine acted on nothing unsigned
-    done = agent_once(tmp_path, engine, "secret")
+    done = agent_once(tmp_path, engine, "key-node-001")
     assert done.returncode == 0, done.stderr
     found = poll(engine.findings, 30, "the agent's finding in the audit")
     assert [(f["kind"], f["source"], f["subject"]["node"], f["via"]) for f in found] == [
-        ("gpu_xid", "agent", "node-001", "http, signed")
+        ("gpu_xid", "agent", "node-001", "http, signed by node-001")
     ]
     log = engine.stop()
-    assert "refused POST /v1/findings: 401 signature does not match the body" in log
+    assert "refused POST /v1/findings: 401 signature does not match the request" in log
+
+
+def test_an_agent_of_a_family_signs_with_its_derived_key(engine: Engine, tmp_path: Path) -> None:
+    """``agents/node-003`` signs with the key ``remediate agent-key agents node-003`` prints;
+    the master key itself, or node-002's key, is refused."""
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        assert remediate(["--config", str(engine.config), "agent-key", "agents", "node-003"]) == 0
+    (tmp_path / "key-node-003").write_text(printed.getvalue())
+    with contextlib.redirect_stdout(io.StringIO()) as other:
+        remediate(["--config", str(engine.config), "agent-key", "agents", "node-002"])
+    (tmp_path / "key-node-002").write_text(other.getvalue())
+    for key in ("key-agents", "key-node-002"):
+        refused = agent_once(tmp_path, engine, key, "agents/node-003", "node-003")
+        assert "HTTP 401" in refused.stderr, refused.stderr
+    assert engine.findings() == []
+    done = agent_once(tmp_path, engine, "key-node-003", "agents/node-003", "node-003")
+    assert done.returncode == 0, done.stderr
+    found = poll(engine.findings, 30, "the agent's finding in the audit")
+    assert [(f["subject"]["node"], f["via"]) for f in found] == [
+        ("node-003", "http, signed by agents/node-003")
+    ]
+    engine.stop()
 
 
 def test_the_analyze_service_signs(engine: Engine, tmp_path: Path, influxd: LocalInfluxd) -> None:
@@ -124,7 +178,7 @@ def test_the_analyze_service_signs(engine: Engine, tmp_path: Path, influxd: Loca
         config.write_text(
             f'[influxdb]\nurl = "{influxd.url}"\ndatabase = "signed"\n'
             f"[analysis]\nwindow_s = {spec.duration_s + 120}\nwrite_back = false\n"
-            f'[findings]\nurl = "{engine.url}"\ntoken_file = "{tmp_path}/token"\n'
+            f'[findings]\nurl = "{engine.url}"\nidentity = "analyze"\n'
             f'hmac_secret_file = "{tmp_path}/{secret}"\n'
         )
         return subprocess.run(
@@ -136,7 +190,7 @@ def test_the_analyze_service_signs(engine: Engine, tmp_path: Path, influxd: Loca
     wrong = analyze("wrong")
     assert wrong.returncode == 0, wrong.stderr
     assert "HTTP 401" in wrong.stderr and engine.findings() == []
-    done = analyze("secret")
+    done = analyze("key-analyze")
     assert done.returncode == 0, done.stderr
     found = poll(engine.findings, 30, "the analyze service's findings in the audit")
     assert {f["source"] for f in found} == {"analytics"}
@@ -145,8 +199,9 @@ def test_the_analyze_service_signs(engine: Engine, tmp_path: Path, influxd: Loca
 
 
 def test_operator_commands_sign(engine: Engine) -> None:
-    """``undo`` is a POST: signed with the engine's own secret file, it is answered (409:
-    gpuwarden did not take that node out); the same request unsigned is refused (401)."""
+    """``undo`` is a POST: signed as the operator identity (``operator_identity``), it is
+    answered (409: gpuwarden did not take that node out); the same request with the bearer
+    token alone is refused (401)."""
     import http.client
 
     assert remediate(["--config", str(engine.config), "undo", "node-002"]) == 1
@@ -155,16 +210,16 @@ def test_operator_commands_sign(engine: Engine) -> None:
     assert conn.getresponse().status == 401
     log = engine.stop()
     assert "refused POST /v1/undo/node-002: 409" in log
-    assert "refused POST /v1/undo/node-002: 401 missing X-Gpuwarden-Signature" in log
+    assert "refused POST /v1/undo/node-002: 401 a bearer token alone reads /metrics" in log
 
 
-def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_path) -> None:
-    """The engine remembers a signature once it has answered the request: a sender's retry of
-    one refused with 503 (the engine was shutting down) goes through unchanged; a second
-    copy of an answered one is a replay (409)."""
+def test_a_signature_is_spent_before_the_engine_acts(tmp_path) -> None:
+    """The engine remembers a signature before it acts (issue 38): the same signed request,
+    refused with 503 (the engine was shutting down), is a replay when sent again (409); the
+    sender's retry, signed afresh (a nonce of its own), goes through."""
     import json
 
-    from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+    from gpuwarden.core.signing import sign_request
     from gpuwarden.remediation.engine import EngineClosedError
     from gpuwarden.remediation.server import Endpoint
     from tests.remediation_util import risk
@@ -172,6 +227,7 @@ def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_p
     class ClosingOnce:
         def __init__(self) -> None:
             self.calls = 0
+            self.policies: list[object] = []
 
         def submit(self, finding, via="api"):
             self.calls += 1
@@ -182,17 +238,14 @@ def test_a_retry_after_a_refusal_the_engine_could_not_help_is_not_a_replay(tmp_p
     engine = ClosingOnce()
     endpoint = Endpoint(engine, TOKEN, secret=b"s")  # type: ignore[arg-type]
     body = json.dumps(risk("node-001").to_json()).encode()
-    headers = {
-        "Authorization": f"Bearer {TOKEN}",
-        "Content-Length": str(len(body)),
-        SIGNATURE_HEADER: sign(b"s", body),
-    }
 
-    def post() -> int:
-        status, _ = endpoint.handle("POST", "/v1/findings", headers, lambda n: body)
+    def post(signed: dict[str, str]) -> int:
+        headers = {"Authorization": f"Bearer {TOKEN}", "Content-Length": str(len(body))}
+        status, _ = endpoint.handle("POST", "/v1/findings", headers | signed, lambda n: body)
         return int(status)
 
-    assert post() == 503
-    assert post() == 202  # the same signed request, retried: accepted
-    assert post() == 409  # and now it is a replay
+    first = sign_request(b"s", "POST", "/v1/findings", body)
+    assert post(first) == 503
+    assert post(first) == 409  # the same signature again: spent
+    assert post(sign_request(b"s", "POST", "/v1/findings", body)) == 202  # signed afresh
     assert engine.calls == 2

@@ -181,53 +181,70 @@ def test_the_reporter_writes_through_a_tls_relay(certs: Certs) -> None:
 def test_the_agent_posts_to_an_engine_that_requires_client_certificates(
     certs: Certs, tmp_path: Path
 ) -> None:
-    """The production commands: ``gpuwarden remediate serve`` with mutual TLS and signatures
-    required; ``gpuwarden agent --once`` reads a CONSTRUCTED XID 79 line and posts it."""
+    """The production commands: ``gpuwarden remediate serve`` with mutual TLS and identities;
+    ``gpuwarden agent --once`` reads a CONSTRUCTED XID 79 line and posts it. The client
+    certificate (CN ``client``) must name the identity that signs: accepted for ``node-001``
+    (``cert_names = ["client"]``), refused (403) for ``node-002``, whose certificate would
+    carry its own name."""
     port = free_port()
     (tmp_path / "token").write_text(TOKEN)
-    (tmp_path / "secret").write_text("s3cret")
+    for name in ("node-001", "node-002", "alice"):
+        (tmp_path / f"key-{name}").write_text(f"key-of-{name}")
     config = tmp_path / "remediation.toml"
     config.write_text(
         f'[engine]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp_path}/token"\n'
-        f'hmac_secret_file = "{tmp_path}/secret"\naudit_log = "{tmp_path}/audit.jsonl"\n'
+        f'audit_log = "{tmp_path}/audit.jsonl"\n'
+        f'operator_identity = "alice"\noperator_secret_file = "{tmp_path}/key-alice"\n'
         f'dry_run = true\nnotify_adapter = "webhook"\nnode_adapter = "kubernetes"\n'
         f'tls_cert_file = "{certs.server.cert}"\ntls_key_file = "{certs.server.key}"\n'
         f'tls_client_ca_file = "{certs.ca}"\ntls_ca_file = "{certs.ca}"\n'
         f'tls_client_cert_file = "{certs.client.cert}"\n'
         f'tls_client_key_file = "{certs.client.key}"\n'
         f'[kubernetes]\napi_url = "http://127.0.0.1:1"\n'
+        f'[[identity]]\nname = "alice"\nkind = "operator"\ncert_names = ["client"]\n'
+        f'secret_file = "{tmp_path}/key-alice"\n'
+        f'[[identity]]\nname = "node-001"\nkind = "agent"\nnode = "node-001"\n'
+        f'cert_names = ["client"]\nsecret_file = "{tmp_path}/key-node-001"\n'
+        f'[[identity]]\nname = "node-002"\nkind = "agent"\nnode = "node-002"\n'
+        f'secret_file = "{tmp_path}/key-node-002"\n'
     )
     engine = subprocess.Popen(
         [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )  # fmt: skip
+
+    def agent(node: str) -> subprocess.CompletedProcess[str]:
+        conf = tmp_path / f"agent-{node}.toml"
+        conf.write_text(
+            f'[agent]\ncluster = "c"\nnode = "{node}"\nsources = ["xid"]\n'
+            f'kmsg = "{tmp_path}/kmsg.log"\n'
+            f'remediation_url = "https://127.0.0.1:{port}/v1/findings"\n'
+            f'remediation_identity = "{node}"\n'
+            f'remediation_hmac_secret_file = "{tmp_path}/key-{node}"\n'
+            f'remediation_ca_file = "{certs.ca}"\nremediation_cert_file = "{certs.client.cert}"\n'
+            f'remediation_key_file = "{certs.client.key}"\n[xid]\nlookback_s = 0.0\n'
+        )
+        return subprocess.run(
+            [sys.executable, "-m", "gpuwarden", "agent", "--config", str(conf), "--once"],
+            cwd=ROOT, capture_output=True, text=True, check=False,
+        )  # fmt: skip
+
     try:
         poll(lambda: remediate(["--config", str(config), "pending"]) == 0, 30, "the engine")
         (tmp_path / "kmsg.log").write_text(
             "NVRM: Xid (PCI:0000:18:00): 79, pid=4242, name=python, GPU has fallen off the bus.\n"
         )
-        agent = tmp_path / "agent.toml"
-        agent.write_text(
-            f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\n'
-            f'kmsg = "{tmp_path}/kmsg.log"\n'
-            f'remediation_url = "https://127.0.0.1:{port}/v1/findings"\n'
-            f'remediation_token_file = "{tmp_path}/token"\n'
-            f'remediation_hmac_secret_file = "{tmp_path}/secret"\n'
-            f'remediation_ca_file = "{certs.ca}"\nremediation_cert_file = "{certs.client.cert}"\n'
-            f'remediation_key_file = "{certs.client.key}"\n[xid]\nlookback_s = 0.0\n'
-        )
-        done = subprocess.run(
-            [sys.executable, "-m", "gpuwarden", "agent", "--config", str(agent), "--once"],
-            cwd=ROOT, capture_output=True, text=True, check=False,
-        )  # fmt: skip
+        refused = agent("node-002")
+        assert "HTTP 403" in refused.stderr and "certificate names ['client']" in refused.stderr
+        done = agent("node-001")
         assert done.returncode == 0, done.stderr
         found = poll(
             lambda: [r for r in read_records(tmp_path / "audit.jsonl") if r["event"] == "finding"],
             30,
             "the agent's finding",
         )
-        assert [(f["kind"], f["via"]) for f in found] == [("gpu_xid", "http, signed")]
+        assert [(f["kind"], f["via"]) for f in found] == [("gpu_xid", "http, signed by node-001")]
     finally:
         engine.send_signal(signal.SIGTERM)
         engine.wait(timeout=60)

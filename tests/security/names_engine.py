@@ -1,5 +1,7 @@
 """A real ``gpuwarden remediate --config X serve`` for the names-are-data tests: bearer token and
-HMAC signatures required, as deployed; findings are posted signed, over loopback HTTP.
+HMAC signatures required (the legacy shared-secret mode: these tests are about names, not
+identities; tests/security/identity_engine.py has those); findings are posted signed, over
+loopback HTTP.
 
 Every finding these tests post is CONSTRUCTED (hand-made subjects, some of them hostile)."""
 
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.core.signing import SIGNATURE_HEADER, sign
+from gpuwarden.core.signing import sign_request
 from gpuwarden.remediation.audit import read_records
 from testbed.influxd import free_port
 from tests.remediation_util import poll
@@ -76,7 +78,7 @@ class ServedEngine:
         headers = {
             "Authorization": f"Bearer {TOKEN}",
             "Content-Type": "application/json",
-            SIGNATURE_HEADER: sign(SECRET, body),
+            **sign_request(SECRET, "POST", path, body),
         }
         return self.request("POST", path, body, headers)
 

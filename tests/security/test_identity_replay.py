@@ -1,0 +1,54 @@
+"""Issue 38, an accepted signature is remembered before anything is acted on, for its whole
+validity window, across restarts. Before, it was remembered only after a successful answer
+and forgotten on restart: a captured ``undo`` that had been refused (409) uncordoned the node
+once gpuwarden had taken it out, and one captured before a restart did so again after it.
+
+Against the real ``gpuwarden remediate serve`` (LIVE, Kubernetes fake). CONSTRUCTED findings."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.remediation_util import poll
+from tests.security.identity_engine import IdentityEngine
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
+    e = IdentityEngine(tmp_path)
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def test_a_refused_request_replayed_later_is_a_replay(engine: IdentityEngine) -> None:
+    body = json.dumps({"force": False}).encode()
+    captured = engine.signed("alice", "POST", "/v1/undo/node-002", body)
+    status, reply = engine.send("POST", "/v1/undo/node-002", body, captured)
+    assert status == 409, reply  # not taken out (yet)
+    engine.drained_by_its_agent("node-002")
+    status, reply = engine.send("POST", "/v1/undo/node-002", body, captured)  # the replay
+    engine.settle()
+    assert engine.cordoned("node-002"), "the replayed undo uncordoned node-002"
+    assert status == 409 and "replayed request" in reply["error"]
+
+
+def test_a_signature_is_remembered_across_a_restart(engine: IdentityEngine) -> None:
+    engine.drained_by_its_agent("node-002")
+    body = json.dumps({"force": True}).encode()
+    captured = engine.signed("alice", "POST", "/v1/undo/node-002", body)
+    status, reply = engine.send("POST", "/v1/undo/node-002", body, captured)
+    assert status == 202, reply
+    poll(lambda: not engine.cordoned("node-002"), 60, "node-002 back in service")
+    engine.drained_by_its_agent("node-002", gpu="5")  # it fails again
+    engine.stop()
+    engine.start()
+    status, reply = engine.send("POST", "/v1/undo/node-002", body, captured)  # the replay
+    engine.settle()
+    assert engine.cordoned("node-002"), "the undo replayed after a restart uncordoned node-002"
+    assert status == 409 and "replayed request" in reply["error"]
