@@ -25,6 +25,7 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.config import ConfigError, read_secret
 from gpuwarden.core.finding import Finding, FindingError
 from gpuwarden.core.names import NodeName
@@ -265,9 +266,12 @@ def print_agent_key(config: RemediationConfig, family: str, node: str) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="gpuwarden remediate", description=__doc__.split("\n")[0])
-    p.add_argument("--config", help="TOML (config/remediation.sample.toml shows every setting)")
-    p.add_argument("-v", "--verbose", action="store_true")
+    p = argparse.ArgumentParser(
+        prog="gpuwarden remediate", description=__doc__.split("\n")[0], allow_abbrev=False
+    )
+    config_help = "TOML (config/remediation.sample.toml shows every setting)"
+    add_common(p, config_help=config_help)
+    p.add_argument("-v", "--verbose", action="store_true", help="the same as --log-level debug")
     sub = p.add_subparsers(dest="command", required=True)
     sub.add_parser("serve", help="run the HTTP endpoint and the engine")
     ap = sub.add_parser("apply", help="run findings from a file through the engine")
@@ -289,13 +293,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     ak = sub.add_parser("agent-key", help="print a node's own key (an agent family's identity)")
     ak.add_argument("family", help="the [[identity]] with node = '*'")
     ak.add_argument("node")
+    for sp in sub.choices.values():
+        add_common(sp, sub=True, config_help=config_help)
     args = p.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if args.verbose:
+        args.log_level = "debug"
+    configure_logging(args)
     try:
-        config = load_config(args.config)
+        config = load_config(config_path(args))
         if args.command == "apply" and (args.live or args.dry_run):
             sections = {k: dict(v) for k, v in config.sections.items()}
             sections["engine"]["dry_run"] = not args.live
@@ -305,9 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command == "apply":
             return apply(config, args.findings)
         if args.command == "audit":
-            return audit(
-                args.log or config["engine"]["audit_log"], args.node, args.finding, args.json
-            )
+            log_path = args.log or config["engine"]["audit_log"]
+            if not Path(log_path).is_file():  # before: printed nothing and exited 0
+                raise UsageError(f"no audit log at {log_path}")
+            return audit(log_path, args.node, args.finding, args.json)
         if args.command == "pending":
             return call(config, "GET", "/v1/pending")
         if args.command == "approve":
@@ -316,7 +322,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return print_agent_key(config, args.family, args.node)
         body = json.dumps({"force": args.force}).encode()
         return call(config, "POST", f"/v1/undo/{args.node}", body)
-    except (ConfigError, ValueError, AuditLogBusyError) as exc:
+    except (ConfigError, ValueError, AuditLogBusyError, UsageError) as exc:
         print(f"gpuwarden remediate: {exc}", file=sys.stderr)
         return 2
 

@@ -30,6 +30,8 @@ def gw(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
         ["analyze", "--config", "/nonexistent/analytics.toml", "run"],
         ["dashboards", "--config", "/nonexistent/dashboards.toml", "check"],
         ["dashboards", "check", "--config", "/nonexistent/dashboards.toml"],
+        ["remediate", "--config", "/nonexistent/remediation.toml", "pending"],
+        ["remediate", "audit", "--config", "/nonexistent/remediation.toml"],
     ],
 )
 def test_a_missing_config_file_is_a_message_and_exit_2(argv: list[str]) -> None:
@@ -38,7 +40,9 @@ def test_a_missing_config_file_is_a_message_and_exit_2(argv: list[str]) -> None:
     assert "no such file" in done.stderr and "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("argv", [["agent", "--once"], ["dashboards", "check"]])
+@pytest.mark.parametrize(
+    "argv", [["agent", "--once"], ["dashboards", "check"], ["remediate", "pending"]]
+)
 def test_a_bad_log_level_is_a_usage_error_not_a_traceback(argv: list[str]) -> None:
     done = gw(*argv, "--log-level", "verbose")
     assert done.returncode == 2
@@ -67,3 +71,9 @@ def test_json_logs_are_one_object_a_line(tmp_path: Path) -> None:
     assert records, done.stderr
     assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
     assert any(r["logger"].startswith("gpuwarden.") for r in records)
+
+
+def test_remediate_audit_of_a_missing_log_says_so(tmp_path: Path) -> None:
+    """Before: ``remediate audit --log /nonexistent`` printed nothing and exited 0."""
+    done = gw("remediate", "audit", "--log", str(tmp_path / "nonexistent.jsonl"))
+    assert done.returncode == 2 and "no audit log at" in done.stderr
