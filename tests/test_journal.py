@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -32,6 +31,7 @@ from gpuwarden.remediation.model import Action, ActionKind, Outcome, Status
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from gpuwarden.remediation.server import Endpoint
 from testbed.scheduler import RecordingAdapter
+from tests.full_disk import fill
 
 TOKEN = "t0ken"
 NODES = {f"gpu{i:02d}": "p" for i in range(1, 11)}
@@ -69,41 +69,6 @@ def post(endpoint: Endpoint, finding: Finding) -> int:
 
 def drains(adapter: RecordingAdapter) -> list[str]:
     return [a.node for a in adapter.calls if a.kind in (ActionKind.DRAIN, ActionKind.CORDON)]
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 512 KiB file system (tmpfs), unmounted after the test."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to ENOSPC; the filler, to remove when space returns."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        try:
-            while True:  # the last few bytes a page would not take
-                os.write(fd, b"\0")
-        except OSError:
-            pass
-    finally:
-        os.close(fd)
-    with pytest.raises(OSError):
-        (disk / "probe").write_bytes(b"x" * 8192)
-    return filler
 
 
 def test_a_finding_a_full_disk_refused_is_decided_when_sent_again(small_disk: Path) -> None:

@@ -7,11 +7,8 @@ again for an outage). Points are generated, numbered by a ``seq`` field and time
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,44 +17,10 @@ from gpuwarden.core.store.reader import InfluxReader
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.store.transport import Outcome, SendResult, Transport
 from testbed.influxd import LocalInfluxd
+from tests.full_disk import fill
 
 BASE_NS = 1_700_000_000_000_000_000
 SEQ = re.compile(rb"seq=(\d+)i")
-
-
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A real 512 KiB file system (tmpfs), unmounted after the test (as in test_journal)."""
-    where = tmp_path / "disk"
-    where.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(where)],
-                          capture_output=True, text=True, check=False)  # fmt: skip
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        yield where
-    finally:
-        subprocess.run(["umount", "-l", str(where)], check=False)
-
-
-def fill(disk: Path) -> Path:
-    """Fill ``disk`` to ENOSPC; the filler, to remove when space returns."""
-    filler = disk / "filler"
-    fd = os.open(filler, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    try:
-        while True:
-            os.write(fd, b"\0" * 4096)
-    except OSError:
-        try:
-            while True:  # the last few bytes a page would not take
-                os.write(fd, b"\0")
-        except OSError:
-            pass
-    finally:
-        os.close(fd)
-    with pytest.raises(OSError):
-        (disk / "probe").write_bytes(b"x" * 8192)
-    return filler
 
 
 class Delivered:

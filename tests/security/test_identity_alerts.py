@@ -9,23 +9,10 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.remediation_util import poll
 from tests.security.identity_engine import IdentityEngine
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
-    e = IdentityEngine(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 def grafana(kind: str, node: str) -> dict[str, Any]:

@@ -8,21 +8,8 @@ Against the real ``gpuwarden remediate serve`` (LIVE, Kubernetes fake). CONSTRUC
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.security.identity_engine import IdentityEngine
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
-    e = IdentityEngine(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 def test_an_undo_signed_for_one_node_does_not_undo_another(engine: IdentityEngine) -> None:

@@ -8,22 +8,10 @@ Against the real ``gpuwarden remediate serve`` (LIVE, Kubernetes fake, ``return_
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
 from tests.remediation_util import poll
 from tests.security.identity_engine import IdentityEngine, healthy
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
-    e = IdentityEngine(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 @pytest.mark.parametrize("forger", ["node-001", "analyze", "alice"])

@@ -8,22 +8,9 @@ Against the real ``gpuwarden remediate serve`` (LIVE, Kubernetes fake). CONSTRUC
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
 
 from tests.remediation_util import poll
 from tests.security.identity_engine import IdentityEngine
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
-    e = IdentityEngine(tmp_path)
-    try:
-        yield e
-    finally:
-        e.close()
 
 
 def test_a_refused_request_replayed_later_is_a_replay(engine: IdentityEngine) -> None:
