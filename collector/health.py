@@ -31,7 +31,7 @@ import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 
-from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.finding import MAX_BUCKET_S, Finding, Severity
 from gpuwarden.core.store.lineprotocol import Point
 
 NS = 1_000_000_000
@@ -92,7 +92,7 @@ class HealthGate:
         # two announcements are at least healthy_after_s apart (each needs a whole stretch), so
         # buckets that wide give each its own finding id; the default 300 s bucket would make a
         # second one within five minutes a "duplicate" the engine drops (a short healthy_after_s)
-        self.bucket_s = max(1, int(healthy_after_s))
+        self.bucket_s = min(MAX_BUCKET_S, max(1, int(healthy_after_s)))
         self._healthy = Stretch(int(healthy_after_s * NS))
         self._lock = threading.Lock()  # observe() runs on the sources' event threads too
 

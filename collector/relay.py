@@ -125,6 +125,10 @@ class ReporterRelay:
         relay = self
 
         class Handler(BaseHTTPRequestHandler):
+            # a client silent this long on a read is dropped (before: no timeout over plain
+            # HTTP, so idle connections held a thread and a descriptor each, for ever)
+            timeout = 10
+
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug(fmt, *args)
 

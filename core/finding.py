@@ -29,6 +29,8 @@ from typing import Any
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.names import BadNameError, parse_subject
 
+#: a finding's time bucket is at most a week (the agent's healthy_after_s makes the longest)
+MAX_BUCKET_S = 7 * 86400
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
 
@@ -75,13 +77,17 @@ class Finding:
         for name, value in (("confidence", self.confidence), ("probability", self.probability)):
             if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise FindingError(f"{name} must be within [0, 1], got {value!r}")
-        if self.bucket_s <= 0:
-            raise FindingError("bucket_s must be positive")
+        if not 0 < self.bucket_s <= MAX_BUCKET_S:
+            raise FindingError(
+                f"bucket_s must be within 1 .. {MAX_BUCKET_S} s, got {self.bucket_s}"
+            )
 
     @property
     def id(self) -> str:
         bucket = self.time_ns // (self.bucket_s * 1_000_000_000)
-        key = [self.kind, sorted(self.subject.items()), bucket, str(self.severity)]
+        # the bucket's width too: else a sender's own bucket_s (299) could claim the id a
+        # later window of the usual one (300) will have, and make the real finding a duplicate
+        key = [self.kind, sorted(self.subject.items()), bucket, str(self.severity), self.bucket_s]
         return hashlib.sha256(json.dumps(key, separators=(",", ":")).encode()).hexdigest()[:24]
 
     @property
@@ -123,7 +129,7 @@ class Finding:
                 source=str(data.get("source", "")),
                 bucket_s=int(data.get("bucket_s", 300)),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             if isinstance(exc, FindingError):
                 raise
             raise FindingError(f"malformed finding: {exc!r}") from exc

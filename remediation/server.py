@@ -69,7 +69,12 @@ from typing import Any, Protocol
 from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, FindingNameError, Severity
 from gpuwarden.core.metrics import Metric, render
 from gpuwarden.core.names import BadNameError
-from gpuwarden.core.signing import IDENTITY_HEADER, SIGNATURE_HEADER, verify_request
+from gpuwarden.core.signing import (
+    IDENTITY_HEADER,
+    SIGNATURE_HEADER,
+    signature_mac,
+    verify_request,
+)
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import http_server
 from gpuwarden.remediation.audit import JournalError
@@ -231,7 +236,8 @@ class Endpoint:
         if method == "GET":
             return principal  # a read changes nothing: a replayed one is harmless
         try:
-            if not self.signatures.remember(header.rpartition("v2=")[2], t):
+            # the MAC, from the header's one accepted form (_parts refuses any other)
+            if not self.signatures.remember(signature_mac(header), t):
                 raise RequestError(HTTPStatus.CONFLICT, "replayed request (signature seen before)")
         except ReplayError as exc:
             raise RequestError(HTTPStatus.SERVICE_UNAVAILABLE, str(exc)) from None
@@ -278,7 +284,7 @@ class Endpoint:
     def _json(self, body: bytes) -> Any:
         try:
             return json.loads(body)
-        except (UnicodeDecodeError, ValueError) as exc:
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # nested too deep
             raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from None
 
     def _fresh(self, finding: Finding) -> Finding:

@@ -433,3 +433,21 @@ def test_refusals_are_counted_in_self_metrics_and_logged_sparingly(relay, caplog
     with caplog.at_level(logging.WARNING, logger="gpuwarden.collector.relay"):
         assert post(r, b"cpu v=1")[0] == 400
     assert "refused 5 request(s)" in caplog.records[-1].getMessage()
+
+
+def test_an_idle_connection_is_dropped_not_held(relay) -> None:
+    """Found in review: over plain HTTP the relay set no socket timeout, so a connection
+    that sends nothing held a thread and a descriptor for ever (a local user could open
+    enough to starve the agent). It is closed after the handler's timeout (10 s)."""
+    import socket
+
+    r, _ = relay
+    idle = socket.create_connection(r.address, timeout=60)
+    idle.sendall(b"POST /write HTTP/1.1\r\nHost: x\r\n")  # a request that never ends
+    try:
+        got = idle.recv(1024)  # b"" once the relay closes it; a timeout (60 s) if it never does
+    except TimeoutError:
+        got = None
+    finally:
+        idle.close()
+    assert got is not None, "the relay held an idle connection for 60 s"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 
+from gpuwarden.core.signing import SIGNATURE_HEADER
 from tests.remediation_util import poll
 from tests.security.identity_engine import IdentityEngine
 
@@ -39,3 +40,23 @@ def test_a_signature_is_remembered_across_a_restart(engine: IdentityEngine) -> N
     engine.settle()
     assert engine.cordoned("node-002"), "the undo replayed after a restart uncordoned node-002"
     assert status == 409 and "replayed request" in reply["error"]
+
+
+def test_a_padded_signature_is_no_new_signature(engine: IdentityEngine) -> None:
+    """Found in review: the replay memory keyed on the header's text after ``v2=``, while the
+    check parsed the fields, so ``,x=1`` after a captured header verified and was 'new' each
+    time. A header must now be exactly what the signer writes."""
+    engine.drained_by_its_agent("node-002")
+    body = json.dumps({"force": True}).encode()
+    captured = engine.signed("alice", "POST", "/v1/undo/node-002", body)
+    status, _ = engine.send("POST", "/v1/undo/node-002", body, captured)
+    assert status == 202
+    poll(lambda: not engine.cordoned("node-002"), 60, "node-002 back in service")
+    engine.drained_by_its_agent("node-002", gpu="5")  # it fails again
+    for pad in (",x=1", ",x=2", ","):
+        padded = {**captured}
+        padded[SIGNATURE_HEADER] = captured[SIGNATURE_HEADER] + pad
+        status, reply = engine.send("POST", "/v1/undo/node-002", body, padded)
+        assert status == 401 and "malformed" in reply["error"], (pad, status, reply)
+    engine.settle()
+    assert engine.cordoned("node-002"), "a padded replay uncordoned node-002"
