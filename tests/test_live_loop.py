@@ -101,7 +101,8 @@ def test_every_action_traces_to_a_finding_posted_over_signed_http(run: Run) -> N
     assert acted, "the engine acted on nothing"
     for a in acted:
         finding = found[a["finding_id"].split(":")[0]]  # escalations: "<finding>:<verdict>"
-        assert finding["via"] == "http, signed", (a, finding)
+        # signed, by the identity of the process that raised it (an agent or analyze)
+        assert finding["via"].startswith("http, signed by "), (a, finding)
         assert finding["source"] in ("agent", ANALYTICS), finding
     # the XID's own ladder: the agent of the node, and the engine drained and requeued there
     xid = sorted((f for f in found.values() if f["kind"] == "gpu_xid"), key=lambda f: f["t"])

@@ -29,7 +29,7 @@ from gpuwarden.core.store.lineprotocol import Point
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.prometheus import LocalPrometheus, Target, prometheus_binary
 from tests.remediation_util import poll, risk
-from tests.test_signed_senders import TOKEN, Engine
+from tests.test_signed_senders import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "tests/golden/nvml-h100-8gpu/nvml.json"
@@ -139,8 +139,10 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
 ) -> None:
     body = json.dumps(risk("node-001").to_json()).encode()
     conn = http.client.HTTPConnection("127.0.0.1", services.engine.port, timeout=10)
-    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json",
-               **sign_request(b"the-shared-secret", "POST", "/v1/findings", body)}  # fmt: skip
+    # the analyze service's own identity signs its finding (tests/test_signed_senders.py)
+    headers = {"Content-Type": "application/json",
+               **sign_request(b"the-key-of-analyze", "POST", "/v1/findings", body,
+                              "analyze")}  # fmt: skip
     conn.request("POST", "/v1/findings", body, headers)
     assert conn.getresponse().status == 202
     conn.request("GET", "/metrics")  # no token: refused, and counted
