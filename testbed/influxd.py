@@ -8,6 +8,7 @@ same data directory keeps the data, which is how the outage tests bring the serv
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -48,10 +49,35 @@ bind-address = "127.0.0.1:{rpc_port}"
 """
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback port free now, below the kernel's ephemeral range and not handed out before
+    by this process. A port the kernel picks (bind to 0) comes from the ephemeral range, where
+    any outgoing connection may take it before the server that was told it binds it: a
+    slurmd was seen failing with "Address already in use" so."""
+    low = max(1025, _ephemeral_low())
+    rng = random.Random()
+    for _ in range(1000):
+        port = rng.randrange(10000, low) if low > 10100 else rng.randrange(1025, 65535)
+        if port in _handed_out:
+            continue
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise OSError("no free loopback port below the ephemeral range")
 
 
 def influxd_binary() -> str:
