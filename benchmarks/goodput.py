@@ -22,7 +22,7 @@ minute before every fatal fault, taken from the scenario's ground truth), to tel
 the gap to the targets is the predictor's and how much the levers' own.
 
 Default seeds 200-219: never used in development. The levers model was built and checked on
-seeds 100-119 (and the README's backtest seeds 2, 3, 10 and 11); the predictor was trained on
+seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10 and 11); the predictor was trained on
 predictor-day seeds 1-8.
 
     uv run python -m benchmarks.goodput [--seeds 200-219] [--cache DIR]
