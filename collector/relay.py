@@ -10,11 +10,14 @@ anything is kept, then written out again by the agent's own encoder, so a bad li
 training job can never make the database refuse a batch that carries the node's telemetry.
 A request is taken whole or not at all: one bad line answers 400 naming its line, column and
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
-``job_model``) are accepted. A line without a timestamp is stamped when it arrives, truncated
-to the request's precision as InfluxDB does (not when the spool reaches the database, which
-may be hours later after an outage). A body over 1 MiB (after decompression) answers 413.
-Listens on loopback by default (``agent.reporter_listen``); serves HTTPS with
-``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
+``job_model``) are accepted, with tag values of at most 256 characters and times within the
+last week (and at most 5 minutes ahead): a request cannot make the database create series
+across centuries or carry a blob in a series key. At most 32 connections are served at once,
+each request read within 15 s (:mod:`core.tls`). A line without a timestamp is stamped when
+it arrives, truncated to the request's precision as InfluxDB does (not when the spool reaches
+the database, which may be hours later after an outage). A body over 1 MiB (after
+decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``);
+serves HTTPS with ``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
 """
 
 from __future__ import annotations
@@ -34,13 +37,18 @@ from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
 from gpuwarden.core.errors import LineProtocolError
 from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
 from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
-from gpuwarden.core.tls import http_server
+from gpuwarden.core.tls import GuardedHandler, http_server
 
 log = logging.getLogger(__name__)
 
 ACCEPTED = frozenset(m.name for m in CATALOGUE.values() if m.producer is Producer.REPORTER)
 MAX_BODY = 2**20
 DRAIN_MAX = 16 * MAX_BODY  # a body up to this size is read and dropped before a 413
+MAX_TAG_VALUE = 256  # characters: job and rank names, never a blob (InfluxDB's series key: 64 KiB)
+MAX_AGE_S = 7 * 86400.0  # a point's time: no older than a week (a spool outage's worth) ...
+MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew allowance
+MAX_CONNECTIONS = 32  # the training processes of one node, with room
+REQUEST_DEADLINE_S = 15.0
 LOG_EVERY_S = 60.0
 
 
@@ -67,6 +75,16 @@ def check_lines(body: str, precision: str = "", now_ns: int | None = None) -> tu
         problems = check_point(point.measurement, point.tags, point.fields)
         if problems:
             return [], f"point {n}: " + "; ".join(problems)
+        long = sorted(k for k, v in point.tags.items() if len(v) > MAX_TAG_VALUE)
+        if long:
+            return [], f"point {n}: tag {long[0]} is over {MAX_TAG_VALUE} characters"
+        now = time.time_ns() if now_ns is None else now_ns
+        if not (now - MAX_AGE_S * 1e9 <= point.time_ns <= now + MAX_AHEAD_S * 1e9):
+            return [], (
+                f"point {n}: its time is {(point.time_ns - now) / 1e9:+.0f} s from now; a "
+                f"reporter's points are from the last {MAX_AGE_S / 86400:g} days (at most "
+                f"{MAX_AHEAD_S:g} s ahead)"
+            )
     stats = EncodeStats()
     lines = encode_points(points, stats=stats)
     if stats.points_dropped:  # cannot happen for what parse_lines reads; say so if it does
@@ -124,7 +142,7 @@ class ReporterRelay:
     def start(self) -> None:
         relay = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(GuardedHandler):
             # a client silent this long on a read is dropped (before: no timeout over plain
             # HTTP, so idle connections held a thread and a descriptor each, for ever)
             timeout = 10
@@ -139,10 +157,10 @@ class ReporterRelay:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:
+            def do_GET(self) -> None:  # noqa: N802
                 self._answer(200 if self.path in ("/health", "/ping") else 404, "ok\n")
 
-            def do_POST(self) -> None:
+            def do_POST(self) -> None:  # noqa: N802
                 status, problem = relay._post(self)
                 if status >= 400:
                     relay._refused(status, problem, self.client_address[0])
@@ -150,7 +168,13 @@ class ReporterRelay:
                 else:
                     self._answer(status)
 
-        self._server = http_server(self.address, Handler, self.tls)
+        self._server = http_server(
+            self.address,
+            Handler,
+            self.tls,
+            max_connections=MAX_CONNECTIONS,
+            request_deadline_s=REQUEST_DEADLINE_S,
+        )
         self.address = self._server.server_address[:2]  # type: ignore[assignment]
         threading.Thread(target=self._server.serve_forever, daemon=True, name="relay").start()
 
@@ -161,6 +185,8 @@ class ReporterRelay:
         if url.path != "/write":
             return 404, "POST /write"
         body, status, problem = read_body(request.headers, request.rfile)
+        if isinstance(request, GuardedHandler):
+            request.done_reading()
         if body is None:
             request.close_connection = True  # the rest of the body may still be unread
             return status, problem

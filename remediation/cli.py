@@ -126,12 +126,22 @@ def serve(config: RemediationConfig) -> int:
         max_finding_age_s=e["max_finding_age_s"],
         max_clock_skew_s=e["max_clock_skew_s"],
         alerts_unsigned=e["alerts_unsigned"],
+        quotas_per_min={
+            kind: e[f"quota_{kind}_per_min"] for kind in ("agent", "analytics", "alerts")
+        },
     )
     host, _, port = e["listen"].rpartition(":")
     tls = None
     if e["tls_cert_file"]:
         tls = server_context(e["tls_cert_file"], e["tls_key_file"], e["tls_client_ca_file"])
-    server = make_server(endpoint, host or "127.0.0.1", int(port), tls)
+    server = make_server(
+        endpoint,
+        host or "127.0.0.1",
+        int(port),
+        tls,
+        max_connections=e["max_connections"],
+        request_deadline_s=e["request_deadline_s"],
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

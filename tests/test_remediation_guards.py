@@ -366,3 +366,50 @@ def test_a_lemon_stays_out_until_an_operator_returns_it(tmp_path: Path) -> None:
     again, _, _ = _clocked(tmp_path, now, lemon_count=3, lemon_window_s=10 * 86400.0)
     assert len(again.memory.taken_out_at["gpu04"]) == 3
     again.close()
+
+
+def test_a_released_plan_meets_every_guard_again(tmp_path: Path) -> None:
+    """A plan the rate limit held is checked again by every guard when released, not waved
+    through as if an operator had approved it (docs/SECURITY.md, known hole 7: before, a held
+    ``node_healthy`` returned a node that was taken out again, for a new fault, while it
+    waited, on a check older than that removal). CONSTRUCTED findings, a fake clock."""
+    now = [1_800_000_000.0]
+    sched, notes = RecordingAdapter("slurm", NODES), RecordingAdapter("webhook")
+    engine = Engine(
+        POLICIES,
+        {"slurm": sched, "webhook": notes},
+        AuditLog(tmp_path / "audit.jsonl"),
+        EngineSettings(
+            dry_run=False,
+            cooldown_s=0.0,
+            actions_per_minute=3,
+            max_nodes_out=5,
+            max_fraction_out=1.0,
+        ),
+        clock=lambda: now[0],
+    )
+    first = risk("gpu01", 0.95, int(now[0] * 1e9))
+    assert engine.submit(first).verdict == "act"  # checkpoint, drain, requeue: the minute's 3
+    assert engine.wait(10) and "gpu01" in sched.out
+    now[0] += 30
+    healthy = Finding(
+        kind="node_healthy",
+        subject={"cluster": "test", "node": "gpu01"},
+        severity=Severity.INFO,
+        time_ns=int(now[0] * 1e9),
+        evidence={"check": "pass", "checked_ns": int(now[0] * 1e9)},
+    )
+    assert engine.submit(healthy).verdict == "rate_limited"
+    now[0] += 61
+    engine.undo("gpu01", by="test")  # an operator returns it by hand ...
+    assert engine.wait(10) and "gpu01" not in sched.out
+    # ... and it breaks again, for a new fault, while the return still waits: taken out anew
+    assert engine.submit(xid("gpu01", int(now[0] * 1e9))).verdict == "act"
+    assert engine.wait(10) and "gpu01" in sched.out
+    released = engine.tick()  # (before: held while the minute was full, then run as approved)
+    now[0] += 61
+    released += engine.tick()
+    assert [d.verdict for d in released] == ["unchecked"]  # the check predates the removal
+    assert engine.wait(10)
+    assert "gpu01" in sched.out and engine.pending() == []
+    engine.close()
