@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -69,7 +70,9 @@ def action_point(action: Action, outcome: Outcome, record: dict[str, Any]) -> Po
     )
 
 
-def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
+def build_engine(
+    config: RemediationConfig, seen_retention_s: float = 0.0
+) -> tuple[Engine, InfluxSink | None]:
     adapters = {}
     for name in config.adapter_names():
         try:
@@ -98,7 +101,7 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
         config.policies,
         adapters,
         AuditLog(config["engine"]["audit_log"], exclusive=True),  # one engine per audit log
-        config.settings,
+        dataclasses.replace(config.settings, seen_retention_s=seen_retention_s),
         on_action=on_action,
     )
     return engine, sink
@@ -106,7 +109,8 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
 
 def serve(config: RemediationConfig) -> int:
     e = config["engine"]
-    engine, sink = build_engine(config)
+    # a finding re-sent past this is refused as stale by the endpoint: its id need not be kept
+    engine, sink = build_engine(config, e["max_finding_age_s"] + e["max_clock_skew_s"] + 60.0)
     keyring = Keyring(config.identities)
     if not keyring:
         log.warning("no identities configured: one shared token%s serves every caller (the "

@@ -413,3 +413,41 @@ def test_a_released_plan_meets_every_guard_again(tmp_path: Path) -> None:
     assert engine.wait(10)
     assert "gpu01" in sched.out and engine.pending() == []
     engine.close()
+
+
+def test_the_seen_finding_memory_is_bounded_by_its_retention(tmp_path: Path) -> None:
+    """With ``seen_retention_s`` (what ``remediate serve`` sets past the endpoint's staleness
+    limit), ids older than it are forgotten at each tick and after a restart (before: kept for
+    ever, in memory and rebuilt from the whole journal; docs/SECURITY.md known hole 5). Inside
+    the retention a re-send is still a duplicate. CONSTRUCTED findings, a fake clock."""
+    now = [1_800_000_000.0]
+    keep = 3600.0 + 300.0 + 60.0
+
+    def engine_at() -> tuple[Engine, RecordingAdapter]:
+        sched = RecordingAdapter("slurm", NODES)
+        return Engine(
+            POLICIES,
+            {"slurm": sched, "webhook": RecordingAdapter("webhook")},
+            AuditLog(tmp_path / "audit.jsonl"),
+            EngineSettings(dry_run=True, seen_retention_s=keep),
+            clock=lambda: now[0],
+        ), sched
+
+    engine, _ = engine_at()
+    old = [xid(node, int(now[0] * 1e9)) for node in sorted(NODES)[:10]]
+    for f in old:
+        assert engine.submit(f).verdict in ("dry_run", "blast_radius")
+    now[0] += keep / 2
+    assert engine.submit(old[0]).verdict == "duplicate"
+    fresh = xid("gpu15", int(now[0] * 1e9))
+    engine.submit(fresh)
+    now[0] += keep / 2 + 1
+    engine.tick()
+    assert engine.memory.seen_findings == {fresh.id}
+    assert set(engine.memory.finding_digests) <= {fresh.id}
+    assert engine.wait(10)
+    engine.close()
+    again, _ = engine_at()  # a restart rebuilds the memory from the journal: the same bound
+    assert again.memory.seen_findings == {fresh.id}
+    assert again.submit(fresh).verdict == "duplicate"
+    again.close()

@@ -67,6 +67,8 @@ class Engine:
         self.memory: Memory = replay(audit.path)
         if self.memory.torn_lines:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
+        if self.settings.seen_retention_s > 0:
+            self.memory.forget_seen_before(clock() - self.settings.seen_retention_s)
         self.stats = Stats()
         self._lock = threading.RLock()
         self._closed = False
@@ -185,7 +187,7 @@ class Engine:
             why=d.why,
             **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
         )
-        self.memory.seen_findings.add(finding.id)
+        self.memory.saw(finding.id, self.clock())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
             reserved = self.guards.started(d, node)
@@ -289,6 +291,7 @@ class Engine:
         with self._lock:
             self._require_open()
             self._expire_waiting()
+            self._forget_old()
             self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
                 d = self.guards.check(p.finding, p.decision, approved=p.approved)
@@ -296,6 +299,16 @@ class Engine:
                     self.waiting.drop(plan_id)
                     released.append(self._decide(p.finding, d, p.received, approved=p.approved))
         return released
+
+    def _forget_old(self) -> None:
+        """Bounded memory: seen finding ids past ``seen_retention_s``, node facts past their
+        time to live (a sender can name many nodes; the scheduler's facts are re-read)."""
+        keep = self.settings.seen_retention_s
+        if keep > 0:
+            self.memory.forget_seen_before(self.clock() - keep)
+        now = time.monotonic()
+        for node in [n for n, (t, _) in self._facts.items() if now - t >= FACTS_TTL_S]:
+            del self._facts[node]
 
     def _expire_waiting(self) -> None:
         """Plans that waited longer than ``pending_expire_s`` (wall time: they may have waited
