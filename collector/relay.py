@@ -12,7 +12,7 @@ A request is taken whole or not at all: one bad line answers 400 naming its line
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
 ``job_model``) are accepted, with tag values of at most 256 characters and times within the
 last week (and at most 5 minutes ahead): a request cannot make the database create series
-across centuries or carry a blob in a series key. At most 32 connections are served at once,
+across centuries or carry a blob in a series key. At most 128 connections are served at once,
 each request read within 15 s (:mod:`core.tls`). A line without a timestamp is stamped when
 it arrives, truncated to the request's precision as InfluxDB does (not when the spool reaches
 the database, which may be hours later after an outage). A body over 1 MiB (after
@@ -47,7 +47,7 @@ DRAIN_MAX = 16 * MAX_BODY  # a body up to this size is read and dropped before a
 MAX_TAG_VALUE = 256  # characters: job and rank names, never a blob (InfluxDB's series key: 64 KiB)
 MAX_AGE_S = 7 * 86400.0  # a point's time: no older than a week (a spool outage's worth) ...
 MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew allowance
-MAX_CONNECTIONS = 32  # the training processes of one node, with room
+MAX_CONNECTIONS = 128  # the training processes of one node, with much room
 REQUEST_DEADLINE_S = 15.0
 LOG_EVERY_S = 60.0
 
