@@ -26,8 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
+import socketserver
 import ssl
+import struct
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -58,7 +61,10 @@ def client_context(ca_file: str = "", cert_file: str = "", key_file: str = "") -
     return ctx
 
 
-class _Server(ThreadingHTTPServer):
+class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
+    """The connection cap and the request deadline (see the module docstring), for a TCP or a
+    Unix-socket server."""
+
     # socketserver listens with a backlog of 5: a burst of more clients connecting at once
     # overflowed it (connections reset, or a 1 s SYN retry; benchmarks/serving.py). The kernel
     # caps this at net.core.somaxconn.
@@ -140,6 +146,15 @@ class _Server(ThreadingHTTPServer):
         log.debug("connection from %s ended with an error", client_address, exc_info=True)
 
 
+class _Server(_Limited, ThreadingHTTPServer):
+    pass
+
+
+class _UnixServer(_Limited, socketserver.ThreadingUnixStreamServer):
+    """HTTP over a Unix socket: the peer is a process of this host, whose credentials
+    (``SO_PEERCRED``) the handler can ask for (:func:`peer_pid`)."""
+
+
 class GuardedHandler(BaseHTTPRequestHandler):
     """A request handler under its server's request deadline (see the module docstring)."""
 
@@ -192,3 +207,43 @@ def http_server(
         server.context = context  # type: ignore[attr-defined]
     server.daemon_threads = True
     return server
+
+
+def unix_http_server(
+    path: str,
+    handler: type[BaseHTTPRequestHandler],
+    *,
+    mode: int = 0o666,
+    max_connections: int = 128,
+    request_deadline_s: float = 15.0,
+) -> socketserver.ThreadingUnixStreamServer:
+    """An HTTP server on the Unix socket ``path`` (a stale socket file there is replaced; any
+    other file is an error), with the same limits as :func:`http_server`. ``mode``: who may
+    connect (by default any local process: the handler tells them apart by their
+    credentials)."""
+    if os.path.lexists(path):
+        if not os.path.exists(path) or not _is_socket(path):
+            raise OSError(f"{path} exists and is not a socket; not replacing it")
+        os.unlink(path)
+    limits = {"max_connections": max_connections, "request_deadline_s": request_deadline_s}
+    server: socketserver.ThreadingUnixStreamServer = type("_UnixServer", (_UnixServer,), limits)(
+        path, handler
+    )
+    os.chmod(path, mode)
+    return server
+
+
+def _is_socket(path: str) -> bool:
+    import stat
+
+    return stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+def peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket (``SO_PEERCRED``: the kernel's
+    word, not the client's), or None for any other socket."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return pid if pid > 0 else None
