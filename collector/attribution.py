@@ -237,6 +237,13 @@ class JobHistory:
             ):
                 del self._pids[next(iter(self._pids))]
 
+    def jobs_seen(self) -> set[str]:
+        """Every job a GPU or a GPU process of this node had within the kept window (the
+        relay takes reports from these jobs only)."""
+        with self._lock:
+            jobs = {j.job for changes in self._gpus.values() for _, j in changes if j.job}
+            return jobs | {j.job for _, j in self._pids.values() if j.job}
+
     def job_at(self, when_ns: int, gpu: int | None = None, pid: int | None = None) -> JobInfo:
         """The job an event at ``when_ns`` on ``gpu`` (naming ``pid``, if it does) hit."""
         with self._lock:

@@ -54,10 +54,15 @@ def build_context(config: AgentConfig) -> SourceContext:
 
 
 def build_agent(
-    config: AgentConfig, sink: PointSink, sink_stats: Any = None, nvml: Any = None
+    config: AgentConfig,
+    sink: PointSink,
+    sink_stats: Any = None,
+    nvml: Any = None,
+    context: SourceContext | None = None,
 ) -> tuple[Agent, FindingPoster | None]:
-    """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend."""
-    context = build_context(config)
+    """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend;
+    ``context``: the sources' (default: :func:`build_context`'s)."""
+    context = context or build_context(config)
     a = config["agent"]
     made = []
     for name in a["sources"]:
@@ -201,17 +206,29 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     recorder = None
     if args.record_nvml:
         recorder = _nvml_recorder(config)
+    context = build_context(config)
     agent, poster = build_agent(
-        config, sink, (lambda: influx.stats().fields()) if influx else None, recorder
+        config, sink, (lambda: influx.stats().fields()) if influx else None, recorder, context
     )
-    if influx is not None and config["agent"]["reporter_listen"]:
+    a = config["agent"]
+    if influx is not None and (a["reporter_listen"] or a["reporter_socket"]):
         tls = None
-        if config["agent"]["reporter_tls_cert_file"]:
+        if a["reporter_tls_cert_file"]:
             from gpuwarden.core.tls import server_context
 
-            a = config["agent"]
             tls = server_context(a["reporter_tls_cert_file"], a["reporter_tls_key_file"])
-        relay = ReporterRelay(config["agent"]["reporter_listen"], influx, tls)
+        # the jobs on this node's GPUs, as the NVML source attributes them (none: any job)
+        jobs_here = context.inventory.jobs.jobs_seen if "nvml" in a["sources"] else None
+        relay = ReporterRelay(
+            a["reporter_listen"],
+            influx,
+            tls,
+            cluster=context.cluster,
+            node=context.node,
+            socket_path=a["reporter_socket"],
+            procfs=a["procfs"],
+            jobs_here=jobs_here,
+        )
         relay.start()
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))
     metrics = None

@@ -43,6 +43,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "remediation_cert_file": "",
         "remediation_key_file": "",
         "reporter_listen": "127.0.0.1:9465",
+        "reporter_socket": "",
         "reporter_tls_cert_file": "",
         "reporter_tls_key_file": "",
         "metrics_listen": "",

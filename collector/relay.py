@@ -10,37 +10,50 @@ anything is kept, then written out again by the agent's own encoder, so a bad li
 training job can never make the database refuse a batch that carries the node's telemetry.
 A request is taken whole or not at all: one bad line answers 400 naming its line, column and
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
-``job_model``) are accepted. A line without a timestamp is stamped when it arrives, truncated
-to the request's precision as InfluxDB does (not when the spool reaches the database, which
-may be hours later after an outage). A body over 1 MiB (after decompression) answers 413.
-Listens on loopback by default (``agent.reporter_listen``); serves HTTPS with
-``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
+``job_model``) are accepted, with tag values of at most 256 characters and times within the
+last week (and at most 5 minutes ahead): a request cannot make the database create series
+across centuries or carry a blob in a series key. At most 128 connections are served at once,
+each request read within 15 s (:mod:`core.tls`). A line without a timestamp is stamped when
+it arrives, truncated to the request's precision as InfluxDB does (not when the spool reaches
+the database, which may be hours later after an outage). A body over 1 MiB (after
+decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``);
+serves HTTPS with ``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
+import os
+import socketserver
 import ssl
 import threading
 import time
 import urllib.parse
 import zlib
+from collections.abc import Callable, Mapping
 from email.message import Message
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Protocol
 
+from gpuwarden.collector.attribution import parse_cgroup
 from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
 from gpuwarden.core.errors import LineProtocolError
 from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
 from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
-from gpuwarden.core.tls import http_server
+from gpuwarden.core.tls import GuardedHandler, http_server, peer_pid, unix_http_server
 
 log = logging.getLogger(__name__)
 
 ACCEPTED = frozenset(m.name for m in CATALOGUE.values() if m.producer is Producer.REPORTER)
 MAX_BODY = 2**20
 DRAIN_MAX = 16 * MAX_BODY  # a body up to this size is read and dropped before a 413
+MAX_TAG_VALUE = 256  # characters: job and rank names, never a blob (InfluxDB's series key: 64 KiB)
+MAX_AGE_S = 7 * 86400.0  # a point's time: no older than a week (a spool outage's worth) ...
+MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew allowance
+MAX_CONNECTIONS = 128  # the training processes of one node, with much room
+REQUEST_DEADLINE_S = 15.0
 LOG_EVERY_S = 60.0
 
 
@@ -48,30 +61,85 @@ class LineSink(Protocol):
     def write_lines(self, lines: list[str]) -> None: ...
 
 
-def check_lines(body: str, precision: str = "", now_ns: int | None = None) -> tuple[list[str], str]:
+#: what the relay asks of a line's job tag: ``(status, why)`` to refuse the request, or None
+JobRule = Callable[[str], "tuple[int, str] | None"]
+
+
+def check_lines(
+    body: str,
+    precision: str = "",
+    now_ns: int | None = None,
+    *,
+    stamp: Mapping[str, str] | None = None,
+    job_rule: JobRule | None = None,
+) -> tuple[list[str], str]:
     """The body's points, checked and encoded again at nanosecond precision; or a message
-    saying what is wrong (and no lines)."""
+    saying what is wrong (and no lines). ``stamp``: tags set on every point whatever it said
+    (the relay's own ``cluster`` and ``node``, and a caller's job where the system names it);
+    ``job_rule``: asked about every point's job as the point says it (:class:`ReporterRelay`)."""
+    lines, _, problem = checked_lines(body, precision, now_ns, stamp=stamp, job_rule=job_rule)
+    return lines, problem
+
+
+def checked_lines(
+    body: str,
+    precision: str = "",
+    now_ns: int | None = None,
+    *,
+    stamp: Mapping[str, str] | None = None,
+    job_rule: JobRule | None = None,
+) -> tuple[list[str], int, str]:
+    """:func:`check_lines` with the status a refusal gets (400, or what ``job_rule`` says)."""
     ns_per_unit = PRECISIONS.get(precision)
     if ns_per_unit is None:
-        return [], f"precision {precision!r} is not one of {sorted(p for p in PRECISIONS if p)}"
+        return (
+            [],
+            400,
+            f"precision {precision!r} is not one of {sorted(p for p in PRECISIONS if p)}",
+        )
     try:
         points = parse_lines(body, time.time_ns() if now_ns is None else now_ns, ns_per_unit)
     except LineProtocolError as e:
-        return [], str(e)
+        return [], 400, str(e)
+    stamped: list[Point] = []
     for n, point in enumerate(points, 1):
         if point.measurement not in ACCEPTED:
-            return [], (
-                f"point {n}: measurement {point.measurement!r} is not accepted here; only "
-                f"{sorted(ACCEPTED)}"
+            return (
+                [],
+                400,
+                (
+                    f"point {n}: measurement {point.measurement!r} is not accepted here; only "
+                    f"{sorted(ACCEPTED)}"
+                ),
             )
         problems = check_point(point.measurement, point.tags, point.fields)
         if problems:
-            return [], f"point {n}: " + "; ".join(problems)
+            return [], 400, f"point {n}: " + "; ".join(problems)
+        long = sorted(k for k, v in point.tags.items() if len(v) > MAX_TAG_VALUE)
+        if long:
+            return [], 400, f"point {n}: tag {long[0]} is over {MAX_TAG_VALUE} characters"
+        now = time.time_ns() if now_ns is None else now_ns
+        if not (now - MAX_AGE_S * 1e9 <= point.time_ns <= now + MAX_AHEAD_S * 1e9):
+            return (
+                [],
+                400,
+                (
+                    f"point {n}: its time is {(point.time_ns - now) / 1e9:+.0f} s from now; a "
+                    f"reporter's points are from the last {MAX_AGE_S / 86400:g} days (at most "
+                    f"{MAX_AHEAD_S:g} s ahead)"
+                ),
+            )
+        if job_rule is not None:
+            refused = job_rule(point.tags.get("job", ""))
+            if refused is not None:
+                return [], refused[0], f"point {n}: {refused[1]}"
+        tags = {**point.tags, **stamp} if stamp else point.tags
+        stamped.append(Point(point.measurement, tags, point.fields, point.time_ns))
     stats = EncodeStats()
-    lines = encode_points(points, stats=stats)
+    lines = encode_points(stamped, stats=stats)
     if stats.points_dropped:  # cannot happen for what parse_lines reads; say so if it does
-        return [], f"{stats.points_dropped} point(s) could not be written: {stats.reasons}"
-    return lines, ""
+        return [], 500, f"{stats.points_dropped} point(s) could not be written: {stats.reasons}"
+    return lines, 204, ""
 
 
 def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None, int, str]:
@@ -108,10 +176,45 @@ def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None,
 
 
 class ReporterRelay:
-    def __init__(self, listen: str, sink: LineSink, tls: ssl.SSLContext | None = None) -> None:
-        host, _, port = listen.rpartition(":")
+    """The relay: TCP on ``listen`` (``host:port``; "" for none) and/or a Unix socket at
+    ``socket_path``.
+
+    **Who may write what** (issue 38): every point is stamped with the relay's own ``cluster``
+    and ``node`` (when given), whatever it said: a job on node A cannot speak for node B. Its
+    ``job`` must be the caller's:
+
+    * over the Unix socket the kernel names the caller (``SO_PEERCRED``), and its cgroup names
+      its job where the system set one (Slurm's ``job_<id>``, a Kubernetes pod;
+      :func:`collector.attribution.parse_cgroup`): a point of another job is refused (403),
+      and a point without one gets it;
+    * otherwise (TCP, or a caller in no job's cgroup), with ``jobs_here`` set (the jobs the
+      agent saw on this node's GPUs lately), a point of a job holding none of them is refused
+      with 503 and ``Retry-After`` (a job's first report can come before the agent's next look
+      at its GPUs; a made-up job never becomes one). Without ``jobs_here`` any job is taken.
+    """
+
+    def __init__(
+        self,
+        listen: str,
+        sink: LineSink,
+        tls: ssl.SSLContext | None = None,
+        *,
+        cluster: str = "",
+        node: str = "",
+        socket_path: str = "",
+        procfs: str = "/proc",
+        jobs_here: Callable[[], set[str]] | None = None,
+    ) -> None:
         self.tls = tls
-        self.address = (host or "127.0.0.1", int(port))
+        self.address: tuple[str, int] = ("", 0)
+        if listen:
+            host, _, port = listen.rpartition(":")
+            self.address = (host or "127.0.0.1", int(port))
+        self.listen = bool(listen)
+        self.socket_path = socket_path
+        self.procfs = procfs
+        self.jobs_here = jobs_here
+        self.stamp = {k: v for k, v in (("cluster", cluster), ("node", node)) if v}
         self.sink = sink
         self.accepted = 0  # lines
         self.refused = 0  # requests
@@ -119,12 +222,12 @@ class ReporterRelay:
         self._unsaid = 0  # refusals not logged yet
         self._said_at = -float("inf")
         self._lock = threading.Lock()
-        self._server: ThreadingHTTPServer | None = None
+        self._servers: list[socketserver.BaseServer] = []
 
     def start(self) -> None:
         relay = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(GuardedHandler):
             # a client silent this long on a read is dropped (before: no timeout over plain
             # HTTP, so idle connections held a thread and a descriptor each, for ever)
             timeout = 10
@@ -136,23 +239,72 @@ class ReporterRelay:
                 body = text.encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
+                if code == 503:
+                    self.send_header("Retry-After", "5")
                 self.end_headers()
                 self.wfile.write(body)
 
-            def do_GET(self) -> None:
+            def do_GET(self) -> None:  # noqa: N802
                 self._answer(200 if self.path in ("/health", "/ping") else 404, "ok\n")
 
-            def do_POST(self) -> None:
+            def do_POST(self) -> None:  # noqa: N802
                 status, problem = relay._post(self)
                 if status >= 400:
-                    relay._refused(status, problem, self.client_address[0])
+                    who = self.client_address[0] if self.client_address else "the Unix socket"
+                    relay._refused(status, problem, str(who))
                     self._answer(status, problem + "\n")
                 else:
                     self._answer(status)
 
-        self._server = http_server(self.address, Handler, self.tls)
-        self.address = self._server.server_address[:2]  # type: ignore[assignment]
-        threading.Thread(target=self._server.serve_forever, daemon=True, name="relay").start()
+        cap, deadline = MAX_CONNECTIONS, REQUEST_DEADLINE_S
+        if self.listen:
+            server = http_server(
+                self.address, Handler, self.tls, max_connections=cap, request_deadline_s=deadline
+            )
+            self.address = server.server_address[:2]  # type: ignore[assignment]
+            self._servers.append(server)
+        if self.socket_path:
+            self._servers.append(
+                unix_http_server(
+                    self.socket_path, Handler, max_connections=cap, request_deadline_s=deadline
+                )
+            )
+        for s in self._servers:
+            threading.Thread(target=s.serve_forever, daemon=True, name="relay").start()
+
+    def _job_rule(self, request: BaseHTTPRequestHandler) -> tuple[JobRule | None, dict[str, str]]:
+        """What the caller may say its job is, and the tags to stamp (see the class)."""
+        stamp = dict(self.stamp)
+        pid = peer_pid(request.connection)
+        system_job = ""
+        if pid is not None:
+            try:
+                with open(f"{self.procfs}/{pid}/cgroup", "rb") as f:
+                    system_job = parse_cgroup(f.read().decode("utf-8", "replace"))
+            except OSError:
+                system_job = ""
+        if system_job:
+            stamp["job"] = system_job
+
+            def own_job(job: str) -> tuple[int, str] | None:
+                if job and job != system_job:
+                    return 403, f"job {job!r} is not the caller's: its cgroup names {system_job}"
+                return None
+
+            return own_job, stamp
+        if self.jobs_here is None:
+            return None, stamp
+        here = self.jobs_here()
+
+        def on_this_node(job: str) -> tuple[int, str] | None:
+            if job not in here:
+                return 503, (
+                    f"job {job!r} holds none of this node's GPUs (not yet, or not at all); "
+                    f"jobs seen here lately: {sorted(here)[:8]}"
+                )
+            return None
+
+        return on_this_node, stamp
 
     def _post(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
         """Reads, checks and keeps one request's lines: ``(204, "")`` or an error status and
@@ -161,6 +313,8 @@ class ReporterRelay:
         if url.path != "/write":
             return 404, "POST /write"
         body, status, problem = read_body(request.headers, request.rfile)
+        if isinstance(request, GuardedHandler):
+            request.done_reading()
         if body is None:
             request.close_connection = True  # the rest of the body may still be unread
             return status, problem
@@ -169,9 +323,10 @@ class ReporterRelay:
         except UnicodeDecodeError:
             return 400, "body is not UTF-8"
         precision = (urllib.parse.parse_qs(url.query).get("precision") or [""])[0]
-        lines, problem = check_lines(text, precision)
+        rule, stamp = self._job_rule(request)
+        lines, status, problem = checked_lines(text, precision, stamp=stamp, job_rule=rule)
         if problem:
-            return 400, problem
+            return status, problem
         self.sink.write_lines(lines)
         with self._lock:
             self.accepted += len(lines)
@@ -201,6 +356,9 @@ class ReporterRelay:
         return Point("agent", tags, {"points_count": kept, "errors_total": refused}, now_ns)
 
     def close(self) -> None:
-        if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+        for s in self._servers:
+            s.shutdown()
+            s.server_close()
+        if self.socket_path:
+            with contextlib.suppress(OSError):
+                os.unlink(self.socket_path)

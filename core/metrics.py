@@ -19,10 +19,10 @@ import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Literal
 
-from gpuwarden.core.tls import http_server
+from gpuwarden.core.tls import GuardedHandler, http_server
 
 log = logging.getLogger(__name__)
 
@@ -73,12 +73,12 @@ def render(metrics: Iterable[Metric]) -> tuple[bytes, str]:
     return generate_latest(registry), TEXT_0_0_4
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     produce: Callable[[], list[Metric]]
     timeout = 10
     server_version = "gpuwarden metrics"
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802
         if self.path.split("?", 1)[0] != "/metrics":
             self.send_error(404, "only /metrics here")
             return

@@ -7,6 +7,16 @@ thread (after the handler set its timeout), never on the accepting thread, so a 
 connects and says nothing holds up no one else; a failed handshake (plain HTTP, an unknown
 client certificate) costs that connection only and is logged at debug level.
 
+Limits (issue 38): a server serves at most ``max_connections`` connections at once; one more
+is answered ``503`` with ``Retry-After: 1`` (plain HTTP; over TLS it is closed) from the
+accepting thread, so a flood of idle clients holds at most that many threads and descriptors.
+Each request, from its first byte (or the TLS handshake, or the wait for the next request on
+a kept-alive connection) until its body has been read, has ``request_deadline_s`` in all:
+a client that trickles a byte at a time, within every per-read timeout, is cut off at the
+deadline (a reaper thread shuts the socket down). Handlers that read a body call
+:meth:`GuardedHandler.done_reading` after it, so the time the handler then takes to answer
+is not counted; one that never calls it has the deadline cover its answer too.
+
 Senders (the findings poster, the operator commands, the job-side reporter): the server is
 verified against ``ca_file`` (the system's CAs when it is empty) and its name; ``cert_file``
 and ``key_file`` are the client's own certificate for an engine that requires one.
@@ -14,8 +24,15 @@ and ``key_file`` are the client's own certificate for an engine that requires on
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import socket
+import socketserver
 import ssl
+import struct
+import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -44,12 +61,114 @@ def client_context(ca_file: str = "", cert_file: str = "", key_file: str = "") -
     return ctx
 
 
-class _Server(ThreadingHTTPServer):
+class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
+    """The connection cap and the request deadline (see the module docstring), for a TCP or a
+    Unix-socket server."""
+
     # socketserver listens with a backlog of 5: a burst of more clients connecting at once
     # overflowed it (connections reset, or a 1 s SYN retry; benchmarks/serving.py). The kernel
     # caps this at net.core.somaxconn.
     request_queue_size = 1024
     daemon_threads = True
+    max_connections = 128
+    request_deadline_s = 15.0
+    _BUSY = (
+        b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n"
+        b"Content-Length: 13\r\nConnection: close\r\n\r\nserver busy\r\n"
+    )
+
+    def server_activate(self) -> None:
+        super().server_activate()
+        self.refused_busy = 0  # connections turned away at the cap
+        self.cut_slow = 0  # connections shut down at their request deadline
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._armed: dict[socket.socket, float] = {}
+        self._guard = threading.Lock()
+        self._stopping = threading.Event()
+        threading.Thread(target=self._reap, daemon=True, name="http-deadlines").start()
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self._slots.acquire(blocking=False):
+            with self._guard:
+                self.refused_busy += 1
+            if not isinstance(request, ssl.SSLSocket):
+                try:
+                    request.settimeout(0.5)
+                    request.sendall(self._BUSY)
+                except OSError:
+                    pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        self.arm(request)  # the TLS handshake and the first request
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.disarm(request)
+            self._slots.release()
+
+    def arm(self, sock: socket.socket) -> None:
+        """The request on ``sock`` must be read within ``request_deadline_s`` from now."""
+        with self._guard:
+            self._armed[sock] = time.monotonic() + self.request_deadline_s
+
+    def disarm(self, sock: socket.socket) -> None:
+        with self._guard:
+            self._armed.pop(sock, None)
+
+    def _reap(self) -> None:
+        every = max(0.05, min(0.5, self.request_deadline_s / 4))
+        while not self._stopping.wait(every):
+            now = time.monotonic()
+            with self._guard:
+                late = [s for s, deadline in self._armed.items() if deadline < now]
+                for s in late:
+                    del self._armed[s]
+                self.cut_slow += len(late)
+            for s in late:
+                log.debug("request deadline %g s passed: connection shut", self.request_deadline_s)
+                # the plain socket's shutdown, also under TLS: the blocked read returns
+                with contextlib.suppress(OSError):
+                    socket.socket.shutdown(s, socket.SHUT_RDWR)
+
+    def server_close(self) -> None:
+        self._stopping.set()
+        super().server_close()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # a client gone mid-request (cut at its deadline, a reset): its own business
+        log.debug("connection from %s ended with an error", client_address, exc_info=True)
+
+
+class _Server(_Limited, ThreadingHTTPServer):
+    pass
+
+
+class _UnixServer(_Limited, socketserver.ThreadingUnixStreamServer):
+    """HTTP over a Unix socket: the peer is a process of this host, whose credentials
+    (``SO_PEERCRED``) the handler can ask for (:func:`peer_pid`)."""
+
+
+class GuardedHandler(BaseHTTPRequestHandler):
+    """A request handler under its server's request deadline (see the module docstring)."""
+
+    def handle_one_request(self) -> None:
+        arm = getattr(self.server, "arm", None)
+        if arm is not None:  # every request, and the wait for it, has the deadline anew
+            arm(self.connection)
+        super().handle_one_request()
+
+    def done_reading(self) -> None:
+        """The request is read: what the handler does now is not the client's to stall."""
+        disarm = getattr(self.server, "disarm", None)
+        if disarm is not None:
+            disarm(self.connection)
 
 
 class _TLSServer(_Server):
@@ -68,21 +187,63 @@ class _TLSServer(_Server):
             return
         super().finish_request(request, client_address)
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("connection from %s ended with an error", client_address, exc_info=True)
-
 
 def http_server(
     address: tuple[str, int],
     handler: type[BaseHTTPRequestHandler],
     context: ssl.SSLContext | None = None,
+    *,
+    max_connections: int = 128,
+    request_deadline_s: float = 15.0,
 ) -> ThreadingHTTPServer:
-    """A threading HTTP server for ``handler``; HTTPS when ``context`` is given."""
-    server: ThreadingHTTPServer
-    if context is None:
-        server = _Server(address, handler)
-    else:
-        server = _TLSServer(address, handler)
-        server.context = context
+    """A threading HTTP server for ``handler``; HTTPS when ``context`` is given; at most
+    ``max_connections`` at once, each request read within ``request_deadline_s``."""
+    if max_connections < 1 or request_deadline_s <= 0:
+        raise ValueError("max_connections must be >= 1 and request_deadline_s > 0")
+    cls = _Server if context is None else _TLSServer
+    limits = {"max_connections": max_connections, "request_deadline_s": request_deadline_s}
+    server: ThreadingHTTPServer = type(cls.__name__, (cls,), limits)(address, handler)
+    if context is not None:
+        server.context = context  # type: ignore[attr-defined]
     server.daemon_threads = True
     return server
+
+
+def unix_http_server(
+    path: str,
+    handler: type[BaseHTTPRequestHandler],
+    *,
+    mode: int = 0o666,
+    max_connections: int = 128,
+    request_deadline_s: float = 15.0,
+) -> socketserver.ThreadingUnixStreamServer:
+    """An HTTP server on the Unix socket ``path`` (a stale socket file there is replaced; any
+    other file is an error), with the same limits as :func:`http_server`. ``mode``: who may
+    connect (by default any local process: the handler tells them apart by their
+    credentials)."""
+    if os.path.lexists(path):
+        if not os.path.exists(path) or not _is_socket(path):
+            raise OSError(f"{path} exists and is not a socket; not replacing it")
+        os.unlink(path)
+    limits = {"max_connections": max_connections, "request_deadline_s": request_deadline_s}
+    server: socketserver.ThreadingUnixStreamServer = type("_UnixServer", (_UnixServer,), limits)(
+        path, handler
+    )
+    os.chmod(path, mode)
+    return server
+
+
+def _is_socket(path: str) -> bool:
+    import stat
+
+    return stat.S_ISSOCK(os.lstat(path).st_mode)
+
+
+def peer_pid(sock: socket.socket) -> int | None:
+    """The pid of the process at the other end of a Unix socket (``SO_PEERCRED``: the kernel's
+    word, not the client's), or None for any other socket."""
+    if sock.family != socket.AF_UNIX:
+        return None
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, _uid, _gid = struct.unpack("3i", creds)
+    return pid if pid > 0 else None

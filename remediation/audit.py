@@ -176,6 +176,8 @@ class Memory:
     """What the engine remembers across restarts (rebuilt from the audit log)."""
 
     seen_findings: set[str] = field(default_factory=set)
+    seen_at: dict[str, float] = field(default_factory=dict)
+    """When each seen finding was decided, oldest first (:meth:`forget_seen_before`)."""
     finding_digests: dict[str, str] = field(default_factory=dict)
     """Each seen finding's content digest (:attr:`Finding.digest`), where the audit has it: a
     duplicate is answered "same content" only when they match."""
@@ -193,6 +195,27 @@ class Memory:
     """Plans decided ``act``/``dry_run`` whose actions had not all been recorded (replay)."""
     waiting: list[PlanRecord] = field(default_factory=list)
     """Plans still waiting (approval, blast radius, rate limit, lemon) at the last stop."""
+
+    def saw(self, finding_id: str, t: float) -> None:
+        """``finding_id`` was decided at ``t``: a re-send of it is a duplicate (and does not
+        make it remembered longer: the first decision's time counts)."""
+        self.seen_findings.add(finding_id)
+        self.seen_at.setdefault(finding_id, t)
+
+    def forget_seen_before(self, t: float) -> int:
+        """Forget findings decided before ``t`` (oldest first; returns how many): where every
+        sender's finding older than some age is refused as stale anyway, remembering its id
+        longer guards nothing, and the memory stays bounded by the senders' quotas."""
+        forgotten = 0
+        while self.seen_at:
+            oldest = next(iter(self.seen_at))
+            if self.seen_at[oldest] >= t:
+                break
+            del self.seen_at[oldest]
+            self.seen_findings.discard(oldest)
+            self.finding_digests.pop(oldest, None)
+            forgotten += 1
+        return forgotten
 
     def note_action(self, record: Mapping[str, Any]) -> None:
         self.recorded.add(str(record.get("action_id", "")))
@@ -236,7 +259,9 @@ def replay(path: str | Path) -> Memory:
             if record.get("digest"):
                 memory.finding_digests[fid] = str(record["digest"])
         elif event == "decision" and fid:
-            memory.seen_findings.add(fid)  # decided: durable, so a re-send is a duplicate
+            memory.saw(
+                fid, float(record.get("t", 0.0))
+            )  # decided, durably: a re-send is a duplicate
             if record.get("verdict") != "duplicate":
                 received = float((findings.get(fid) or record).get("t", record.get("t", 0.0)))
                 latest[fid] = PlanRecord(record, findings.get(fid), received)

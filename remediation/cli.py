@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import signal
@@ -69,7 +70,9 @@ def action_point(action: Action, outcome: Outcome, record: dict[str, Any]) -> Po
     )
 
 
-def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
+def build_engine(
+    config: RemediationConfig, seen_retention_s: float = 0.0
+) -> tuple[Engine, InfluxSink | None]:
     adapters = {}
     for name in config.adapter_names():
         try:
@@ -98,7 +101,7 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
         config.policies,
         adapters,
         AuditLog(config["engine"]["audit_log"], exclusive=True),  # one engine per audit log
-        config.settings,
+        dataclasses.replace(config.settings, seen_retention_s=seen_retention_s),
         on_action=on_action,
     )
     return engine, sink
@@ -106,7 +109,8 @@ def build_engine(config: RemediationConfig) -> tuple[Engine, InfluxSink | None]:
 
 def serve(config: RemediationConfig) -> int:
     e = config["engine"]
-    engine, sink = build_engine(config)
+    # a finding re-sent past this is refused as stale by the endpoint: its id need not be kept
+    engine, sink = build_engine(config, e["max_finding_age_s"] + e["max_clock_skew_s"] + 60.0)
     keyring = Keyring(config.identities)
     if not keyring:
         log.warning("no identities configured: one shared token%s serves every caller (the "
@@ -126,12 +130,22 @@ def serve(config: RemediationConfig) -> int:
         max_finding_age_s=e["max_finding_age_s"],
         max_clock_skew_s=e["max_clock_skew_s"],
         alerts_unsigned=e["alerts_unsigned"],
+        quotas_per_min={
+            kind: e[f"quota_{kind}_per_min"] for kind in ("agent", "analytics", "alerts")
+        },
     )
     host, _, port = e["listen"].rpartition(":")
     tls = None
     if e["tls_cert_file"]:
         tls = server_context(e["tls_cert_file"], e["tls_key_file"], e["tls_client_ca_file"])
-    server = make_server(endpoint, host or "127.0.0.1", int(port), tls)
+    server = make_server(
+        endpoint,
+        host or "127.0.0.1",
+        int(port),
+        tls,
+        max_connections=e["max_connections"],
+        request_deadline_s=e["request_deadline_s"],
+    )
     stop = threading.Event()
 
     def on_signal(signum: int, frame: object) -> None:

@@ -13,7 +13,9 @@ configuration or in the file ``[engine] identities_file`` names::
 kind            scope
 ==============  ============================================================================
 ``agent``       findings whose subject node is its ``node`` (and only such findings), among
-                them the evidence that returns that node to service (``node_healthy``).
+                them the evidence that returns that node to service (``node_healthy``);
+                never the analyze service's kinds (:data:`ANALYTICS_KINDS`: a checkpoint
+                advice, a straggler, a hang are a fleet's view, not one node's).
                 ``node = "*"``: one identity per node, ``<name>/<node>``, each signing with
                 its own key, derived from ``secret_file`` (:func:`core.signing.agent_key`,
                 ``gpuwarden remediate agent-key NODE`` prints it): the engine keeps one secret
@@ -171,6 +173,10 @@ class Principal:
             )
         if self.kind == "agent" and node != self.node:
             return f"agent {self.name} speaks for node {self.node} only, not {node or '(none)'}"
+        if self.kind == "agent" and kind in ANALYTICS_KINDS:
+            # a node knows its own hardware, not a job's cadence nor who else is slow: a
+            # checkpoint_advice from it would set another node's job's interval
+            return f"agent {self.name} may not send {kind}: the analyze service's kind"
         if self.kinds is not None and kind not in self.kinds:
             return f"{self.name} may send the kinds {sorted(self.kinds)} only, not {kind}"
         return ""

@@ -63,7 +63,7 @@ import threading
 import time
 from collections.abc import Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
 from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, FindingNameError, Severity
@@ -76,7 +76,7 @@ from gpuwarden.core.signing import (
     verify_request,
 )
 from gpuwarden.core.timeparse import parse_iso
-from gpuwarden.core.tls import http_server
+from gpuwarden.core.tls import GuardedHandler, http_server
 from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.engine import Engine, EngineClosedError
 from gpuwarden.remediation.identity import RETURN_KINDS, Keyring, Principal
@@ -98,10 +98,44 @@ class Headers(Protocol):
 
 
 class RequestError(Exception):
-    def __init__(self, status: HTTPStatus, message: str) -> None:
+    def __init__(self, status: HTTPStatus, message: str, *, retry_after_s: float = 0.0) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
+        self.retry_after_s = retry_after_s
+
+
+class Quotas:
+    """Findings a minute per identity, by its kind (``[engine] quota_<kind>_per_min``; 0 or
+    absent: no quota): a token bucket per principal that holds a minute's worth, so a burst of
+    up to that many passes at once and the rate holds over any minute. A family's members
+    (``agents/<node>``) each have their own bucket: one node's flood costs only that node. The
+    legacy shared credential and operators have none. Buckets exist only for principals that
+    proved who they are, so their number is bounded by the nodes and identities configured."""
+
+    def __init__(self, per_min: Mapping[str, float]) -> None:
+        self._per_min = {k: float(v) for k, v in per_min.items() if v and v > 0}
+        self._buckets: dict[str, tuple[float, float]] = {}  # name -> (tokens left, when: monotonic)
+        self._lock = threading.Lock()
+
+    def per_min(self, principal: Principal) -> float:
+        return self._per_min.get(principal.kind, 0.0)
+
+    def spend(self, principal: Principal, n: int) -> float:
+        """Take ``n`` findings from ``principal``'s bucket: 0 when they fit, else the seconds
+        until they would (nothing is taken then)."""
+        rate = self.per_min(principal)
+        if rate <= 0:
+            return 0.0
+        now = time.monotonic()
+        with self._lock:
+            tokens, then = self._buckets.get(principal.name, (rate, now))
+            tokens = min(rate, tokens + (now - then) * rate / 60.0)
+            if n > tokens:
+                self._buckets[principal.name] = (tokens, now)
+                return max(1.0, (min(n, rate) - tokens) * 60.0 / rate)
+            self._buckets[principal.name] = (tokens - n, now)
+            return 0.0
 
 
 class Endpoint:
@@ -125,6 +159,7 @@ class Endpoint:
         max_finding_age_s: float = 3600.0,
         max_clock_skew_s: float = 300.0,
         alerts_unsigned: bool = False,
+        quotas_per_min: Mapping[str, float] | None = None,
     ) -> None:
         self.keyring = keyring if keyring else None
         if not token and self.keyring is None:
@@ -148,8 +183,10 @@ class Endpoint:
         self.max_finding_age_s = max_finding_age_s
         self.max_clock_skew_s = max_clock_skew_s
         self.alerts_unsigned = alerts_unsigned
+        self.quotas = Quotas(quotas_per_min or {})
         self.rejected: dict[int, int] = {}
         self._lock = threading.Lock()
+        self.server: ThreadingHTTPServer | None = None  # make_server's, for its counters
 
     # -- checks -------------------------------------------------------------------------------
 
@@ -250,11 +287,20 @@ class Endpoint:
             )
 
     def in_scope(self, principal: Principal, findings: list[Finding]) -> None:
-        """Every finding within the principal's scope, or 403 before any is acted on."""
+        """Every finding within the principal's scope and its quota, or 403 (429) before any
+        is acted on."""
         for f in findings:
             why = principal.refuses(f.kind, f.subject.get("node", ""), self._returns(f.kind))
             if why:
                 raise RequestError(HTTPStatus.FORBIDDEN, f"finding {f.id}: {why}")
+        wait_s = self.quotas.spend(principal, len(findings))
+        if wait_s > 0:
+            raise RequestError(
+                HTTPStatus.TOO_MANY_REQUESTS,
+                f"{principal.name} is over its quota of {self.quotas.per_min(principal):g} "
+                f"findings a minute; retry in {wait_s:.0f} s (nothing of this request acted on)",
+                retry_after_s=wait_s,
+            )
 
     def _returns(self, kind: str) -> bool:
         """Would a finding of ``kind`` put its node back in service?"""
@@ -404,6 +450,8 @@ class Endpoint:
             return status, payload
         except RequestError as exc:
             self._count(method, path, exc.status, exc.message)
+            if exc.retry_after_s:
+                return exc.status, {"error": exc.message, "retry_after_s": exc.retry_after_s}
             return exc.status, {"error": exc.message}
 
     def _get(self, path: str, principal: Principal) -> tuple[HTTPStatus, dict[str, Any]]:
@@ -559,9 +607,9 @@ def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
     )
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(GuardedHandler):
     endpoint: Endpoint
-    timeout = 10  # a client that stalls mid-request is dropped
+    timeout = 10  # a client silent this long on one read is dropped (and see request_deadline_s)
     server_version = "gpuwarden remediate"
 
     def _peer_names(self) -> frozenset[str] | None:
@@ -577,31 +625,43 @@ class _Handler(BaseHTTPRequestHandler):
     def _serve(self, method: str) -> None:
         path, _, query = self.path.partition("?")
         peer = self._peer_names()
+
+        def read(n: int) -> bytes:
+            body = self.rfile.read(n)
+            self.done_reading()
+            return bytes(body)
+
+        if method != "POST":
+            self.done_reading()  # no body: the request line and headers were the request
+        retry_after = 1.0
         if method == "GET" and path == "/metrics":
             status, body, content_type = self.endpoint.metrics(self.headers, query, peer)
         else:
             status, payload = self.endpoint.handle(
-                method, path, self.headers, self.rfile.read, query=query, peer_names=peer
+                method, path, self.headers, read, query=query, peer_names=peer
             )
+            retry_after = float(payload.get("retry_after_s", 1.0))
             body, content_type = json.dumps(payload).encode(), "application/json"
         self.send_response(status)
         self.send_header("Content-Type", content_type)
+        if status in (HTTPStatus.TOO_MANY_REQUESTS, HTTPStatus.SERVICE_UNAVAILABLE):
+            self.send_header("Retry-After", str(max(1, math.ceil(retry_after))))
         self.send_header("Content-Length", str(len(body)))
         if status >= 400:
             self.send_header("Connection", "close")
         self.end_headers()
         self.wfile.write(body)
 
-    def do_GET(self) -> None:
+    def do_GET(self) -> None:  # noqa: N802
         self._serve("GET")
 
-    def do_POST(self) -> None:
+    def do_POST(self) -> None:  # noqa: N802
         self._serve("POST")
 
-    def do_PUT(self) -> None:
+    def do_PUT(self) -> None:  # noqa: N802
         self._serve("PUT")
 
-    def do_DELETE(self) -> None:
+    def do_DELETE(self) -> None:  # noqa: N802
         self._serve("DELETE")
 
     def log_message(self, format: str, *args: Any) -> None:
@@ -609,8 +669,23 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 def make_server(
-    endpoint: Endpoint, host: str, port: int, tls: ssl.SSLContext | None = None
+    endpoint: Endpoint,
+    host: str,
+    port: int,
+    tls: ssl.SSLContext | None = None,
+    *,
+    max_connections: int = 128,
+    request_deadline_s: float = 15.0,
 ) -> ThreadingHTTPServer:
-    """The endpoint's HTTP server (HTTPS with ``tls``: :func:`core.tls.server_context`)."""
+    """The endpoint's HTTP server (HTTPS with ``tls``: :func:`core.tls.server_context`), at
+    most ``max_connections`` at once, each request read within ``request_deadline_s``."""
     handler = type("Handler", (_Handler,), {"endpoint": endpoint})
-    return http_server((host, port), handler, tls)
+    server = http_server(
+        (host, port),
+        handler,
+        tls,
+        max_connections=max_connections,
+        request_deadline_s=request_deadline_s,
+    )
+    endpoint.server = server
+    return server

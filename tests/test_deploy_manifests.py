@@ -138,3 +138,20 @@ def test_the_init_container_example_names_the_agents_configmap() -> None:
                                   for c in s["containers"]}  # fmt: skip
     cms = {v["configMap"]["name"] for v in fragment["volumes"] if "configMap" in v}
     assert cms <= named(documents(), "ConfigMap")
+
+
+def test_the_relay_is_reachable_from_the_nodes_own_pods_only() -> None:
+    """Before: ``reporter_listen = "0.0.0.0:9465"`` with a ``hostPort``: any pod of the cluster
+    reached every node's relay, unauthenticated. Now: no port at all, a Unix socket in a host
+    folder the agent mounts (and the node's own training pods may)."""
+    docs = documents()
+    agent_cm = next(d for d in docs if d["kind"] == "ConfigMap"
+                    and d["metadata"]["name"] == "gpuwarden-agent")  # fmt: skip
+    agent = tomllib.loads(agent_cm["data"]["agent.toml"])["agent"]
+    assert agent["reporter_listen"] == "" and agent["reporter_socket"].startswith("/run/gpuwarden/")
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    containers = ds["spec"]["template"]["spec"]["containers"]
+    ports = [p for c in containers for p in c.get("ports", [])]
+    assert not [p for p in ports if p.get("hostPort") or p.get("containerPort") == 9465]
+    mounts = {m["mountPath"] for c in containers for m in c.get("volumeMounts", [])}
+    assert "/run/gpuwarden" in mounts

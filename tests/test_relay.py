@@ -327,10 +327,10 @@ STEP = "job_step,job=j1,rank=0 step_index=7i,step_time_s=1.25,tokens_count=4096i
 
 def test_lines_are_checked_encoded_again_and_stamped(relay):
     r, sink = relay
-    assert post(r, f"{STEP} 1700000000\n".encode(), "/write?db=x&precision=s")[0] == 204
+    t_s = int(time.time()) - 60
+    assert post(r, f"{STEP} {t_s}\n".encode(), "/write?db=x&precision=s")[0] == 204
     assert sink.lines == [
-        "job_step,job=j1,rank=0 step_index=7i,step_time_s=1.25,tokens_count=4096i "
-        "1700000000000000000"
+        f"job_step,job=j1,rank=0 step_index=7i,step_time_s=1.25,tokens_count=4096i {t_s}000000000"
     ]
     assert post(r, STEP.encode())[0] == 204  # no timestamp: stamped on arrival, in ns
     stamp = int(sink.lines[1].rsplit(" ", 1)[1])
@@ -365,10 +365,30 @@ def test_bad_requests_get_a_clear_answer_and_keep_nothing(relay, body, path, hea
 
 def test_one_bad_line_refuses_the_whole_request(relay):
     r, sink = relay
-    body = "\n".join([STEP + " 1", STEP + " 2", "job_step,job=j1 step_index=1.5 3"])
+    body = "\n".join([STEP, STEP, "job_step,job=j1 step_index=1.5"])
     status, text = post(r, body.encode())
     assert (status, sink.lines, r.refused) == (400, [], 1)
     assert "point 3: job_step.step_index: declared integer" in text
+
+
+@pytest.mark.parametrize(
+    ("line", "says"),
+    [
+        # 12,000 series in 12,000 distinct weeks from 1970 to 2200 made InfluxDB create a
+        # shard per week (issue 38, point 5); any time outside the last week is refused
+        (f"{STEP} 1", "s from now"),
+        (f"{STEP} 7258118400000000000", "s from now"),  # 2200
+        (f"{STEP} {time.time_ns() - 8 * 86400 * 10**9}", "from the last 7 days"),
+        (f"{STEP} {time.time_ns() + 3600 * 10**9}", "at most 300 s ahead"),
+        # a 70 KB tag was accepted, past InfluxDB's 64 KiB series key
+        ("job_step,job=" + "j" * 70_000 + " step_index=1i", "over 256 characters"),
+    ],
+)
+def test_times_and_tags_out_of_bounds_are_refused(relay, line, says):
+    r, sink = relay
+    status, text = post(r, line.encode())
+    assert (status, sink.lines) == (400, [])
+    assert says in text
 
 
 def test_gzip_bodies_and_their_limits(relay):

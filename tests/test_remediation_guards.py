@@ -366,3 +366,88 @@ def test_a_lemon_stays_out_until_an_operator_returns_it(tmp_path: Path) -> None:
     again, _, _ = _clocked(tmp_path, now, lemon_count=3, lemon_window_s=10 * 86400.0)
     assert len(again.memory.taken_out_at["gpu04"]) == 3
     again.close()
+
+
+def test_a_released_plan_meets_every_guard_again(tmp_path: Path) -> None:
+    """A plan the rate limit held is checked again by every guard when released, not waved
+    through as if an operator had approved it (docs/SECURITY.md, known hole 7: before, a held
+    ``node_healthy`` returned a node that was taken out again, for a new fault, while it
+    waited, on a check older than that removal). CONSTRUCTED findings, a fake clock."""
+    now = [1_800_000_000.0]
+    sched, notes = RecordingAdapter("slurm", NODES), RecordingAdapter("webhook")
+    engine = Engine(
+        POLICIES,
+        {"slurm": sched, "webhook": notes},
+        AuditLog(tmp_path / "audit.jsonl"),
+        EngineSettings(
+            dry_run=False,
+            cooldown_s=0.0,
+            actions_per_minute=3,
+            max_nodes_out=5,
+            max_fraction_out=1.0,
+        ),
+        clock=lambda: now[0],
+    )
+    first = risk("gpu01", 0.95, int(now[0] * 1e9))
+    assert engine.submit(first).verdict == "act"  # checkpoint, drain, requeue: the minute's 3
+    assert engine.wait(10) and "gpu01" in sched.out
+    now[0] += 30
+    healthy = Finding(
+        kind="node_healthy",
+        subject={"cluster": "test", "node": "gpu01"},
+        severity=Severity.INFO,
+        time_ns=int(now[0] * 1e9),
+        evidence={"check": "pass", "checked_ns": int(now[0] * 1e9)},
+    )
+    assert engine.submit(healthy).verdict == "rate_limited"
+    now[0] += 61
+    engine.undo("gpu01", by="test")  # an operator returns it by hand ...
+    assert engine.wait(10) and "gpu01" not in sched.out
+    # ... and it breaks again, for a new fault, while the return still waits: taken out anew
+    assert engine.submit(xid("gpu01", int(now[0] * 1e9))).verdict == "act"
+    assert engine.wait(10) and "gpu01" in sched.out
+    released = engine.tick()  # (before: held while the minute was full, then run as approved)
+    now[0] += 61
+    released += engine.tick()
+    assert [d.verdict for d in released] == ["unchecked"]  # the check predates the removal
+    assert engine.wait(10)
+    assert "gpu01" in sched.out and engine.pending() == []
+    engine.close()
+
+
+def test_the_seen_finding_memory_is_bounded_by_its_retention(tmp_path: Path) -> None:
+    """With ``seen_retention_s`` (what ``remediate serve`` sets past the endpoint's staleness
+    limit), ids older than it are forgotten at each tick and after a restart (before: kept for
+    ever, in memory and rebuilt from the whole journal; docs/SECURITY.md known hole 5). Inside
+    the retention a re-send is still a duplicate. CONSTRUCTED findings, a fake clock."""
+    now = [1_800_000_000.0]
+    keep = 3600.0 + 300.0 + 60.0
+
+    def engine_at() -> tuple[Engine, RecordingAdapter]:
+        sched = RecordingAdapter("slurm", NODES)
+        return Engine(
+            POLICIES,
+            {"slurm": sched, "webhook": RecordingAdapter("webhook")},
+            AuditLog(tmp_path / "audit.jsonl"),
+            EngineSettings(dry_run=True, seen_retention_s=keep),
+            clock=lambda: now[0],
+        ), sched
+
+    engine, _ = engine_at()
+    old = [xid(node, int(now[0] * 1e9)) for node in sorted(NODES)[:10]]
+    for f in old:
+        assert engine.submit(f).verdict in ("dry_run", "blast_radius")
+    now[0] += keep / 2
+    assert engine.submit(old[0]).verdict == "duplicate"
+    fresh = xid("gpu15", int(now[0] * 1e9))
+    engine.submit(fresh)
+    now[0] += keep / 2 + 1
+    engine.tick()
+    assert engine.memory.seen_findings == {fresh.id}
+    assert set(engine.memory.finding_digests) <= {fresh.id}
+    assert engine.wait(10)
+    engine.close()
+    again, _ = engine_at()  # a restart rebuilds the memory from the journal: the same bound
+    assert again.memory.seen_findings == {fresh.id}
+    assert again.submit(fresh).verdict == "duplicate"
+    again.close()

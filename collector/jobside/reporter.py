@@ -17,8 +17,10 @@ so any training script can import it::
             rep.checkpoint(step, save_seconds, interval_s)
     rep.close()
 
-It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default
-(``http://127.0.0.1:9465``, which spools through outages; ``GPUWARDEN_REPORTER_URL``) or
+It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default (its
+Unix socket ``unix:///run/gpuwarden/relay.sock`` where that exists: the agent then knows the
+job from the caller's cgroup, which no job can forge; else ``http://127.0.0.1:9465``; the relay
+spools through outages; ``GPUWARDEN_REPORTER_URL``) or
 InfluxDB itself (database ``GPUWARDEN_REPORTER_DATABASE``, default ``gpuwarden``). An
 ``https`` URL is verified against ``ca_file`` (``GPUWARDEN_REPORTER_CA_FILE``; the system's
 CAs when unset), for a relay that serves TLS (``[agent] reporter_tls_cert_file``). Sending
@@ -35,6 +37,7 @@ from ranks waiting inside one (in a collective).
 
 from __future__ import annotations
 
+import http.client
 import os
 import socket
 import ssl
@@ -52,6 +55,33 @@ from gpuwarden.core.retry import Backoff
 from gpuwarden.core.store.lineprotocol import Point, encode_point
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+#: the agent's relay socket in a deployment (``[agent] reporter_socket``)
+RELAY_SOCKET = "/run/gpuwarden/relay.sock"
+
+
+def default_url(socket_path: str = RELAY_SOCKET) -> str:
+    """The agent's relay: its Unix socket if there is one, else its loopback port."""
+    return f"unix://{socket_path}" if os.path.exists(socket_path) else "http://127.0.0.1:9465"
+
+
+class _UnixConnection(http.client.HTTPConnection):
+    """HTTP over a Unix socket (``unix:///path``): the relay learns who is calling from the
+    kernel (the caller's pid, hence its cgroup and its job)."""
+
+    def __init__(self, path: str, timeout: float) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.path = path
+
+    def connect(self) -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
 
 #: waits between failed posts to the relay: 0.5 s doubling to 30 s (the relay is local)
 RETRY = Backoff(base_s=0.5, max_s=30.0, jitter=False)
@@ -94,7 +124,7 @@ class Reporter:
         env = os.environ
         self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
         self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
-        self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or "http://127.0.0.1:9465").rstrip("/")
+        self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or default_url()).rstrip("/")
         self.database = database or env.get("GPUWARDEN_REPORTER_DATABASE") or "gpuwarden"
         self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
         # the node as the agent names it: GPUWARDEN_NODE if set, else Slurm's own name for it
@@ -247,6 +277,8 @@ class Reporter:
         if self.token:
             headers["Authorization"] = f"Token {self.token}"
         body = ("\n".join(lines) + "\n").encode()
+        if self.url.startswith("unix://"):
+            return self._post_unix(f"/write?{query}", body, headers, len(lines))
         req = urllib.request.Request(f"{self.url}/write?{query}", body, headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=10, context=self._tls) as resp:
@@ -261,6 +293,25 @@ class Reporter:
         except OSError as exc:
             self.last_error = str(exc)
             return False
+
+    def _post_unix(self, target: str, body: bytes, headers: dict[str, str], n: int) -> bool:
+        conn = _UnixConnection(self.url.removeprefix("unix://"), timeout=10)
+        try:
+            conn.request("POST", target, body, headers)
+            resp = conn.getresponse()
+            text = resp.read()
+        except (OSError, http.client.HTTPException) as exc:
+            self.last_error = str(exc)
+            return False
+        finally:
+            conn.close()
+        if resp.status < 300:
+            return True
+        self.last_error = f"HTTP {resp.status}: {text[:200]!r}"
+        if 400 <= resp.status < 500 and resp.status != 429:
+            self.dropped += n  # refused: resending would be refused again
+            return True
+        return False
 
     def _beat_due(self) -> bool:
         if self.heartbeat_s <= 0 or self._closed:

@@ -159,7 +159,19 @@ RECOVERS = {"nfs_ok": "nfs_not_responding", "lustre_ok": "lustre_error"}
 LUSTRE_TARGET = re.compile(r"[\w.]+-(?:OST|MDT)[0-9a-fA-F]{4}\b")
 
 
+# Kernel lines that begin with a process's name (``task->comm``, at most 15 bytes, any bytes
+# its owner chose): a segfault report (``comm[pid]: segfault at ...``, arch/x86/mm/fault.c), a
+# fatal signal (``comm/pid: potentially unexpected fatal signal``, kernel/signal.c), a
+# drop_caches note (``comm (pid): drop_caches``, fs/drop_caches.c). A process named
+# ``LustreError: `` or ``INFO: task `` would otherwise start such a line with an OS rule's own
+# words (the XID and SXid patterns are longer than a name can be). A line that has this shape
+# is nobody's OS event; a real one of the rules' subsystems never does.
+USER_NAMED_RE = re.compile(r"^.{1,15}?(?:\[\d+\]:? |/\d+: | \(\d+\): )", re.DOTALL)
+
+
 def _os_line(text: str, time_ns: int | None) -> OsLine | None:
+    if USER_NAMED_RE.match(text):
+        return None
     for rule in OS_RULES:
         m = rule.pattern.search(text)
         if m is None:

@@ -23,6 +23,11 @@ class Pending:
     finding: Finding
     decision: Decision
     received: float
+    approved: bool = False
+    """An operator approved it (then the blast radius or the rate limit held it): released,
+    it skips the guards an approval skips. Any other plan is checked by every guard again
+    when released (the node may have been taken out again, or acted on, meanwhile). Not
+    journalled: after a restart a waiting plan is checked by every guard."""
 
 
 #: verdicts whose plans wait here, and those of them that free themselves (tick)
@@ -36,8 +41,17 @@ class PendingPlans:
     def __init__(self) -> None:
         self._plans: dict[str, Pending] = {}
 
-    def add(self, finding: Finding, d: Decision, received: float) -> None:
-        self._plans[d.plan_id] = Pending(finding, d, received)
+    def add(self, finding: Finding, d: Decision, received: float, approved: bool = False) -> None:
+        self._plans[d.plan_id] = Pending(finding, d, received, approved)
+
+    def full(self, node: str, per_node: int, total: int) -> str:
+        """Why one more plan about ``node`` may not wait (``""`` when it may)."""
+        if total > 0 and len(self._plans) >= total:
+            return f"{len(self._plans)} plans wait already (max_pending={total})"
+        about = sum(1 for p in self._plans.values() if p.finding.subject.get("node", "") == node)
+        if node and per_node > 0 and about >= per_node:
+            return f"{about} plans about {node} wait already (max_pending_per_node={per_node})"
+        return ""
 
     def take(self, plan_id: str) -> Pending:
         """Remove and return a waiting plan; ``KeyError`` when there is none by that id."""

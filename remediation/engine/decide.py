@@ -34,6 +34,17 @@ class EngineSettings:
     pending_expire_s: float = 3600.0
     """A plan that waits (approval, blast radius, rate limit, lemon) longer than this is dropped
     with an ``expired`` record (wall time, so it holds across restarts); 0 keeps plans forever."""
+    max_pending_per_node: int = 4
+    """At most this many plans wait at once about one node: one more is not queued (a
+    ``queue_full`` decision, audited, with no notification). One sender flooding findings
+    about its own node then holds only this many places, and notifies no one each time."""
+    max_pending: int = 500
+    """At most this many plans wait at once in all (the same ``queue_full`` past it)."""
+    seen_retention_s: float = 0.0
+    """Forget a decided finding's id this long after (0: never). ``gpuwarden remediate serve``
+    sets it past the endpoint's ``max_finding_age_s`` plus ``max_clock_skew_s``: a re-send
+    later than that is refused as stale before the engine sees it, so the id guards nothing.
+    The Python API (a backtest, ``remediate apply``) keeps every id: it has no such check."""
     approval: tuple[str, ...] = ()
     return_requires: str = "check"
     """What a node gpuwarden took out needs before it returns to service (``uncordon``):

@@ -14,7 +14,7 @@ from typing import Any
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, Memory, PlanRecord, replay
-from gpuwarden.remediation.engine.approve import WAITING, PendingPlans
+from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
     EngineSettings,
@@ -67,6 +67,8 @@ class Engine:
         self.memory: Memory = replay(audit.path)
         if self.memory.torn_lines:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
+        if self.settings.seen_retention_s > 0:
+            self.memory.forget_seen_before(clock() - self.settings.seen_retention_s)
         self.stats = Stats()
         self._lock = threading.RLock()
         self._closed = False
@@ -160,9 +162,20 @@ class Engine:
             decision = self.guards.check(finding, Decision(finding.id, "act", policy.name, actions))
             return self._decide(finding, decision, received)
 
-    def _decide(self, finding: Finding, d: Decision, received: float) -> Decision:
+    def _decide(
+        self, finding: Finding, d: Decision, received: float, *, approved: bool = False
+    ) -> Decision:
         """Record the decision (with its whole plan: the journal), then start the plan, or
-        keep it waiting and tell a person. Nothing is started unless the record is durable."""
+        keep it waiting and tell a person. Nothing is started unless the record is durable.
+        A plan that would wait where too many wait already is not queued (``queue_full``)."""
+        node = finding.subject.get("node", "")
+        if d.verdict in WAITING:
+            s = self.settings
+            full = self.waiting.full(node, s.max_pending_per_node, s.max_pending)
+            if full:
+                why = f"not queued: {full}; it would have waited for: {d.why}"
+                d = Decision(d.finding_id, "queue_full", d.policy, (), why)
+                log.warning("plan %s about %s not queued: %s", d.plan_id, node or "-", full)
         self.audit.append(
             "decision",
             self.clock(),
@@ -170,21 +183,21 @@ class Engine:
             verdict=d.verdict,
             policy=d.policy,
             actions=[str(a.kind) for a in d.actions],
-            node=finding.subject.get("node", ""),
+            node=node,
             why=d.why,
             **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
         )
-        self.memory.seen_findings.add(finding.id)
+        self.memory.saw(finding.id, self.clock())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
-            reserved = self.guards.started(d, finding.subject.get("node", ""))
+            reserved = self.guards.started(d, node)
             dry_run = d.verdict == "dry_run"
             # after a real drain the scheduler's own view shows the node out; a dry run keeps
             # its reservation so that later decisions see what would have been out
             done = self._releaser(reserved) if reserved and not dry_run else None
             self.executor.start(d, received, dry_run=dry_run, done=done)
         elif d.verdict in WAITING:
-            self.waiting.add(finding, d, received)
+            self.waiting.add(finding, d, received, approved)
             self._escalate(finding, d)
         return d
 
@@ -218,7 +231,7 @@ class Engine:
             pending = self.waiting.take(plan_id)
             self.audit.append("approval", self.clock(), finding_id=plan_id, by=by)
             d = self.guards.check(pending.finding, pending.decision, approved=True)
-            return self._decide(pending.finding, d, pending.received)
+            return self._decide(pending.finding, d, pending.received, approved=True)
 
     def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
         """Put a node gpuwarden took out back in service (``force``: one it did not take out).
@@ -269,19 +282,33 @@ class Engine:
 
     def tick(self) -> list[Decision]:
         """Release queued plans the blast radius or the rate limit now allows (oldest first);
-        top up the hot-spare pool."""
+        top up the hot-spare pool. A released plan meets every guard again, as when it came
+        (unless an operator approved it): the node may have been taken out again, or acted on,
+        while it waited, and what the guards say now is what happens (a notification, a wait
+        for an operator). It stays queued only while the blast radius or rate limit holds it."""
         self.spares.refill()
         released = []
         with self._lock:
             self._require_open()
             self._expire_waiting()
+            self._forget_old()
             self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
-                d = self.guards.check(p.finding, p.decision, approved=True)
-                if d.verdict in ("act", "dry_run"):
+                d = self.guards.check(p.finding, p.decision, approved=p.approved)
+                if d.verdict not in SELF_RELEASING:
                     self.waiting.drop(plan_id)
-                    released.append(self._decide(p.finding, d, p.received))
+                    released.append(self._decide(p.finding, d, p.received, approved=p.approved))
         return released
+
+    def _forget_old(self) -> None:
+        """Bounded memory: seen finding ids past ``seen_retention_s``, node facts past their
+        time to live (a sender can name many nodes; the scheduler's facts are re-read)."""
+        keep = self.settings.seen_retention_s
+        if keep > 0:
+            self.memory.forget_seen_before(self.clock() - keep)
+        now = time.monotonic()
+        for node in [n for n, (t, _) in self._facts.items() if now - t >= FACTS_TTL_S]:
+            del self._facts[node]
 
     def _expire_waiting(self) -> None:
         """Plans that waited longer than ``pending_expire_s`` (wall time: they may have waited

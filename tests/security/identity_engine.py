@@ -45,9 +45,10 @@ NODES = ("node-001", "node-002", "node-003", "node-004")
 
 
 class IdentityEngine:
-    """The engine as its own process; ``engine_keys`` are more ``[engine]`` settings."""
+    """The engine as its own process; ``engine_keys`` and ``guard_keys`` are more ``[engine]``
+    and ``[guards]`` settings."""
 
-    def __init__(self, tmp: Path, engine_keys: str = "") -> None:
+    def __init__(self, tmp: Path, engine_keys: str = "", guard_keys: str = "") -> None:
         self.tmp = tmp
         self.port = free_port()
         self.fake = FakeKubernetes(token="k").start()
@@ -75,6 +76,7 @@ class IdentityEngine:
             'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
             f"alerts_unsigned = true\ntick_s = 0.2\n{engine_keys}\n"
             "[guards]\nmax_nodes_out = 4\nmax_fraction_out = 1.0\ncooldown_s = 0.0\n"
+            f"{guard_keys}\n"
             f'[kubernetes]\napi_url = "{self.fake.url}"\ntoken_file = "{tmp}/k8s"\n'
         )
         self.proc: subprocess.Popen[bytes] | None = None

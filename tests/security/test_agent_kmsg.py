@@ -88,6 +88,35 @@ def test_no_user_written_kernel_log_line_raises_a_finding(tmp_path: Path) -> Non
     assert all("fallen off the bus" in e for e in events)
 
 
+# a process may name itself with a rule's first words (comm: up to 15 bytes, chosen by its
+# owner); the kernel then starts its report with them (SEGV's first words are the name)
+NAMED = [
+    "LustreError: [4242]: segfault at 0 ip 00007f0000001129 sp 00007ffd00000000 error 4 in "
+    "pwn.so[1129,7f0000000000+1000]",
+    "INFO: task [4242]: segfault at 0 ip 00007f0000001129 sp 00007ffd00000000 error 4 in "
+    "a:1 blocked for more than 120 seconds[1129,7f0000000000+1000]",
+    "LustreError: /4242: potentially unexpected fatal signal 11.",
+    "INFO: task  (4242): drop_caches: 3",
+]
+
+
+def test_a_process_named_like_a_rule_raises_nothing(tmp_path: Path) -> None:
+    """CONSTRUCTED kernel records (facility 0) that begin with a process's name, as the
+    segfault, fatal-signal and drop_caches reports do: a process named ``LustreError: `` or
+    ``INFO: task `` made the warning-level Lustre and hung-task rules fire (docs/SECURITY.md,
+    known hole 6). Then a real Lustre line and a real hung task: both still read."""
+    records = [f"6,{n},{1000 + n},-;{line}" for n, line in enumerate(NAMED)]
+    records.append("3,60,5000,-;LustreError: 11-0: lustre-OST0000-osc: operation failed")
+    records.append("3,61,5001,-;INFO: task python3:1234 blocked for more than 120 seconds.")
+    log = tmp_path / "kmsg.log"
+    log.write_text("\n".join(records) + "\n")
+    with ScriptedServer([], default=Reply(202)) as engine:
+        out, _ = run_agent(tmp_path, str(log), engine)
+    events = [e for e in kernel_events(out) if e.startswith("os_event")]
+    assert len(events) == 2, events
+    assert "lustre-OST0000" in events[0] and "python3" in events[1]
+
+
 def test_a_journal_export_counts_only_the_kernels_lines(tmp_path: Path) -> None:
     """CONSTRUCTED ``journalctl -o short`` lines: ``logger -t pwn`` writes any words under its
     own identifier; only ``kernel:`` lines are the kernel's."""

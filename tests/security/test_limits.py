@@ -1,0 +1,158 @@
+"""Limits everywhere (issue 38, point 5; docs/SECURITY.md, known holes 1, 2 and 4): what one
+sender, or one key, can hold of the engine.
+
+Each test drives the real ``gpuwarden remediate serve`` (:class:`IdentityEngine`: identities
+on, live against the Kubernetes fake) and asserts what an attacker's requests did not get,
+then that a legitimate finding posted meanwhile was acted on. Every finding is CONSTRUCTED.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.remediation_util import poll
+from tests.security.identity_engine import IdentityEngine, xid
+
+CAP, DEADLINE_S = 6, 4.0
+TRICKLE_S = 40.0  # how long a slow client keeps trickling if nobody cuts it off (10x DEADLINE_S)
+
+
+@pytest.fixture
+def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
+    e = IdentityEngine(
+        tmp_path,
+        engine_keys=(
+            f"max_connections = {CAP}\nrequest_deadline_s = {DEADLINE_S}\n"
+            'quota_agent_per_min = 10.0\napproval = ["drain"]\n'
+        ),
+        guard_keys="max_pending_per_node = 2\n",
+    )
+    try:
+        yield e
+    finally:
+        e.close()
+
+
+def threads_of(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads: line")
+
+
+def finding_ids(engine: IdentityEngine, node: str) -> list[str]:
+    return [r["finding_id"] for r in engine.records("finding") if r["subject"]["node"] == node]
+
+
+def test_slow_clients_hold_neither_threads_nor_the_door(engine: IdentityEngine) -> None:
+    """``CAP`` clients each trickle a request a byte every 0.5 s (inside every per-read
+    timeout): before, each held a thread for as long as it trickled, and there was no cap, so
+    N such clients held N threads. Now one more client is turned away with 503 at once, the
+    slow ones are cut at the request deadline, and the engine's threads stay bounded."""
+    assert engine.proc is not None
+    baseline = threads_of(engine.proc.pid)
+    cut: list[float] = []
+    started = time.monotonic()
+    peak = [0]
+
+    def trickle() -> None:
+        s = socket.create_connection(("127.0.0.1", engine.port), timeout=5)
+        try:
+            s.sendall(b"POST /v1/findings HTTP/1.1\r\nHost: x\r\n")
+            while time.monotonic() - started < TRICKLE_S:
+                s.sendall(b"X")
+                time.sleep(0.5)
+        except OSError:  # the engine shut the connection: the deadline
+            cut.append(time.monotonic() - started)
+        finally:
+            s.close()
+
+    slow = [threading.Thread(target=trickle) for _ in range(CAP)]
+    for t in slow:
+        t.start()
+
+    # one more connection while the slow ones hold every place: turned away at once, not
+    # queued (before: served, by one more thread)
+    def turned_away() -> bool:
+        conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=10)
+        try:
+            conn.request("GET", "/healthz")
+            resp = conn.getresponse()
+            return resp.status == 503 and resp.getheader("Retry-After") == "1"
+        finally:
+            conn.close()
+
+    poll(lambda: turned_away() or not any(t.is_alive() for t in slow), TRICKLE_S + 30,
+         "a connection over the cap")  # fmt: skip
+    assert any(t.is_alive() for t in slow), "no connection was turned away over the cap"
+    while any(t.is_alive() for t in slow):
+        peak[0] = max(peak[0], threads_of(engine.proc.pid))
+        time.sleep(0.2)
+    assert len(cut) == CAP, f"{CAP - len(cut)} slow clients trickled for {TRICKLE_S} s uncut"
+    assert peak[0] <= baseline + CAP
+    # and the engine serves: node-002's own agent reports a fatal XID, a plan waits approval
+    status, reply = engine.post("node-002", "/v1/findings", xid("node-002"))
+    assert status == 202 and reply["results"][0]["verdict"] == "approval", reply
+
+
+def test_one_agent_key_gets_its_quota_and_no_more(engine: IdentityEngine) -> None:
+    """node-001's key sends 14 distinct critical findings about its own node (before: every
+    one was decided; hole 1). Its quota is 10 a minute: the rest get 429 with Retry-After and
+    are not recorded. node-002's finding, sent meanwhile, is decided."""
+    answers = []
+    for gpu in range(14):
+        body = json.dumps(xid("node-001", str(gpu))).encode()
+        headers = engine.signed("node-001", "POST", "/v1/findings", body)
+        conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=30)
+        conn.request("POST", "/v1/findings", body=body, headers=headers)
+        resp = conn.getresponse()
+        answers.append((resp.status, resp.getheader("Retry-After")))
+        resp.read()
+        conn.close()
+    assert [s for s, _ in answers] == [202] * 10 + [429] * 4
+    assert all(after is not None and int(after) >= 1 for s, after in answers if s == 429)
+    assert len(finding_ids(engine, "node-001")) == 10
+    status, _ = engine.post("node-002", "/v1/findings", xid("node-002"))
+    assert status == 202 and len(finding_ids(engine, "node-002")) == 1
+
+
+def test_plans_about_one_node_hold_a_bounded_share_of_the_queue(engine: IdentityEngine) -> None:
+    """Five fatal XIDs about node-001, each a plan that waits for an operator
+    (``approval = ["drain"]``): before, five plans waited (and each told a person); with
+    ``max_pending_per_node = 2``, two wait and three are recorded ``queue_full``."""
+    for gpu in range(5):
+        status, reply = engine.post("node-001", "/v1/findings", xid("node-001", str(gpu)))
+        assert status == 202, reply
+    status, listing = engine.send("GET", "/v1/pending", b"", engine.signed("alice", "GET",
+                                  "/v1/pending", b""))  # fmt: skip
+    assert status == 200
+    assert [p["node"] for p in listing["pending"]] == ["node-001", "node-001"]
+    verdicts = [r["verdict"] for r in engine.records("decision") if r["node"] == "node-001"]
+    assert sorted(verdicts) == ["approval"] * 2 + ["queue_full"] * 3
+    status, reply = engine.post("node-002", "/v1/findings", xid("node-002"))
+    assert status == 202 and reply["results"][0]["verdict"] == "approval"
+
+
+def test_an_agent_cannot_send_the_analyze_services_kinds(engine: IdentityEngine) -> None:
+    """node-001's agent sends a checkpoint advice for a job (hole 2): before, it was accepted
+    (the engine wrote the job's checkpoint-interval file and held a worker for it)."""
+    advice = {
+        "kind": "checkpoint_advice",
+        "subject": {"cluster": "c", "node": "node-001", "job": "1234"},
+        "severity": "info",
+        "time_ns": time.time_ns(),
+        "evidence": {"interval_s": 1.0},
+        "summary": "checkpoint every second (CONSTRUCTED)",
+        "source": "agent",
+    }
+    status, reply = engine.post("node-001", "/v1/findings", advice)
+    assert status == 403 and "analyze service's kind" in reply["error"], reply
+    assert finding_ids(engine, "node-001") == []

@@ -1,0 +1,130 @@
+"""Who may write what through the agent's relay (issue 38, point 2; docs/SECURITY.md).
+
+Before, the relay checked tag keys, never values: a job on node-a posted a lagging rank
+tagged ``node=node-z`` and analytics blamed node-z; a made-up job with no GPU did the same.
+Now every point carries the relay's own ``cluster`` and ``node``; over the Unix socket the
+caller's job is its cgroup's (the kernel names the caller's pid, ``SO_PEERCRED``); over TCP a
+point's job must hold one of this node's GPUs. Every line is CONSTRUCTED; the relay is the
+agent's code, the caller a real process (this one) on a real socket. The cgroup files are a
+CONSTRUCTED procfs holding this process's pid, as Slurm's cgroup v2 layout names a job.
+"""
+
+from __future__ import annotations
+
+import http.client
+import os
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.collector.jobside.reporter import Reporter
+from gpuwarden.collector.relay import ReporterRelay
+
+STEP = "job_step,job={job},rank=0,node={node} step_index=7i,step_time_s=1.25"
+
+
+class Lines:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def write_lines(self, lines: list[str]) -> None:
+        self.lines += lines
+
+
+class _Unix(http.client.HTTPConnection):
+    def __init__(self, path: str) -> None:
+        super().__init__("localhost", timeout=10)
+        self.unix_path = path
+
+    def connect(self) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.connect(self.unix_path)
+
+
+def post(conn: http.client.HTTPConnection, body: str) -> tuple[int, str, str | None]:
+    conn.request("POST", "/write", body.encode(), {"Content-Type": "text/plain"})
+    resp = conn.getresponse()
+    text = resp.read().decode()
+    conn.close()
+    return resp.status, text, resp.getheader("Retry-After")
+
+
+@pytest.fixture
+def procfs(tmp_path: Path) -> Path:
+    """A procfs in which this process is task 0 of Slurm job 4242 (cgroup v2)."""
+    mine = tmp_path / "proc" / str(os.getpid())
+    mine.mkdir(parents=True)
+    (mine / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
+    return tmp_path / "proc"
+
+
+@pytest.fixture
+def relay(tmp_path: Path, procfs: Path) -> Iterator[tuple[ReporterRelay, Lines]]:
+    sink = Lines()
+    r = ReporterRelay(
+        "127.0.0.1:0",
+        sink,
+        cluster="c",
+        node="node-a",
+        socket_path=str(tmp_path / "relay.sock"),
+        procfs=str(procfs),
+        jobs_here=lambda: {"4242"},
+    )
+    r.start()
+    yield r, sink
+    r.close()
+
+
+def tcp(r: ReporterRelay) -> http.client.HTTPConnection:
+    return http.client.HTTPConnection(*r.address, timeout=10)
+
+
+def test_a_point_speaks_for_the_relays_node_only(relay: tuple[ReporterRelay, Lines]) -> None:
+    """A job of this node tags its rank as node-z's: the point is kept as node-a's."""
+    r, sink = relay
+    status, text, _ = post(tcp(r), STEP.format(job="4242", node="node-z"))
+    assert status == 204, text
+    assert len(sink.lines) == 1 and ",node=node-a" in sink.lines[0]
+    assert "node-z" not in sink.lines[0] and ",cluster=c" in sink.lines[0]
+
+
+def test_over_tcp_a_job_holding_none_of_this_nodes_gpus_is_refused(
+    relay: tuple[ReporterRelay, Lines],
+) -> None:
+    """A made-up job (none of this node's GPUs is its): 503 with Retry-After, nothing kept (a
+    job's first report may come before the agent's next look at its GPUs: it retries)."""
+    r, sink = relay
+    status, text, retry = post(tcp(r), STEP.format(job="9999", node="node-a"))
+    assert (status, retry, sink.lines) == (503, "5", [])
+    assert "holds none of this node's GPUs" in text
+
+
+def test_over_the_socket_the_job_is_the_callers_cgroups(
+    relay: tuple[ReporterRelay, Lines],
+) -> None:
+    """This process is in job 4242's cgroup: it may not write job 1111's steps (403), and its
+    own are kept."""
+    r, sink = relay
+    assert r.socket_path
+    status, text, _ = post(_Unix(r.socket_path), STEP.format(job="1111", node="node-a"))
+    assert (status, sink.lines) == (403, [])
+    assert "its cgroup names 4242" in text
+    status, _, _ = post(_Unix(r.socket_path), STEP.format(job="4242", node="node-z"))
+    assert status == 204
+    assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
+
+
+def test_the_reporter_posts_over_the_socket(relay: tuple[ReporterRelay, Lines]) -> None:
+    """The job-side reporter with a ``unix://`` url: its steps arrive, stamped."""
+    r, sink = relay
+    rep = Reporter(job="4242", rank=0, url=f"unix://{r.socket_path}", heartbeat_s=0)
+    rep.step(1, step_time_s=0.5, tokens=1024, samples=4)
+    assert rep.close(timeout_s=10)
+    deadline = time.monotonic() + 30
+    while not sink.lines and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert rep.sent == 1 and rep.dropped == 0, rep.last_error
+    assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
