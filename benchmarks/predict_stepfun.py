@@ -16,7 +16,8 @@ import polars as pl
 from gpuwarden.analytics.predict.history import HISTORY_FEATURES
 from gpuwarden.analytics.predict.metrics import AtThreshold, at_threshold, pr_auc, random_pr_auc
 from gpuwarden.analytics.predict.model import fit_selected, time_split
-from gpuwarden.analytics.predict.stepfun import SOURCE, problem
+from gpuwarden.analytics.predict.stepfun import problem
+from gpuwarden.core.faulttrace import SOURCE
 
 
 def _f1(a: AtThreshold) -> float:

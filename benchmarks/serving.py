@@ -8,8 +8,8 @@
   failing GPU raises) at a moment drawn within 10 s, each signed as the agent's fast path signs
   it; a post that cannot connect or gets 5xx/429 is tried again as the fast path does (backoff),
   for at most 60 s. Afterwards the audit log is read: a finding the engine never recorded is
-  **lost**. The blast-radius guard must stay exact: exactly ``max_nodes_out`` nodes get a drain,
-  however many fail at once.
+  **lost**. The blast-radius guard must stay exact: exactly ``max_nodes_out`` nodes would get
+  a drain (a dry run: the engine records the drain it would run), however many fail at once.
 * **Relay**: the agent's reporter relay (production code) with 64 job-side clients each
   posting 100 batches of 10 ``job_step`` lines, as fast as answered.
 
@@ -255,7 +255,8 @@ def main(argv: list[str] | None = None) -> int:
           f"gave up {storm.gave_up}, retried tries {storm.retried}, lost {lost}")  # fmt: skip
     print(f"  latency p50 {pct(storm.latency, 0.5):.3f} s, p99 {pct(storm.latency, 0.99):.3f} s, "
           f"max {max(storm.latency, default=float('nan')):.3f} s")  # fmt: skip
-    print(f"  blast radius: {drained} nodes drained (limit max_nodes_out = {MAX_NODES_OUT}): "
+    print(f"  blast radius: {drained} nodes would be drained (a dry run: the audit's drain "
+          f"records; limit max_nodes_out = {MAX_NODES_OUT}): "
           f"{'exact' if drained == MAX_NODES_OUT else 'NOT EXACT'}")  # fmt: skip
     lat, accepted, refused, relay_lost = relay_load(64, 100, 10)
     print(f"relay (the agent's, stdlib ThreadingHTTPServer): 64 reporters x 100 batches of 10 "

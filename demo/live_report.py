@@ -100,7 +100,8 @@ def summary(spec: ScenarioSpec, results: Sequence[ArmResult]) -> list[str]:
         lines.append(
             f"XID line to Slurm DRAIN (proactive): {', '.join(f'{d:.2f} s' for d in delays) or '-'}"
         )
-        lines.append(f"xid_to_drain_p95_s={p95(delays):.3f}")
+        # a "p95" of the two or three XIDs of one run is nearly its maximum: the count says so
+        lines.append(f"xid_to_drain_p95_s={p95(delays):.3f} samples={len(delays)}")
     for arm in ("reactive", "proactive"):
         if arm in by_arm:
             lines.append(f"work_lost_{arm}_gpu_h={by_arm[arm].lost.gpu_h:.4f}")

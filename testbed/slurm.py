@@ -74,6 +74,23 @@ class SlurmError(TestbedError, RuntimeError):
     """The local Slurm could not be started, or a command against it failed."""
 
 
+def hostnames(hostlist: str) -> set[str]:
+    """The node names a Slurm hostlist (``node-[000,002-003]``) stands for, as Slurm itself
+    expands them (``scontrol show hostnames``; scontrol wants a ``slurm.conf`` even for that,
+    so a minimal one is written for the call)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        conf = Path(tmp) / "slurm.conf"
+        conf.write_text(
+            "ClusterName=hostnames\nSlurmctldHost=localhost\nNodeName=n CPUs=1\n"
+            "PartitionName=p Nodes=n\n"
+        )
+        done = subprocess.run(
+            ["scontrol", "show", "hostnames", hostlist], capture_output=True, text=True,
+            check=True, env={**os.environ, "SLURM_CONF": str(conf)},
+        )  # fmt: skip
+    return set(done.stdout.split())
+
+
 def slurm_available() -> bool:
     return all(shutil.which(b) for b in ("slurmctld", "slurmd", "munged", "scontrol", "sbatch"))
 

@@ -28,7 +28,7 @@ from demo.live import ArmResult, LiveArm, LiveLoop, Settings, twin_scenario
 from demo.train_live_model import LIVE_PREDICTOR, MODEL
 from gpuwarden.analytics.emit import SOURCE as ANALYTICS
 from testbed.influxd import LocalInfluxd
-from testbed.slurm import slurm_available
+from testbed.slurm import hostnames, slurm_available
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -130,7 +130,8 @@ def test_the_job_checkpointed_with_torch_and_resumed_from_it(run: Run) -> None:
     assert len(runs) >= 2, "the GPU loss did not stop the job"
     resumed = runs[1]
     assert resumed.resumed_from > 0 and resumed.checkpoint.startswith("ckpt-")
-    assert "node-001" not in resumed.nodes.replace("node-[000,002-003]", "")  # moved off it
+    # moved off it: Slurm's hostlist, expanded by Slurm (a string test let "node-[000-002]" pass)
+    assert "node-001" not in hostnames(resumed.nodes) and hostnames(resumed.nodes)
     assert resumed.steps and resumed.steps[0][0] == resumed.resumed_from + 1
 
 
@@ -169,3 +170,11 @@ def test_the_engine_restarted_mid_run_repeats_no_action_and_loses_none(run: Run)
     assert decision["verdict"] == "act"
     log = (run.work / "logs" / "engine.log").read_text()
     assert log.count("remediation engine on") >= 2 or log.count("listening") >= 2
+
+
+@pytest.mark.skipif(not slurm_available(), reason="needs Debian's slurm-wlm")
+def test_hostlists_are_expanded_by_slurm() -> None:
+    """The check above could not fail before: ``node-[000-002]`` holds node-001 though the
+    string ``node-001`` is not in it."""
+    assert hostnames("node-[000-002]") == {"node-000", "node-001", "node-002"}
+    assert "node-001" not in hostnames("node-[000,002-003]")

@@ -1,0 +1,63 @@
+"""Every benchmark runs, in a short smoke mode of its own (issue 40: no benchmark ran in CI, so
+``benchmarks/predict_stepfun.py`` rotted unseen: it imported ``SOURCE`` from a module it had
+left). Each is started as its README line shows (``python -m benchmarks.<name>``) with small
+arguments and must exit 0 and end with its ``key=value`` line. The figures a smoke run prints
+mean nothing (too small to measure anything); the full runs and their figures are in
+docs/BENCHMARKS.md. A benchmark added without a smoke entry here fails the last test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+GOLDEN_H200 = "tests/golden/nvml-real-h200"
+
+#: benchmark -> its smoke arguments
+SMOKE: dict[str, list[str]] = {
+    "agent_cycle": ["--cycles", "5", "--blocks", "2"],
+    "agent_footprint": ["--cycles", "20"],
+    "aggregate": ["--cycles", "20"],
+    "analytics": ["--nodes", "2", "--seconds", "120"],
+    "attribution": ["--seeds", "1", "--bench-nodes", "2", "--bench-seconds", "120"],
+    "encode": ["--points", "20000", "--nodes", "2"],
+    "exhaustion": ["--agents", "3", "--slow", "5", "--stalled", "2", "--seconds", "5"],
+    "goodput": ["--seeds", "1"],
+    "ingest": ["--seconds", "60", "--nodes", "1", "--rounds", "1"],
+    "live_loop": ["--runs", "follow", "--smoke"],
+    "node_check": [],
+    "nvml_calls": ["--reps", "2"],
+    "nvml_real": ["--recording", GOLDEN_H200, "--cycles", "5", "--blocks", "2"],
+    "predict_simulated": ["--days-train", "1", "--days-test", "1"],
+    "predict_stepfun": [],
+    "remediation_latency": ["--trials", "1"],
+    "scale": ["--gpus", "16", "--seconds", "60", "--workers", "1"],
+    "scenario": ["--seconds", "60", "--nodes", "2"],
+    "serving": ["--agents", "10", "--window-s", "1"],
+    "spares": ["--filler-s", "1"],
+}
+LAST_LINE = re.compile(r"^[a-z_0-9]+=\S+( [a-z_0-9]+=\S+)*$")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SMOKE))
+def test_the_benchmark_runs(name: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *SMOKE[name]],
+        cwd=ROOT, capture_output=True, text=True, check=False, timeout=900,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
+    last = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else ""
+    assert LAST_LINE.match(last), f"last line {last!r} is not key=value"
+
+
+def test_every_benchmark_has_a_smoke_run() -> None:
+    names = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__"}
+    assert names == set(SMOKE)
