@@ -38,6 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 from gpuwarden.core.finding import Finding, Severity
@@ -314,7 +315,7 @@ def relay_run(args: argparse.Namespace) -> dict[str, float]:
             f"job_step,job=j,rank=0 step_index={k}i {k * week_ns}\n" for k in range(12_000)
         ).encode()
         blob = ("job_step,job=" + "j" * 70_000 + " step_index=1i\n").encode()
-        hostile = [retried(lambda b=b: post(port, "/write", b, {})) for b in (centuries, blob)]
+        hostile = [retried(partial(post, port, "/write", b, {})) for b in (centuries, blob)]
         sent = [0]
         refused = [0]
         lock = threading.Lock()
@@ -325,7 +326,7 @@ def relay_run(args: argparse.Namespace) -> dict[str, float]:
                     f"job_step,job=j,rank={rank} step_index={b * 10 + k}i,step_time_s=1.0\n"
                     for k in range(10)
                 ).encode()
-                status = retried(lambda body=body: post(port, "/write", body, {}))
+                status = retried(partial(post, port, "/write", body, {}))
                 with lock:
                     sent[0] += 10
                     refused[0] += status != 204

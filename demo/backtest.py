@@ -236,7 +236,9 @@ def engine_moves(audit: Path, start_s: float, job_nodes: set[str]) -> list[Move]
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden backtest", description=__doc__.split("\n")[0])
-    ap.add_argument("--seed", type=int, default=11, help="scenario seed (default 11: see docs/BACKTEST.md)")
+    ap.add_argument(
+        "--seed", type=int, default=11, help="scenario seed (default 11: see docs/BACKTEST.md)"
+    )
     ap.add_argument(
         "--retrain", default="", help="train the predictor on these predictor-day seeds (1-8)"
     )
