@@ -21,7 +21,8 @@ It also prints a BOUND, not a result: the same levers with a perfect predictor (
 minute before every fatal fault, taken from the scenario's ground truth), to tell how much of
 the gap to the targets is the predictor's and how much the levers' own.
 
-Default seeds 200-219: never used in development. The levers model was built and checked on
+Default seeds 200-219: development seeds (re-run and published while the levers were changed,
+issue 40; fresh seeds are needed for a result). The levers model was built and checked on
 seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10 and 11); the predictor was trained on
 predictor-day seeds 1-8.
 
