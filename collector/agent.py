@@ -88,6 +88,7 @@ class Agent:
         self.cycles = 0
         self.skipped_ticks = 0
         self.last_points: list[Point] = []  # the sources' points of the last cycle (/metrics)
+        self.last_xid: dict[str, int] = {}  # GPU index -> the last XID seen (/metrics)
         self._hung: dict[str, threading.Thread] = {}
         # per loop thread: the source it is in and since when (the watchdog reads the current
         # loop thread's; an abandoned thread that returns clears only its own)
@@ -159,6 +160,10 @@ class Agent:
             own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))
         self.cycles += 1
         self.last_points = points
+        for p in points:
+            code = p.fields.get("xid_code") if p.measurement == "gpu_event" else None
+            if isinstance(code, int) and not isinstance(code, bool):
+                self.last_xid[p.tags.get("gpu", "")] = code
         return points + own
 
     def _failed(self, name: str, exc: Exception) -> None:
