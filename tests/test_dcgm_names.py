@@ -88,14 +88,14 @@ def test_tensor_activity_free_memory_and_the_last_xid() -> None:
     assert set(xids) == {p.tags["gpu"] for p in gpus}
     f = gpus[0].fields
     free = {labels["gpu"]: v for labels, v in got["DCGM_FI_DEV_FB_FREE"]}
-    reserved = f.get("mem_reserved_bytes", 0)
-    expected = (f["mem_total_bytes"] - f["mem_used_bytes"] - reserved) / 2**20
+    total, used = float(f["mem_total_bytes"]), float(f["mem_used_bytes"])
+    expected = (total - used - float(f.get("mem_reserved_bytes", 0))) / 2**20
     assert free[gpus[0].tags["gpu"]] == pytest.approx(expected)
     # GPM's tensor activity, a percentage in the catalogue, is DCGM's ratio
     agent2 = Agent([Replay("nvml", [[real]])], ListSink(), cluster="c", node="n")
     agent2.collect(1)
     ((_, ratio),) = scrape(agent2)["DCGM_FI_PROF_PIPE_TENSOR_ACTIVE"]
-    assert ratio == pytest.approx(real.fields["gpm_tensor_active_pct"] / 100)
+    assert ratio == pytest.approx(float(real.fields["gpm_tensor_active_pct"]) / 100)
 
 
 def test_no_xid_gauge_without_a_working_xid_source() -> None:
