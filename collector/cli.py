@@ -224,6 +224,16 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             config["agent"]["metrics_listen"],
             partial(agent_metrics, agent, stats, gpu=bool(config["agent"]["metrics_gpu"])),
         )
+    probes = None
+    if config["agent"]["health_listen"] and not args.once:
+        from gpuwarden.collector.probes import serve_probes
+
+        probes = serve_probes(
+            config["agent"]["health_listen"],
+            agent,
+            int(config["agent"]["health_fail_cycles"]),
+            (lambda: influx.parked) if influx is not None else (lambda: ""),
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -233,6 +243,8 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.shutdown()
+        if probes is not None:
+            probes.shutdown()
         if relay is not None:
             relay.close()
         if poster is not None:

@@ -193,6 +193,9 @@ class InfluxSink:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._sender_failing = ""  # the message of the sender's failure streak
+        # "HTTP <status>" while the server's answer parks the sender (a configuration error:
+        # wrong token, no database); "" once a batch went through (the agent's readiness)
+        self._parked = ""
         self._closing = False
         self._flush_requested = False
         self._stats = SinkStats()
@@ -327,6 +330,11 @@ class InfluxSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def parked(self) -> str:
+        """Why the sender is parked (``"HTTP 401"``), or "" when it is not."""
+        return self._parked
+
     def stats(self) -> SinkStats:
         s = self._stats
         s.points_dropped = self._spool.dropped_points_total
@@ -407,6 +415,7 @@ class InfluxSink:
         if result.outcome in (Outcome.OK, Outcome.PARTIAL, Outcome.REJECTED):
             self._spool.commit(records)
             attempt = 0
+            self._parked = ""
             with self._cond:
                 s = self._stats
                 s.batches_sent += 1
@@ -427,6 +436,7 @@ class InfluxSink:
         self._spool.release(records)
         self._stats.last_error = result.message
         if result.outcome is Outcome.PARK:
+            self._parked = f"HTTP {result.status}"
             log.error(
                 "InfluxDB answered %s (%s); keeping %d points spooled, next try in %.0f s",
                 result.status,
