@@ -123,7 +123,8 @@ class AgentConfig:
 
     @property
     def sink(self) -> SinkConfig:
-        return SinkConfig.from_mapping(dict(self.sections["sink"]))
+        """The sink's settings, its password and token read from their files."""
+        return SinkConfig.from_mapping(dict(self.sections["sink"])).with_secrets()
 
     def source_settings(self, name: str) -> dict[str, Any]:
         """A source's settings; the XID lists are shared by the nvml and xid sources."""
@@ -139,7 +140,7 @@ def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
     config = AgentConfig(merge_config(DEFAULTS, path, environ, "agent"))
-    config.sink  # noqa: B018  (validates the sink section now, not at first write)
+    SinkConfig.from_mapping(dict(config["sink"]))  # validates [sink] now, not at first write
     if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
     a = config["agent"]

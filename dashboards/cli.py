@@ -19,7 +19,7 @@ import urllib3
 import yaml
 
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
-from gpuwarden.core.config import ConfigError, read_secret
+from gpuwarden.core.config import ConfigError, check_secrets, read_secret
 from gpuwarden.core.timeparse import parse_when
 from gpuwarden.dashboards.alerts import contact_points_file, route_snippet, rules_file
 from gpuwarden.dashboards.config import grafana_token, load_config
@@ -240,7 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in export(cfg, Path(args.out)):
                 print(path)
         elif args.command == "push":
-            for line in push(cfg, args.url or cfg["grafana"]["url"], grafana_token(cfg)):
+            # push reads the contact points' secrets itself (the API does not read $__file{});
+            # export leaves them to Grafana, on its own host, and checks nothing here
+            token = grafana_token(cfg)
+            check_secrets(cfg, only=("alerts.webhook_token_file", "alerts.slack_url_file"))
+            for line in push(cfg, args.url or cfg["grafana"]["url"], token):
                 print("pushed", line)
         elif args.command == "check":
             boards = generate()

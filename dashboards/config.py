@@ -61,6 +61,6 @@ def grafana_token(
     from gpuwarden.dashboards.errors import DashboardError
 
     try:
-        return read_secret(cfg["grafana"]["token_file"])
+        return read_secret(cfg["grafana"]["token_file"], "grafana.token_file")
     except ConfigError as exc:
         raise DashboardError(f"the Grafana token: {exc}") from None

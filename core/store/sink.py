@@ -37,7 +37,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,18 +52,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SECRETS = ("password", "token")  # SinkConfig fields that are secrets: never settings
+
 
 @dataclass(frozen=True)
 class SinkConfig:
-    """Sink settings; ``config/sink.sample.toml`` documents each one."""
+    """Sink settings; ``config/sink.sample.toml`` documents each one.
+
+    ``password`` and ``token`` are the secrets themselves, for code that builds a sink; they are
+    never settings (:meth:`to_mapping` leaves them out, :meth:`from_mapping` refuses them, and
+    they are not in the repr). A configuration names their files, ``password_file`` and
+    ``token_file``, which :meth:`with_secrets` reads."""
 
     url: str = "http://127.0.0.1:8086"
     api: Literal["v1", "v2"] = "v1"
     database: str = "gpuwarden"
     retention_policy: str = ""
     username: str = ""
-    password: str = ""
-    token: str = ""
+    password_file: str = ""
+    token_file: str = ""
+    password: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
     org: str = ""
     bucket: str = ""
     precision: str = "ns"
@@ -99,14 +108,33 @@ class SinkConfig:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> SinkConfig:
-        known = {f.name for f in fields(cls)}
+        """From settings (no secret in them: their files; :meth:`with_secrets` reads them)."""
+        known = {f.name for f in fields(cls)} - set(SECRETS)
+        for key in SECRETS:
+            if key in data:
+                raise SinkError(
+                    f"sink.{key} is a secret, and a secret is never a setting: put it in a file "
+                    f"only the service can read (chmod 600) and set sink.{key}_file to its path"
+                )
         unknown = set(data) - known
         if unknown:
             raise SinkError(f"unknown sink settings: {sorted(unknown)}")
         return cls(**data)
 
     def to_mapping(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings: every field but the secrets themselves."""
+        return {k: v for k, v in asdict(self).items() if k not in SECRETS}
+
+    def with_secrets(self) -> SinkConfig:
+        """A copy holding the password and token read from their files (checked:
+        :func:`core.config.read_secret`)."""
+        from gpuwarden.core.config import read_secret
+
+        return replace(
+            self,
+            password=read_secret(self.password_file, "sink.password_file") or self.password,
+            token=read_secret(self.token_file, "sink.token_file") or self.token,
+        )
 
     def make_transport(self) -> Transport:
         precision = Precision(self.precision)
