@@ -31,6 +31,7 @@ import logging
 import os
 import stat
 import tomllib
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -159,6 +160,13 @@ def check_secrets(
     return checked
 
 
+def _url_password(url: str) -> bool:
+    try:
+        return bool(urllib.parse.urlsplit(url).password)
+    except ValueError:
+        return False
+
+
 def _secret_value_error(section: str, key: str, known: Mapping[str, Any], where: str) -> None:
     """A secret given as a setting (``password`` where ``password_file`` exists)."""
     if f"{key}_file" in known:
@@ -209,4 +217,12 @@ def merge_config(
             data[section][key] = _coerce(section, key, defaults[section][key], value, name)
         elif section in data:  # GPUWARDEN_SINK_TOKEN: refused, never silently ignored
             _secret_value_error(section, key, data[section], name)
+    for section, values in data.items():
+        for key, value in values.items():
+            if key.endswith("url") and isinstance(value, str) and _url_password(value):
+                raise ConfigError(
+                    f"{where}: {section}.{key} holds a password (user:password@ in the URL), and "
+                    "a secret is never a setting: give the user alone and the password in a "
+                    "*_password_file (or *_token_file) setting"
+                )
     return data

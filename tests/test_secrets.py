@@ -58,6 +58,8 @@ def test_no_command_has_a_secret_as_a_setting() -> None:
         (f'[sink]\npassword = "{SECRET}"\n', {}, "sink.password"),
         ("", {"GPUWARDEN_SINK_TOKEN": SECRET}, "sink.token"),
         ("", {"GPUWARDEN_SINK_PASSWORD": SECRET}, "sink.password"),
+        (f'[sink]\nurl = "http://u:{SECRET}@influx:8086"\n', {}, "sink.url"),
+        ("", {"GPUWARDEN_SINK_URL": f"https://u:{SECRET}@influx:8086"}, "sink.url"),
     ],
 )
 def test_a_secret_given_as_a_setting_is_refused_and_never_printed(
@@ -75,7 +77,10 @@ def test_a_secret_given_as_a_setting_is_refused_and_never_printed(
     assert agent_main(["--config", str(config), "--print-config"]) == 2
     out, err = capsys.readouterr()
     assert SECRET not in out + err
-    assert f"{setting} is a secret" in err and f"set {setting}_file" in err
+    if setting.endswith(".url"):
+        assert f"{setting} holds a password" in err
+    else:
+        assert f"{setting} is a secret" in err and f"set {setting}_file" in err
 
 
 def test_print_config_shows_a_secret_files_path_never_its_content(
