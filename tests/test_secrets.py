@@ -220,3 +220,18 @@ def test_a_secret_file_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path
     os.mkfifo(fifo)
     with pytest.raises(ConfigError, match="not a regular file"):
         read_secret(str(fifo), "sink.token_file")
+
+
+def test_check_report_says_at_once_that_it_cannot_report_and_the_verdict_stands(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpuwarden check --report`` with a bad secret file: said before the probes run; the
+    node's verdict is the probes' (a report that cannot be sent must not drain a node)."""
+    from gpuwarden.collector.check import main as check_main
+
+    config = tmp_path / "agent.toml"
+    config.write_text(f'[sink]\ntoken_file = "{tmp_path}/missing"\n'
+                      f'[check]\ndisk_paths = ["{tmp_path}"]\n')  # fmt: skip
+    assert check_main(["--config", str(config), "--probes", "disk", "--report"]) == 0
+    err = capsys.readouterr().err
+    assert f"the results will not be reported: sink.token_file = {tmp_path}/missing" in err
