@@ -53,6 +53,7 @@ log = logging.getLogger(__name__)
 #: a setting whose name ends so names a file holding a secret
 SECRET_FILE_SUFFIXES = ("token_file", "secret_file", "password_file", "key_file", "url_file")
 MAX_SECRET_BYTES = 1 << 20
+_WARNED: set[str] = set()  # secret files already warned about (readable by every user)
 
 
 def is_secret_file_setting(key: str) -> bool:
@@ -127,7 +128,8 @@ def read_secret(path: str, setting: str = "") -> str:
         raise ConfigError(f"{what}: not UTF-8 text") from None
     if not text:
         raise ConfigError(f"{what}: the file is empty")
-    if st.st_mode & stat.S_IROTH:
+    if st.st_mode & stat.S_IROTH and path not in _WARNED:
+        _WARNED.add(path)  # once per file: a sender re-reads its token at each post
         log.warning(
             "%s is readable by every user on this machine (mode %04o): chmod o-r it (600, or "
             "640 with the service's group) unless only the service runs here (a container)",

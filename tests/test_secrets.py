@@ -210,6 +210,7 @@ def test_a_world_readable_secret_is_used_with_a_warning(
     assert "readable by every user" in record.getMessage() and "0644" in record.getMessage()
     assert SECRET not in record.getMessage()
     caplog.clear()
+    assert read_secret(str(path), "sink.token_file") == SECRET  # read again: warned once
     assert read_secret(str(_secret(tmp_path, mode=0o640)), "x") == SECRET
     assert not caplog.records
 
