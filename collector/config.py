@@ -48,7 +48,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "metrics_listen": "",
         "metrics_gpu": True,
         # the liveness and readiness probes (collector.probes: GET /livez, /readyz), e.g.
-        # "127.0.0.1:9466"; "" = off. Not ready once a source failed this many cycles in a row
+        # "127.0.0.1:9467"; "" = off. Not ready once a source failed this many cycles in a row
         "health_listen": "",
         "health_fail_cycles": 3,
         # > 0: read every interval_s, write each series once per this many seconds (gauges:

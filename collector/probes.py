@@ -61,8 +61,7 @@ def liveness(agent: Agent, now: float) -> Verdict:
     since = agent.last_cycle_at if agent.last_cycle_at is not None else agent.started_at
     limit = stale_after_s(agent)
     if now - since > limit:
-        what = "no cycle finished" if agent.last_cycle_at is None else "no cycle finished since"
-        return Verdict([f"{what} for {now - since:.0f} s (limit {limit:.0f} s)"])
+        return Verdict([f"no cycle finished for {now - since:.0f} s (limit {limit:.0f} s)"])
     return Verdict()
 
 
