@@ -35,7 +35,7 @@ from gpuwarden.analytics.silence import Confirmed
 from gpuwarden.analytics.stragglers import Straggler, detect
 from gpuwarden.analytics.whatif import job_slowdown
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
-from gpuwarden.core.config import ConfigError
+from gpuwarden.core.config import ConfigError, check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.metrics import Metric
 from gpuwarden.core.timeparse import duration_arg, parse_when
@@ -184,8 +184,17 @@ def _write(
 
 
 def _config(args: argparse.Namespace) -> AnalyticsConfig | None:
+    """The configuration, its secret files checked now (:func:`core.config.check_secrets`).
+    The InfluxDB ones are skipped only where this host never reads them: remote Dask workers
+    that read them on their own machines (``credentials = "workers"``) and no write-back."""
     try:
-        return load_config(args.config)
+        cfg = load_config(args.config)
+        remote = bool(cfg["dask"]["scheduler"]) and not getattr(args, "local", False)
+        skip: tuple[str, ...] = ()
+        if remote and cfg["dask"]["credentials"] == "workers" and not cfg["analysis"]["write_back"]:
+            skip = ("influxdb.password_file", "influxdb.token_file")
+        check_secrets(cfg.sections, skip)
+        return cfg
     except ConfigError as exc:
         print(f"gpuwarden analyze: {exc}", file=sys.stderr)
         return None

@@ -88,6 +88,11 @@ class Agent:
         self.cycles = 0
         self.skipped_ticks = 0
         self.last_points: list[Point] = []  # the sources' points of the last cycle (/metrics)
+        self.last_xid: dict[str, int] = {}  # GPU index -> the last XID seen (/metrics)
+        # monotonic: when the loop started, and when its last cycle was handed to the sink
+        # (the liveness probe, collector.probes)
+        self.started_at = monotonic()
+        self.last_cycle_at: float | None = None
         self._hung: dict[str, threading.Thread] = {}
         # per loop thread: the source it is in and since when (the watchdog reads the current
         # loop thread's; an abandoned thread that returns clears only its own)
@@ -159,6 +164,10 @@ class Agent:
             own.append(Point("sink", sink_tags, self.sink_stats(), now_ns))
         self.cycles += 1
         self.last_points = points
+        for p in points:
+            code = p.fields.get("xid_code") if p.measurement == "gpu_event" else None
+            if isinstance(code, int) and not isinstance(code, bool):
+                self.last_xid[p.tags.get("gpu", "")] = code
         return points + own
 
     def _failed(self, name: str, exc: Exception) -> None:
@@ -198,7 +207,7 @@ class Agent:
         progress for ``source_timeout_s``, the loop thread is left inside it and a new one
         carries on with the schedule, skipping that source until its call returns."""
         done = threading.Event()
-        start = self.monotonic()
+        start = self.started_at = self.monotonic()
         try:
             while True:
                 loop = threading.Thread(
@@ -240,6 +249,7 @@ class Agent:
                 for name in self._drain_failures():
                     points.append(self._self_point(name, now, self.source_timeout_s, False, 0))
                 self._write(points)
+                self.last_cycle_at = self.monotonic()
                 behind = int((self.monotonic() - start) / self.interval_s) - tick
                 if behind > 0:  # overran: the ticks already missed are skipped, not burst
                     self.skipped_ticks += behind

@@ -54,6 +54,7 @@ from typing import Any
 from gpuwarden.collector.config import AgentConfig, load_config
 from gpuwarden.collector.gpucount import bus_gpus
 from gpuwarden.collector.sources.infiniband import discover
+from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.poster import FindingPoster
@@ -404,6 +405,16 @@ def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -
     return "; ".join(done)
 
 
+#: what ``--report`` reads: the sink's credentials and the fast path's
+REPORT_SECRETS = (
+    "sink.password_file",
+    "sink.token_file",
+    "agent.remediation_token_file",
+    "agent.remediation_hmac_secret_file",
+    "agent.remediation_key_file",
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden check", description=__doc__.split("\n")[0])
     ap.add_argument("--config", help="the agent's TOML (its [check], [health], [nvml], sysfs)")
@@ -426,6 +437,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",
               file=sys.stderr)  # fmt: skip
         return 2
+    if args.report:  # its secret files, checked before the probes run (not after 50 s)
+        try:
+            check_secrets(config.sections, only=REPORT_SECRETS)
+        except GpuwardenError as exc:  # the verdict stands; only the report is off
+            print(f"gpuwarden check: the results will not be reported: {exc}", file=sys.stderr)
+            args.report = False
     results = run_checks(config, names, strict=True)
     ok = passed(results)
     node = config["agent"]["node"] or socket.gethostname()

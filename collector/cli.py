@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import re
 import signal
 import socket
 import sys
@@ -33,6 +34,7 @@ from gpuwarden.collector.nvml.recorded import Recorder
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.collector.sources.base import SourceContext
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
+from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.poster import FindingPoster
@@ -185,6 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.print_config:
             _print_config(config)
             return 0
+        check_secrets(config.sections)  # every secret file, now: not at the first fatal event
         return _run(config, args)
     except (GpuwardenError, UsageError) as exc:
         print(f"gpuwarden agent: {exc}", file=sys.stderr)
@@ -241,6 +244,16 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             config["agent"]["metrics_listen"],
             partial(agent_metrics, agent, stats, gpu=bool(config["agent"]["metrics_gpu"])),
         )
+    probes = None
+    if config["agent"]["health_listen"] and not args.once:
+        from gpuwarden.collector.probes import serve_probes
+
+        probes = serve_probes(
+            config["agent"]["health_listen"],
+            agent,
+            int(config["agent"]["health_fail_cycles"]),
+            (lambda: influx.parked) if influx is not None else (lambda: ""),
+        )
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -250,6 +263,8 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
     finally:
         if metrics is not None:
             metrics.shutdown()
+        if probes is not None:
+            probes.shutdown()
         if relay is not None:
             relay.close()
         if poster is not None:
@@ -310,10 +325,15 @@ def _nvml_recorder(config: AgentConfig) -> Recorder:
 
 
 def _print_config(config: AgentConfig) -> None:
+    """The effective settings as TOML. A secret is never a setting (only the path of its file
+    is); a setting that looks like one anyway is not shown."""
     for section, values in config.sections.items():
         print(f"[{section}]")
         for key, value in values.items():
-            print(f"{key} = {_toml(value)}")
+            shown = _toml(value)
+            if re.search(r"(password|token|secret)$", key) and value:
+                shown = '"(not shown: a secret)"'
+            print(f"{key} = {shown}")
         print()
 
 

@@ -48,6 +48,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "reporter_tls_key_file": "",
         "metrics_listen": "",
         "metrics_gpu": True,
+        # the liveness and readiness probes (collector.probes: GET /livez, /readyz), e.g.
+        # "127.0.0.1:9467"; "" = off. Not ready once a source failed this many cycles in a row
+        "health_listen": "",
+        "health_fail_cycles": 3,
         # > 0: read every interval_s, write each series once per this many seconds (gauges:
         # mean, _min, _max; the rest: last value; events at once). 0: write every reading
         "write_every_s": 0.0,
@@ -120,7 +124,8 @@ class AgentConfig:
 
     @property
     def sink(self) -> SinkConfig:
-        return SinkConfig.from_mapping(dict(self.sections["sink"]))
+        """The sink's settings, its password and token read from their files."""
+        return SinkConfig.from_mapping(dict(self.sections["sink"])).with_secrets()
 
     def source_settings(self, name: str) -> dict[str, Any]:
         """A source's settings; the XID lists are shared by the nvml and xid sources."""
@@ -136,9 +141,14 @@ def load_config(
     path: str | Path | None = None, environ: Mapping[str, str] | None = None
 ) -> AgentConfig:
     config = AgentConfig(merge_config(DEFAULTS, path, environ, "agent"))
-    config.sink  # noqa: B018  (validates the sink section now, not at first write)
+    SinkConfig.from_mapping(dict(config["sink"]))  # validates [sink] now, not at first write
     if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
+    a = config["agent"]
+    if a["health_fail_cycles"] < 1:
+        raise ConfigError("agent.health_fail_cycles must be at least 1")
+    for key in ("health_listen", "metrics_listen", "reporter_listen"):
+        _check_listen(key, a[key])
     try:  # they name every finding the agent sends: refused here, not at the first XID
         ClusterName(config["agent"]["cluster"])
         if config["agent"]["node"]:
@@ -146,3 +156,12 @@ def load_config(
     except BadNameError as exc:
         raise ConfigError(f"agent: {exc}") from None
     return config
+
+
+def _check_listen(key: str, listen: str) -> None:
+    """``host:port`` (or empty: off); refused at start, not when the listener is opened."""
+    if not listen:
+        return
+    _, sep, port = listen.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ConfigError(f"agent.{key} must be host:port (port 1-65535), got {listen!r}")

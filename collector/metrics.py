@@ -5,12 +5,26 @@ works, its errors, the points of its last cycle and the readings screened out as
 the sink's counters.
 
 GPU metrics (``[agent] metrics_gpu``, on by default): the last cycle's ``gpu`` points under
-the names and labels of NVIDIA's dcgm-exporter (its default counters, ``DCGM_FI_DEV_*``, with
-``gpu``, ``UUID``, ``device``, ``modelName`` and ``Hostname`` labels) and in its units, so a
-Prometheus stack built on dcgm-exporter's dashboards and alert rules reads a gpuwarden node
-unchanged; gpuwarden's own ``job`` and ``rank`` come along as extra labels. Only what NVML
-answered is exposed: an unsupported field is absent, as in InfluxDB. The full set stays in
-InfluxDB, under the catalogue's names: these are for sites that alert from Prometheus.
+the names and labels of NVIDIA's dcgm-exporter (its default counters, with ``gpu``, ``UUID``,
+``device``, ``modelName`` and ``Hostname`` labels) and in its units; gpuwarden's own ``job``
+and ``rank`` come along as extra labels. Every metric dcgm-exporter's own Grafana dashboard
+reads is here (``tests/data/dcgm_exporter_dashboard_metrics.txt`` lists them, from its
+repository; ``tests/test_dcgm_names.py`` checks), so that dashboard reads a gpuwarden node;
+of its other default counters, the ones NVML gives the agent are here too, the rest
+(encoder/decoder use, NVLink bandwidth, vGPU licence, the DCP profiling fields other than
+tensor activity) are not. Three come from more than one catalogue field or from events:
+
+* ``DCGM_FI_DEV_FB_FREE``: ``mem_total_bytes - mem_used_bytes - mem_reserved_bytes``, in MiB.
+* ``DCGM_FI_PROF_PIPE_TENSOR_ACTIVE``: GPM's tensor activity (``gpm_tensor_active_pct``, any
+  precision, Hopper and later) as a ratio; DCGM's field counts the HMMA pipe, which is the
+  same pipe on these GPUs. Absent where GPM is (before Hopper, or GPM off).
+* ``DCGM_FI_DEV_XID_ERRORS``: the last XID the agent saw on that GPU since it started (0:
+  none), shown only while the ``xid`` source works: without a kernel log to read, 0 would
+  claim a calm the agent cannot see.
+
+Only what NVML answered is exposed: an unsupported field is absent, as in InfluxDB. The full
+set stays in InfluxDB, under the catalogue's names: these are for sites that alert from
+Prometheus.
 """
 
 from __future__ import annotations
@@ -47,12 +61,32 @@ DCGM: Mapping[str, tuple[str, float, str, str]] = {
     "remapped_rows_uncorrectable_total": ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS", 1.0,
                                           "counter",
                                           "Number of remapped rows for uncorrectable errors."),
+    "gpm_tensor_active_pct": ("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", 0.01, "gauge",
+                              "Ratio of cycles the tensor (HMMA) pipe is active "
+                              "(NVML GPM tensor activity)."),
 }  # fmt: skip
+FB_FREE = ("DCGM_FI_DEV_FB_FREE", "Framebuffer memory free (in MiB).")
+XID_ERRORS = ("DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.")
 
 
-def gpu_metrics(points: Iterable[Point], hostname: str) -> list[Metric]:
-    """The ``gpu`` points of one cycle as dcgm-exporter's metrics."""
+def _fb_free_mib(fields: Mapping[str, Any]) -> float | None:
+    """Free framebuffer as DCGM counts it (total less used less the driver's reserve)."""
+    total, used = fields.get("mem_total_bytes"), fields.get("mem_used_bytes")
+    if not isinstance(total, int) or not isinstance(used, int):
+        return None
+    reserved = fields.get("mem_reserved_bytes")
+    free = total - used - (reserved if isinstance(reserved, int) else 0)
+    return max(free, 0) / 2**20
+
+
+def gpu_metrics(
+    points: Iterable[Point], hostname: str, last_xid: Mapping[str, int] | None = None
+) -> list[Metric]:
+    """The ``gpu`` points of one cycle as dcgm-exporter's metrics; ``last_xid`` (GPU index ->
+    the last XID seen, None while no XID watcher works) gives ``DCGM_FI_DEV_XID_ERRORS``."""
     samples: dict[str, list[tuple[Mapping[str, str], float]]] = {k: [] for k in DCGM}
+    free: list[tuple[Mapping[str, str], float]] = []
+    xids: list[tuple[Mapping[str, str], float]] = []
     for p in points:
         if p.measurement != "gpu":
             continue
@@ -65,11 +99,19 @@ def gpu_metrics(points: Iterable[Point], hostname: str) -> list[Metric]:
         for key, value in p.fields.items():
             if key in DCGM and isinstance(value, int | float) and not isinstance(value, bool):
                 samples[key].append((labels, float(value) * DCGM[key][1]))
+        mib = _fb_free_mib(p.fields)
+        if mib is not None:
+            free.append((labels, mib))
+        if last_xid is not None:
+            xids.append((labels, float(last_xid.get(gpu, 0))))
     out = []
     for key, found in samples.items():
         if found:
             name, _, kind, help_ = DCGM[key]
             out.append(Metric(name, help_, "counter" if kind == "counter" else "gauge", found))
+    for (name, help_), found in ((FB_FREE, free), (XID_ERRORS, xids)):
+        if found:
+            out.append(Metric(name, help_, "gauge", found))
     return out
 
 
@@ -106,5 +148,7 @@ def agent_metrics(
             kind = "counter" if key.endswith("_total") else "gauge"
             out.append(Metric.one(f"gpuwarden_agent_sink_{key}", f"the sink's {key}", value, kind))  # type: ignore[arg-type]
     if gpu:
-        out += gpu_metrics(agent.last_points, agent.node)
+        xid = agent.health.get("xid")
+        watched = xid is not None and not xid.failing
+        out += gpu_metrics(agent.last_points, agent.node, agent.last_xid if watched else None)
     return out

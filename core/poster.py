@@ -33,9 +33,9 @@ import logging
 import queue
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.config import ConfigError, read_secret
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.retry import RETRY_STATUSES, Backoff
 from gpuwarden.core.signing import request_target, sign_request
@@ -93,11 +93,12 @@ class FindingPoster:
 
     def _headers(self, body: bytes) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "User-Agent": "gpuwarden"}
+        # read at each post (a rotated file is picked up); each command checks them at start
         if self.token_file:
-            token = Path(self.token_file).read_text(encoding="utf-8").strip()
+            token = read_secret(self.token_file, "token_file")
             headers["Authorization"] = f"Bearer {token}"
         if self.secret_file:
-            key = Path(self.secret_file).read_bytes().strip()
+            key = read_secret(self.secret_file, "hmac_secret_file").encode()
             headers |= sign_request(key, "POST", self.target, body, self.identity)
         return headers
 
@@ -147,7 +148,7 @@ class FindingPoster:
             )
         try:
             resp = self._http.request("POST", self.url, body=body, headers=self._headers(body))
-        except (urllib3.exceptions.HTTPError, OSError) as exc:
+        except (urllib3.exceptions.HTTPError, OSError, ConfigError) as exc:
             return "retry", f"{type(exc).__name__}: {exc}"
         if resp.status < 300:
             return "delivered", ""

@@ -1,5 +1,15 @@
-"""Grafana-managed alert rules for the rule-based conditions, contact points for the webhooks,
-and a notification policy routing by severity -- in Grafana's file-provisioning format.
+"""Grafana-managed alert rules for the rule-based conditions and contact points for the webhooks,
+in Grafana's file-provisioning format; each rule names its contact point itself.
+
+Routing never touches the organisation's notification policy tree. In Grafana the whole tree
+is one resource: a provisioning file with ``policies:`` (or a PUT of
+``/api/v1/provisioning/policies``) replaces every route the site had, and Grafana cannot
+provision a subtree. So each rule carries ``notification_settings`` (Grafana's "simplified
+routing", Grafana 11 and later): its contact point by severity (:data:`ROUTING`), with its
+grouping and repeat interval, and Grafana routes it through a policy it manages itself beside
+the site's tree. A site that wants gpuwarden's alerts in its own tree instead gets the routes
+as a snippet to paste (:func:`route_snippet`, exported beside the provisioning files, never in
+them).
 
 Each rule is the SDK's ``Rule``: query A (InfluxQL, one series per node/GPU/port), B reduces
 each series to one number, C compares it with a threshold; the rule fires per series. Rules
@@ -11,7 +21,7 @@ here because an operator wants a page even when analytics is down. Thresholds co
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -290,6 +300,52 @@ def _rule(spec: RuleSpec, datasource_uid: str) -> al.Rule:
     )
 
 
+#: severity -> (contact point, group_wait, repeat_interval); a warning goes to Slack when
+#: ``[alerts] slack_url_file`` is set. Grouping is per node: one page per sick node.
+ROUTING: Mapping[str, tuple[str, str, str]] = {
+    "critical": ("gpuwarden-webhook", "0s", "1h"),
+    "warning": ("gpuwarden-slack", "30s", "4h"),
+}
+GROUP_BY = ["alertname", "cluster", "node"]
+
+
+def receiver(cfg: Mapping[str, Mapping[str, Any]], severity: str) -> str:
+    """The contact point a rule of ``severity`` notifies."""
+    name = ROUTING[severity][0]
+    if name == "gpuwarden-slack" and not cfg["alerts"]["slack_url_file"]:
+        return "gpuwarden-webhook"
+    return name
+
+
+def notification_settings(cfg: Mapping[str, Mapping[str, Any]], severity: str) -> dict[str, Any]:
+    """A rule's own routing (Grafana's ``notification_settings``): no policy tree involved."""
+    _, wait, repeat = ROUTING[severity]
+    return {
+        "receiver": receiver(cfg, severity),
+        "group_by": list(GROUP_BY),
+        "group_wait": wait,
+        "repeat_interval": repeat,
+    }
+
+
+def route_snippet(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """For a site that routes through its own policy tree: the child routes to paste under
+    its default policy (matching the rules' ``source = gpuwarden`` and ``severity`` labels).
+    Never a provisioning file: provisioned, a ``policies:`` file replaces the whole tree."""
+    return {
+        "routes": [
+            {
+                "receiver": receiver(cfg, severity),
+                "object_matchers": [["source", "=", "gpuwarden"], ["severity", "=", severity]],
+                "group_by": list(GROUP_BY),
+                "group_wait": wait,
+                "repeat_interval": repeat,
+            }
+            for severity, (_, wait, repeat) in ROUTING.items()
+        ]
+    }
+
+
 def _plain(obj: object) -> Any:
     return json.loads(JSONEncoder().encode(obj))
 
@@ -312,6 +368,7 @@ def rules_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 "labels": r["labels"],
                 "annotations": r["annotations"],
                 "isPaused": False,
+                "notification_settings": notification_settings(cfg, spec.severity),
             }
         )
     return {
@@ -328,17 +385,27 @@ def rules_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
-def contact_points_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
-    """Contact points (the webhook; Slack when configured) and the severity routing.
+def contact_points_file(
+    cfg: Mapping[str, Mapping[str, Any]], read: Callable[[str], str] | None = None
+) -> dict[str, Any]:
+    """The contact points (the webhook; Slack when configured), and nothing else: no
+    ``policies`` (that would replace the organisation's whole notification policy tree; the
+    rules name their contact point themselves, see :func:`notification_settings`).
 
-    The webhook's bearer token is read by Grafana itself from ``webhook_token_file``
-    (``$__file{...}`` in provisioning files), so it never lands in the exported files."""
+    The secrets (the webhook's bearer token, the Slack URL, which is a credential) stay in
+    their files: a provisioning file gets ``$__file{...}``, which Grafana reads itself, so they
+    never land in the exported files. ``read`` (for ``push`` over the API, which does not
+    interpolate) returns a file's content instead."""
     a = cfg["alerts"]
     org = cfg["grafana"]["org_id"]
+
+    def secret(path: str) -> str:
+        return read(path) if read is not None else "$__file{" + path + "}"
+
     settings: dict[str, Any] = {"url": a["webhook_url"], "httpMethod": "POST"}
     if a["webhook_token_file"]:
         settings["authorization_scheme"] = "Bearer"
-        settings["authorization_credentials"] = "$__file{" + a["webhook_token_file"] + "}"
+        settings["authorization_credentials"] = secret(a["webhook_token_file"])
     points = [
         (
             "gpuwarden-webhook",
@@ -349,7 +416,7 @@ def contact_points_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             .settings(settings),
         ),
     ]
-    if a["slack_url"]:
+    if a["slack_url_file"]:
         points.append(
             (
                 "gpuwarden-slack",
@@ -357,7 +424,7 @@ def contact_points_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 .name("gpuwarden-slack")
                 .type("slack")
                 .uid("gpuwarden-slack")
-                .settings({"url": a["slack_url"]}),
+                .settings({"url": secret(a["slack_url_file"])}),
             )
         )
     contact_points = []
@@ -370,23 +437,4 @@ def contact_points_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
             "disableResolveMessage": False,
         }
         contact_points.append({"orgId": org, "name": name, "receivers": [receiver]})
-    warning_to = "gpuwarden-slack" if a["slack_url"] else "gpuwarden-webhook"
-    policy = {
-        "orgId": org,
-        "receiver": "gpuwarden-webhook",
-        "group_by": ["alertname", "cluster", "node"],
-        "routes": [
-            {
-                "receiver": "gpuwarden-webhook",
-                "object_matchers": [["severity", "=", "critical"]],
-                "group_wait": "0s",
-                "repeat_interval": "1h",
-            },
-            {
-                "receiver": warning_to,
-                "object_matchers": [["severity", "=", "warning"]],
-                "repeat_interval": "4h",
-            },
-        ],
-    }
-    return {"apiVersion": 1, "contactPoints": contact_points, "policies": [policy]}
+    return {"apiVersion": 1, "contactPoints": contact_points}

@@ -19,9 +19,9 @@ import urllib3
 import yaml
 
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
-from gpuwarden.core.config import ConfigError
+from gpuwarden.core.config import ConfigError, check_secrets, read_secret
 from gpuwarden.core.timeparse import parse_when
-from gpuwarden.dashboards.alerts import contact_points_file, rules_file
+from gpuwarden.dashboards.alerts import contact_points_file, route_snippet, rules_file
 from gpuwarden.dashboards.config import grafana_token, load_config
 from gpuwarden.dashboards.errors import DashboardError, PushError
 from gpuwarden.dashboards.export import encode, generate
@@ -69,8 +69,14 @@ def provider_file(cfg: Config, dashboards_dir: str) -> dict[str, Any]:
     }
 
 
+ROUTE_SNIPPET = "gpuwarden-routes.example.yaml"
+
+
 def export(cfg: Config, out: Path) -> list[Path]:
-    """``out/dashboards/*.json`` and ``out/provisioning/{datasources,dashboards,alerting}``."""
+    """``out/dashboards/*.json``, ``out/provisioning/{datasources,dashboards,alerting}`` and,
+    outside ``provisioning/``, :data:`ROUTE_SNIPPET`: the routes for a site that would rather
+    route gpuwarden's alerts through its own notification policy tree (pasted by hand; as a
+    provisioning file it would replace the tree)."""
     boards = generate()
     written = []
     (out / "dashboards").mkdir(parents=True, exist_ok=True)
@@ -89,6 +95,16 @@ def export(cfg: Config, out: Path) -> list[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(doc, sort_keys=False), encoding="utf-8")
         written.append(path)
+    snippet = out / ROUTE_SNIPPET
+    snippet.write_text(
+        "# NOT a provisioning file. Grafana provisions the notification policy tree as one\n"
+        "# resource: a file with `policies:` replaces the whole tree. gpuwarden's rules route\n"
+        "# themselves (notification_settings); to route them through your own tree instead,\n"
+        "# paste these routes under your default policy and drop notification_settings.\n"
+        + yaml.safe_dump(route_snippet(cfg), sort_keys=False),
+        encoding="utf-8",
+    )
+    written.append(snippet)
     return written
 
 
@@ -121,8 +137,9 @@ class Grafana:
 
 
 def push(cfg: Config, url: str, token: str) -> list[str]:
-    """Folder, datasource, dashboards and alert rules through the Grafana HTTP API; every
-    call is an upsert, so pushing twice is harmless."""
+    """Folder, datasource, dashboards, contact points and alert rules through the Grafana HTTP
+    API; every call is an upsert, so pushing twice is harmless. The notification policy tree
+    is never written (a PUT replaces all of it): the rules name their contact point."""
     g = Grafana(url, token)
     folder = cfg["grafana"]["folder"]
     done = []
@@ -135,6 +152,13 @@ def push(cfg: Config, url: str, token: str) -> list[str]:
         body = {"dashboard": board, "folderUid": folder, "overwrite": True}
         g.call("POST", "/api/dashboards/db", {**body, "message": "gpuwarden push"})
         done.append(f"dashboard {board['uid']}")
+    for point in contact_points_file(cfg, read=_read_secret)["contactPoints"]:
+        for r in point["receivers"]:
+            body = {"name": point["name"], **r}
+            path = f"/api/v1/provisioning/contact-points/{r['uid']}"
+            if g.call("PUT", path, body, ok=(200, 202, 404)) == 404:
+                g.call("POST", "/api/v1/provisioning/contact-points", body, ok=(200, 201, 202))
+            done.append(f"contact point {r['uid']}")
     for group in rules_file(cfg)["groups"]:
         for rule in group["rules"]:
             body = {**rule, "folderUID": folder, "ruleGroup": group["name"]}
@@ -144,6 +168,13 @@ def push(cfg: Config, url: str, token: str) -> list[str]:
                 g.call("POST", "/api/v1/provisioning/alert-rules", body, ok=(200, 201))
             done.append(f"alert rule {rule['uid']}")
     return done
+
+
+def _read_secret(path: str) -> str:
+    try:
+        return read_secret(path)
+    except ConfigError as exc:
+        raise PushError(str(exc)) from None
 
 
 def _render(args: argparse.Namespace, cfg: Config) -> int:
@@ -209,7 +240,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             for path in export(cfg, Path(args.out)):
                 print(path)
         elif args.command == "push":
-            for line in push(cfg, args.url or cfg["grafana"]["url"], grafana_token(cfg)):
+            # push reads the contact points' secrets itself (the API does not read $__file{});
+            # export leaves them to Grafana, on its own host, and checks nothing here
+            token = grafana_token(cfg)
+            check_secrets(cfg, only=("alerts.webhook_token_file", "alerts.slack_url_file"))
+            for line in push(cfg, args.url or cfg["grafana"]["url"], token):
                 print("pushed", line)
         elif args.command == "check":
             boards = generate()

@@ -34,8 +34,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # Grafana's webhook contact point: the remediation engine's endpoint (or any receiver)
         "webhook_url": "http://127.0.0.1:9470/v1/alerts/grafana",
         "webhook_token_file": "",
-        # optional Slack incoming webhook; warnings go there, critical alerts to the webhook
-        "slack_url": "",
+        # optional Slack incoming webhook; warnings go there, critical alerts to the webhook. Its
+        # URL is a credential: the file that holds it (Grafana reads it through $__file{})
+        "slack_url_file": "",
         "evaluate_every": "1m",
         "gpu_temp_c": 87.0,
         "congestion_score": 0.02,
@@ -60,6 +61,6 @@ def grafana_token(
     from gpuwarden.dashboards.errors import DashboardError
 
     try:
-        return read_secret(cfg["grafana"]["token_file"])
+        return read_secret(cfg["grafana"]["token_file"], "grafana.token_file")
     except ConfigError as exc:
         raise DashboardError(f"the Grafana token: {exc}") from None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
-from gpuwarden.core.config import ConfigError, read_secret
+from gpuwarden.core.config import ConfigError, check_secrets, read_secret
 from gpuwarden.core.finding import Finding, FindingError
 from gpuwarden.core.names import NodeName
 from gpuwarden.core.signing import agent_key, sign_request
@@ -279,6 +279,16 @@ def print_agent_key(config: RemediationConfig, family: str, node: str) -> int:
     return 0
 
 
+#: what an operator's command reads to talk to a running engine
+OPERATOR_SECRETS = (
+    "engine.operator_secret_file",
+    "engine.token_file",
+    "engine.hmac_secret_file",
+    "engine.tls_client_key_file",
+)
+OPERATOR_ONLY = ("engine.operator_secret_file", "engine.tls_client_key_file")  # not the engine's
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="gpuwarden remediate", description=__doc__.split("\n")[0], allow_abbrev=False
@@ -315,6 +325,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args)
     try:
         config = load_config(config_path(args))
+        # every secret file this subcommand reads, checked now (exit 2), not at first use
+        if args.command in ("serve", "apply"):
+            check_secrets(config.sections, skip=OPERATOR_ONLY)
+        elif args.command in ("pending", "approve", "undo"):
+            check_secrets(config.sections, only=OPERATOR_SECRETS)
         if args.command == "apply" and (args.live or args.dry_run):
             sections = {k: dict(v) for k, v in config.sections.items()}
             sections["engine"]["dry_run"] = not args.live

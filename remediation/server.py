@@ -85,6 +85,9 @@ from gpuwarden.remediation.replay import ReplayError, SignatureMemory
 
 log = logging.getLogger(__name__)
 
+#: liveness: answered without authentication, no data (the Deployment's probes point here)
+HEALTH_PATH = "/healthz"
+
 
 #: the legacy mode's one credential (every scope) and the read-only monitoring token
 SHARED = Principal("shared-credential", "shared")
@@ -430,7 +433,7 @@ class Endpoint:
         """Route one request; ``read(n)`` reads the body (only after the checks allow it).
         ``peer_names``: the client certificate's CN and DNS names, when one was presented."""
         try:
-            if method == "GET" and path == "/healthz":
+            if method == "GET" and path == HEALTH_PATH:
                 return HTTPStatus.OK, {"status": "ok"}
             principal, key = self.who(headers, method, path)
             body = read(self.body_length(headers)) if method == "POST" else b""

@@ -329,8 +329,8 @@ def test_export_writes_dashboards_and_provisioning(tmp_path: Path) -> None:
     assert uids == {ds["uid"], "__expr__"}
     assert Path(provider["options"]["path"]) == (tmp_path / "dashboards").resolve()
     receivers = {c["name"] for c in contacts["contactPoints"]}
-    routed = {r["receiver"] for p in contacts["policies"] for r in p["routes"]}
-    assert routed <= receivers and contacts["policies"][0]["receiver"] in receivers
+    routed = {r["notification_settings"]["receiver"] for g in rules["groups"] for r in g["rules"]}
+    assert routed <= receivers and "policies" not in contacts  # tests/test_grafana_routing.py
 
 
 def test_dashboards_sample_config_equals_defaults() -> None:
@@ -347,6 +347,7 @@ class FakeGrafana:
     def __init__(self, token: str) -> None:
         self.requests: list[tuple[str, str, Any]] = []
         self.rules: set[str] = set()
+        self.contact_points: dict[str, Any] = {}
         fake = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -357,12 +358,15 @@ class FakeGrafana:
                 if self.headers.get("Authorization") != f"Bearer {token}":
                     status, out = 401, {"message": "invalid API key"}
                 elif self.command == "GET" or (
-                    self.command == "PUT" and self.path.rsplit("/", 1)[1] not in fake.rules
+                    self.command == "PUT"
+                    and self.path.rsplit("/", 1)[1] not in fake.rules | set(fake.contact_points)
                 ):
                     status, out = 404, {"message": "not found"}
                 else:
                     if self.command == "POST" and "alert-rules" in self.path and body:
                         fake.rules.add(body["uid"])
+                    if self.command == "POST" and "contact-points" in self.path and body:
+                        fake.contact_points[body["uid"]] = body
                     status, out = 200, {"status": "success"}
                 data = json.dumps(out).encode()
                 self.send_response(status)
@@ -391,8 +395,11 @@ def test_push_upserts_everything_and_reports_refusals(
     try:
         token = tmp_path / "token"
         token.write_text("s3cret\n")
+        hook = tmp_path / "hook-token"
+        hook.write_text("engine-token\n")
         conf = tmp_path / "d.toml"
-        conf.write_text(f'[grafana]\ntoken_file = "{token}"\n')
+        conf.write_text(f'[grafana]\ntoken_file = "{token}"\n'
+                        f'[alerts]\nwebhook_token_file = "{hook}"\n')  # fmt: skip
         monkeypatch.delenv("GRAFANA_TOKEN", raising=False)
         for _ in range(2):  # the second push updates what the first created
             assert dashboards_cli(["--config", str(conf), "push", "--url", grafana.url]) == 0
@@ -402,8 +409,13 @@ def test_push_upserts_everything_and_reports_refusals(
             f"gpuwarden-{n}" for n in ("fleet", "node", "job", "fabric", "power", "health")
         }
         creates = [p for m, p, _ in grafana.requests if m == "POST" and "alert-rules" in p]
-        updates = [p for m, p, _ in grafana.requests if m == "PUT"]
+        updates = [p for m, p, _ in grafana.requests if m == "PUT" and "alert-rules" in p]
         assert len(creates) == len(grafana.rules) and len(updates) == 2 * len(grafana.rules)
+        # the contact point carries the token itself (the API does not read $__file{}), and
+        # the notification policy tree is never written: a PUT of it replaces the whole tree
+        (webhook,) = grafana.contact_points.values()
+        assert webhook["settings"]["authorization_credentials"] == "engine-token"
+        assert not [p for _, p, _ in grafana.requests if "/policies" in p]
         monkeypatch.setenv("GRAFANA_TOKEN", "wrong")
         assert dashboards_cli(["--config", str(conf), "push", "--url", grafana.url]) == 2
         assert "HTTP 401 (check the token" in capsys.readouterr().err

@@ -155,3 +155,50 @@ def test_the_relay_is_reachable_from_the_nodes_own_pods_only() -> None:
     assert not [p for p in ports if p.get("hostPort") or p.get("containerPort") == 9465]
     mounts = {m["mountPath"] for c in containers for m in c.get("volumeMounts", [])}
     assert "/run/gpuwarden" in mounts
+
+
+def _listen_port(docs: list[dict[str, Any]], container: dict[str, Any], section: str,
+                 key: str, configmap: str, file: str) -> tuple[str, int]:  # fmt: skip
+    """The ``host:port`` a gpuwarden command in ``container`` binds for ``[section] key``: the
+    environment's ``GPUWARDEN_<SECTION>_<KEY>`` if the container sets it, else the ConfigMap's
+    file."""
+    env = {e["name"]: e.get("value") for e in container.get("env", [])}
+    listen = env.get(f"GPUWARDEN_{section.upper()}_{key.upper()}")
+    if listen is None:
+        cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"]
+                  == configmap)  # fmt: skip
+        listen = tomllib.loads(cm["data"][file])[section][key]
+    host, _, port = str(listen).rpartition(":")
+    return host, int(port)
+
+
+def test_probes_point_at_a_port_and_path_the_container_serves() -> None:
+    """Item 3: liveness and readiness probes for the agent (its health endpoint,
+    collector/probes.py) and the engine (/healthz), each at a named port whose containerPort is
+    the port the command binds, on an address the kubelet reaches (the pod IP, not loopback),
+    and at a path that command answers. Before: the agent had no probes and no endpoint."""
+    from gpuwarden.collector.probes import LIVE, READY
+    from gpuwarden.remediation.server import HEALTH_PATH
+
+    docs = documents()
+    wanted = {
+        "gpuwarden-agent": (("agent", "health_listen", "gpuwarden-agent", "agent.toml"),
+                            {"livenessProbe": LIVE, "readinessProbe": READY}),
+        "gpuwarden-remediate": (("engine", "listen", "gpuwarden-remediate", "remediation.toml"),
+                                {"livenessProbe": HEALTH_PATH, "readinessProbe": HEALTH_PATH}),
+    }  # fmt: skip
+    seen = set()
+    for d in docs:
+        name = d["metadata"]["name"]
+        if d["kind"] not in ("DaemonSet", "Deployment") or name not in wanted:
+            continue
+        (where, paths), (container,) = wanted[name], d["spec"]["template"]["spec"]["containers"]
+        host, port = _listen_port(docs, container, *where)
+        assert host not in ("127.0.0.1", "localhost", "::1", ""), (name, host)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        for probe, path in paths.items():
+            get = container[probe]["httpGet"]
+            assert get["path"] == path, (name, probe, get)
+            assert ports[get["port"]] == port, (name, probe, get, ports)
+        seen.add(name)
+    assert seen == set(wanted)

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpuwarden.collector.metrics import DCGM, agent_metrics, gpu_metrics
+from gpuwarden.collector.metrics import DCGM, FB_FREE, XID_ERRORS, agent_metrics, gpu_metrics
 from gpuwarden.core.metrics import Metric, render
 from gpuwarden.core.signing import sign_request
 from gpuwarden.core.store.lineprotocol import Point
@@ -184,7 +184,8 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
     conn = http.client.HTTPConnection("127.0.0.1", services.agent_port, timeout=10)
     conn.request("GET", "/metrics")
     got = parse(conn.getresponse().read())
-    assert {name for name, _, _, _ in DCGM.values()} >= {
+    derived = {FB_FREE[0], XID_ERRORS[0]}  # from several fields, or from events
+    assert {name for name, _, _, _ in DCGM.values()} | derived >= {
         n.removesuffix("_total") for n in got if n.startswith("DCGM_")
     }
     assert got["gpuwarden_agent_cycles_total"][0][1] > 0
@@ -200,6 +201,7 @@ def test_agent_metrics_show_a_failing_source() -> None:
             self.health = {"nvml": SourceHealth(errors=3, failing="gone", failed_cycles=3),
                            "xid": SourceHealth(points=2)}  # fmt: skip
             self.last_points: list[Point] = []
+            self.last_xid: dict[str, int] = {}
 
     got = parse(render(agent_metrics(FakeAgent(), lambda: {"spool_bytes": 5}, gpu=True))[0])
     assert got["gpuwarden_agent_source_up"] == [({"source": "nvml"}, 0.0), ({"source": "xid"}, 1.0)]

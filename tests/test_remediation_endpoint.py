@@ -409,9 +409,11 @@ def test_webhooks_are_signed_shaped_routed_and_retried(tmp_path: Path) -> None:
     secret = tmp_path / "secret"
     secret.write_bytes(SECRET)
     rx = Receiver(fail=2)
+    slack = tmp_path / "slack-url"  # a Slack URL is a credential: kept in a file
+    slack.write_text(f"{rx.url}/slack\n")
     hook = WebhookAdapter(
         generic_url=f"{rx.url}/generic",
-        slack_url=f"{rx.url}/slack",
+        slack_url_file=str(slack),
         alertmanager_url=f"{rx.url}/api/v2/alerts",
         secret_file=str(secret),
         backoff_s=0.01,

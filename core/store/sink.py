@@ -37,7 +37,7 @@ import random
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -52,18 +52,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+SECRETS = ("password", "token")  # SinkConfig fields that are secrets: never settings
+
 
 @dataclass(frozen=True)
 class SinkConfig:
-    """Sink settings; ``config/sink.sample.toml`` documents each one."""
+    """Sink settings; ``config/sink.sample.toml`` documents each one.
+
+    ``password`` and ``token`` are the secrets themselves, for code that builds a sink; they are
+    never settings (:meth:`to_mapping` leaves them out, :meth:`from_mapping` refuses them, and
+    they are not in the repr). A configuration names their files, ``password_file`` and
+    ``token_file``, which :meth:`with_secrets` reads."""
 
     url: str = "http://127.0.0.1:8086"
     api: Literal["v1", "v2"] = "v1"
     database: str = "gpuwarden"
     retention_policy: str = ""
     username: str = ""
-    password: str = ""
-    token: str = ""
+    password_file: str = ""
+    token_file: str = ""
+    password: str = field(default="", repr=False)
+    token: str = field(default="", repr=False)
     org: str = ""
     bucket: str = ""
     precision: str = "ns"
@@ -99,14 +108,33 @@ class SinkConfig:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> SinkConfig:
-        known = {f.name for f in fields(cls)}
+        """From settings (no secret in them: their files; :meth:`with_secrets` reads them)."""
+        known = {f.name for f in fields(cls)} - set(SECRETS)
+        for key in SECRETS:
+            if key in data:
+                raise SinkError(
+                    f"sink.{key} is a secret, and a secret is never a setting: put it in a file "
+                    f"only the service can read (chmod 600) and set sink.{key}_file to its path"
+                )
         unknown = set(data) - known
         if unknown:
             raise SinkError(f"unknown sink settings: {sorted(unknown)}")
         return cls(**data)
 
     def to_mapping(self) -> dict[str, Any]:
-        return asdict(self)
+        """The settings: every field but the secrets themselves."""
+        return {k: v for k, v in asdict(self).items() if k not in SECRETS}
+
+    def with_secrets(self) -> SinkConfig:
+        """A copy holding the password and token read from their files (checked:
+        :func:`core.config.read_secret`)."""
+        from gpuwarden.core.config import read_secret
+
+        return replace(
+            self,
+            password=read_secret(self.password_file, "sink.password_file") or self.password,
+            token=read_secret(self.token_file, "sink.token_file") or self.token,
+        )
 
     def make_transport(self) -> Transport:
         precision = Precision(self.precision)
@@ -193,6 +221,9 @@ class InfluxSink:
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._sender_failing = ""  # the message of the sender's failure streak
+        # "HTTP <status>" while the server's answer parks the sender (a configuration error:
+        # wrong token, no database); "" once a batch went through (the agent's readiness)
+        self._parked = ""
         self._closing = False
         self._flush_requested = False
         self._stats = SinkStats()
@@ -327,6 +358,11 @@ class InfluxSink:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
+    @property
+    def parked(self) -> str:
+        """Why the sender is parked (``"HTTP 401"``), or "" when it is not."""
+        return self._parked
+
     def stats(self) -> SinkStats:
         s = self._stats
         s.points_dropped = self._spool.dropped_points_total
@@ -407,6 +443,7 @@ class InfluxSink:
         if result.outcome in (Outcome.OK, Outcome.PARTIAL, Outcome.REJECTED):
             self._spool.commit(records)
             attempt = 0
+            self._parked = ""
             with self._cond:
                 s = self._stats
                 s.batches_sent += 1
@@ -427,6 +464,7 @@ class InfluxSink:
         self._spool.release(records)
         self._stats.last_error = result.message
         if result.outcome is Outcome.PARK:
+            self._parked = f"HTTP {result.status}"
             log.error(
                 "InfluxDB answered %s (%s); keeping %d points spooled, next try in %.0f s",
                 result.status,

@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.config import read_secret
 from gpuwarden.core.retry import RETRY_STATUSES, Backoff
 from gpuwarden.core.signing import SIGNATURE_HEADER, sign
 from gpuwarden.remediation.model import Action, ActionKind, AdapterError, Outcome, Status
@@ -88,7 +89,7 @@ class WebhookAdapter:
         self,
         *,
         generic_url: str = "",
-        slack_url: str = "",
+        slack_url_file: str = "",
         alertmanager_url: str = "",
         secret_file: str = "",
         routes_critical: Sequence[str] = ("generic", "slack", "alertmanager"),
@@ -98,6 +99,8 @@ class WebhookAdapter:
         timeout_s: float = 5.0,
         backoff_s: float = 0.5,
     ) -> None:
+        # a Slack incoming-webhook URL is a credential: kept in a file, read (and checked) here
+        slack_url = read_secret(slack_url_file, "webhook.slack_url_file")
         self.urls = {"generic": generic_url, "slack": slack_url, "alertmanager": alertmanager_url}
         self.routes = {
             "critical": tuple(routes_critical),
