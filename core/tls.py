@@ -138,7 +138,9 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
                     socket.socket.shutdown(s, socket.SHUT_RDWR)
 
     def server_close(self) -> None:
-        self._stopping.set()
+        stopping = getattr(self, "_stopping", None)  # None: the bind failed, nothing started
+        if stopping is not None:
+            stopping.set()
         super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:
