@@ -1,15 +1,29 @@
 """Model FLOPs utilisation, goodput (ETTR) and energy per job.
 
 MFU follows the PaLM paper, appendix B: a dense decoder does ``6N + 12·L·H·Q·T`` FLOPs per
-token for a forward and backward pass (N parameters, L layers, H heads of dimension Q, so
-``H·Q`` is the hidden size, T the sequence length; a multiply-add counts as two FLOPs).
+token for a forward and backward pass (L layers, H heads of dimension Q, so ``H·Q`` is the
+hidden size, T the sequence length; a multiply-add counts as two FLOPs), where N counts the
+parameters that take part in a matrix multiply: every token's forward passes each of them
+once. The input embedding tables (token and learned position) are looked up, not multiplied,
+so they are left out; the LM head is a matmul and stays in, tied or not (a tied head *is* the
+token table, so its ``vocab x hidden`` counts once). :func:`flops_per_token` applies these
+rules to what the job reported and says what it had to assume (docs/MFU.md).
+
 Recomputation is *not* counted in MFU: it is work the hardware does but the model does not
-need. HFU counts it: with full activation recomputation the forward runs twice, so
-``8N + 16·L·H·Q·T`` per token.
+need. HFU counts it: full recomputation runs the layers' forward again (``2·N_layers +
+4·L·H·Q·T`` more per token, the LM head not: Megatron's accounting; with the head unknown, as
+in PaLM, ``8N + 16·L·H·Q·T``), selective recomputation the attention scores only
+(``4·L·H·Q·T`` more).
 
 ``MFU = tokens/s x FLOPs per token / (GPUs x dense peak FLOP/s)``. Peaks are the vendor's dense
 (not 2:4 sparse) tensor-core figures per GPU, from NVIDIA's data sheets (A100: 312 TFLOP/s
-bf16; H100 SXM and H200: 989.4; H100 PCIe: 756; B200: 2,250).
+bf16; H100 SXM and H200: 989.4; H100 PCIe: 756; B200: 2,250). A job that does not say which
+GPU it runs on is looked up in the agent's ``gpu_info`` for the GPUs it ran on
+(:func:`job_gpu_model`).
+
+Beside every job's MFU stands the telemetry's own view, the mean GPM tensor-core activity of
+its GPUs while it stepped (:func:`tensor_activity_estimate`); when the two are far apart the
+reported shape is suspect (:func:`estimate_ratio`, finding ``mfu_mismatch``).
 
 Goodput here is the effective training time ratio (ETTR): the time spent on steps the job kept,
 over the elapsed time from its first step to its last in the window. The rest is split into
@@ -83,7 +97,8 @@ def peak_flops(gpu_model: str, dtype: str) -> float:
 
 
 def model_flops_per_token(params: float, layers: int, hidden: int, seq_len: int) -> float:
-    """PaLM appendix B: 6N + 12·L·(H·Q)·T, with H·Q the hidden size."""
+    """PaLM appendix B: 6N + 12·L·(H·Q)·T, with H·Q the hidden size and N the parameters that
+    take part in matmuls (see :func:`flops_per_token` for which those are)."""
     return 6.0 * params + 12.0 * layers * hidden * seq_len
 
 
@@ -94,6 +109,97 @@ def hardware_flops_per_token(
     if not recompute:
         return model_flops_per_token(params, layers, hidden, seq_len)
     return 8.0 * params + 16.0 * layers * hidden * seq_len
+
+
+#: matmul parameters of one layer of a standard dense decoder, in units of hidden²: attention's
+#: Q, K, V and output projections (4·H²) and a 4H MLP's two matrices (8·H²); SwiGLU's three
+#: 8/3·H matrices come to the same. Only used when a job reports nothing about its embeddings.
+LAYER_MATMUL_H2 = 12
+
+
+@dataclass(frozen=True)
+class FlopsPerToken:
+    """FLOPs per token of one forward and backward pass, and how they were counted."""
+
+    model: float
+    """For MFU: 6·N + 12·L·H·T, N = :attr:`matmul_params`."""
+    hardware: float
+    """For HFU: :attr:`model` plus what recomputation runs again."""
+    matmul_params: float
+    """Parameters that take part in a matmul: all but the input embedding tables; the LM head
+    in (once, when it is tied to the token table)."""
+    head_params: float
+    """Of those, the LM head's (``vocab x hidden``; 0 when not known)."""
+    assumed: str = ""
+    """What the rules had to assume because the job did not say; "" when it said enough."""
+
+
+def flops_per_token(shape: ModelShape) -> FlopsPerToken:
+    """FLOPs per token from what the job reported (:class:`ModelShape`), by these rules:
+
+    1. ``embedding_params`` given (the input embedding tables, token + position, as counted
+       in ``params``): N = params - embedding_params, plus ``vocab x hidden`` back when the
+       head is tied (the head's matmul uses the token table). Tied without ``vocab_size``:
+       all of ``embedding_params`` is taken for the token table (no learned positions).
+    2. only ``vocab_size`` given: the token table is ``vocab x hidden`` and no learned position
+       table is assumed; N = params (tied) or params - vocab x hidden (untied).
+    3. neither (callers from before these fields): the layers are assumed to be a standard
+       dense decoder's, ``12·L·H²`` of matmul parameters; what ``params`` holds beyond them is
+       the token table and the head, in equal parts with an untied head (half of it counted),
+       all head with a tied one (all counted). Where ``params`` is not above ``12·L·H²``, or
+       more than twice it (not a dense decoder: MoE, or a toy), every parameter is counted,
+       as PaLM's 6N does.
+
+    ``tied_head`` not given is taken as untied, and said. See docs/MFU.md.
+    """
+    p, layers, h, t = shape.params, shape.layers, shape.hidden, shape.seq_len
+    table = float(shape.vocab_size * h) if shape.vocab_size > 0 else 0.0
+    tied = bool(shape.tied_head)
+    notes: list[str] = []
+    if shape.tied_head is None and not (shape.embedding_params is None and not table):
+        notes.append("head assumed untied (tied_head not reported)")
+    if shape.embedding_params is not None:
+        emb = float(shape.embedding_params)
+        if tied and table:
+            matmul, head = p - emb + table, table
+        elif tied:
+            matmul, head = p, emb
+            notes.append("tied head without vocab_size: embedding_params taken for the token "
+                         "table alone (no learned positions)")  # fmt: skip
+        else:
+            matmul, head = p - emb, table
+    elif table:
+        matmul, head = (p, table) if tied else (p - table, table)
+        notes.append("no learned position table (embedding_params not reported)")
+    else:
+        body = float(LAYER_MATMUL_H2 * layers * h * h)
+        rest = p - body
+        if rest <= 0 or rest > body:
+            matmul, head = p, 0.0
+            notes.append(
+                f"params ({p:,.0f}) not between 12·L·H² ({body:,.0f}) and twice that: not "
+                "a dense decoder's shape, every parameter counted"
+            )
+        elif tied:
+            matmul, head = p, rest
+            notes.append(f"dense decoder assumed: the {rest:,.0f} parameters beyond 12·L·H² "
+                         "are the tied token table and head, all counted")  # fmt: skip
+        else:
+            matmul, head = p - rest / 2, rest / 2
+            notes = [
+                f"dense decoder with an untied head assumed (neither vocab_size nor "
+                f"embedding_params reported): of the {rest:,.0f} parameters beyond 12·L·H², "
+                "half (the head) counted, half (the input embeddings) not"
+            ]
+    model = model_flops_per_token(matmul, layers, h, t)
+    hardware = model
+    if shape.recompute and shape.recompute_selective:
+        hardware += 4.0 * layers * h * t  # the attention scores' forward (QK^T, AV) again
+    elif shape.recompute:
+        k = shape.recompute_layers
+        share = min(k, layers) / layers if k and layers > 0 else 1.0
+        hardware += share * (2.0 * (matmul - head) + 4.0 * layers * h * t)
+    return FlopsPerToken(model, hardware, matmul, head, "; ".join(notes))
 
 
 def executions(steps: pl.DataFrame) -> pl.DataFrame:
@@ -211,6 +317,8 @@ def throughput(steps: pl.DataFrame) -> JobThroughput | None:
 
 @dataclass(frozen=True)
 class ModelShape:
+    """A job's ``job_model`` report (:meth:`Reporter.model`)."""
+
     params: float
     layers: int
     hidden: int
@@ -219,9 +327,25 @@ class ModelShape:
     dtype: str
     gpu_model: str
     recompute: bool = False
+    vocab_size: int = 0
+    """0: not reported."""
+    tied_head: bool | None = None
+    """None: not reported (taken as untied)."""
+    embedding_params: float | None = None
+    """Parameters of the input embedding tables (token + position) inside ``params``; None:
+    not reported."""
+    recompute_layers: int = 0
+    """Full recomputation of this many layers; 0: all of them (with ``recompute``)."""
+    recompute_selective: bool = False
+    """Only the attention scores are recomputed (Megatron's selective recomputation)."""
 
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ModelShape:
+        def given(key: str) -> Any:
+            value = row.get(key)
+            return None if value is None or value == "" else value
+
+        tied, emb = given("tied_head_active"), given("embedding_params_count")
         return cls(
             params=float(row["params_count"]),
             layers=int(row["layers_count"]),
@@ -231,6 +355,11 @@ class ModelShape:
             dtype=str(row.get("dtype") or "bf16"),
             gpu_model=str(row.get("gpu_model") or ""),
             recompute=bool(row.get("recompute_active") or False),
+            vocab_size=int(given("vocab_size_count") or 0),
+            tied_head=None if tied is None else bool(tied),
+            embedding_params=None if emb is None else float(emb),
+            recompute_layers=int(given("recompute_layers_count") or 0),
+            recompute_selective=bool(given("recompute_selective_active") or False),
         )
 
 
@@ -242,16 +371,17 @@ class Mfu:
     tokens_per_s: float
     goodput: float
     peak_flops: float
+    flops: FlopsPerToken | None = None
+    """The FLOPs per token behind it, and what was assumed to count them."""
 
 
 def compute_mfu(shape: ModelShape, tp: JobThroughput) -> Mfu:
     peak = peak_flops(shape.gpu_model, shape.dtype)
-    per_token = model_flops_per_token(shape.params, shape.layers, shape.hidden, shape.seq_len)
-    per_gpu = tp.tokens_per_s * per_token / shape.world_size
+    flops = flops_per_token(shape)
+    per_gpu = tp.tokens_per_s * flops.model / shape.world_size
     hfu = None
     if shape.recompute:
-        hw = hardware_flops_per_token(shape.params, shape.layers, shape.hidden, shape.seq_len, True)
-        hfu = tp.tokens_per_s * hw / shape.world_size / peak
+        hfu = tp.tokens_per_s * flops.hardware / shape.world_size / peak
     return Mfu(
         mfu=per_gpu / peak,
         hfu=hfu,
@@ -259,17 +389,94 @@ def compute_mfu(shape: ModelShape, tp: JobThroughput) -> Mfu:
         tokens_per_s=tp.tokens_per_s,
         goodput=tp.goodput,
         peak_flops=peak,
+        flops=flops,
     )
 
 
 def tensor_activity_estimate(gpu: pl.DataFrame) -> float | None:
-    """Telemetry-only MFU *estimate* for a job that reports nothing: the mean GPM tensor-core
-    activity of its GPUs. Tensor pipes busy is an upper bound on useful model FLOPs (it counts
-    recomputation, padding and pipes that are not at full rate), so label it an estimate."""
+    """Telemetry-only MFU *estimate*: the mean GPM tensor-core activity of a job's GPUs (each
+    GPU's mean, then their mean). Tensor pipes busy is an upper bound on useful model FLOPs
+    (it counts recomputation, padding and pipes that are not at full rate), so label it an
+    estimate. For a job that reports steps, ``gpu`` holds its GPUs' samples from its first
+    step to its last (start-up excluded); REAL, on an H200: 58.9 % against 51.4 % counted."""
     if "gpm_tensor_active_pct" not in gpu.columns:
         return None
-    value = gpu["gpm_tensor_active_pct"].drop_nulls().mean()
+    keys = [k for k in ("node", "gpu") if k in gpu.columns]
+    col = pl.col("gpm_tensor_active_pct")
+    per_gpu = gpu.drop_nulls("gpm_tensor_active_pct")
+    if keys:
+        per_gpu = per_gpu.group_by(keys).agg(col.mean())
+    value = per_gpu["gpm_tensor_active_pct"].mean()
     return None if not isinstance(value, int | float) else float(value) / 100.0
+
+
+@dataclass(frozen=True)
+class MfuConfig:
+    mismatch_ratio: float = 0.5
+    """``mfu_mismatch`` when MFU (HFU with recomputation) and the GPM tensor-activity
+    estimate are further apart than this: the larger over the smaller, minus one (0.5: one is
+    1.5 times the other). REAL, on an H200 with the right shape: 0.17."""
+    mismatch_min: float = 0.05
+    """... and the larger of the two is at least this (a nearly idle job's ratios are noise)."""
+    info_lookback_s: float = 1800.0
+    """A job that does not report its GPU model: its GPUs' ``gpu_info`` is looked for from this
+    long before the window's start (the agent writes it every ``[nvml] info_every_s``)."""
+
+    def __post_init__(self) -> None:
+        if self.mismatch_ratio <= 0 or not 0 <= self.mismatch_min < 1:
+            raise ValueError("mfu.mismatch_ratio must be positive, mismatch_min in [0, 1)")
+        if self.info_lookback_s < 0:
+            raise ValueError("mfu.info_lookback_s must not be negative")
+
+
+#: dtypes whose matmuls run on tensor cores (GPM's tensor activity sees them)
+TENSOR_DTYPES = frozenset({"bf16", "fp16", "tf32", "fp8"})
+
+
+def estimate_ratio(
+    mfu: Mfu, estimate: float | None, tp: JobThroughput, dtype: str, cfg: MfuConfig
+) -> float | None:
+    """How far the counted and the observed utilisation are apart: the larger over the
+    smaller (1.0: equal; ``inf``: one is 0), or None when there is nothing to compare (no
+    GPM, a dtype tensor cores do not run, both below ``mismatch_min``).
+
+    The counted side is HFU when the job recomputes (tensor activity sees recomputation), and
+    is brought to the same span as the estimate's: the estimate is the GPUs' mean from the
+    first step to the last, downtime included, MFU is over the running time only."""
+    if estimate is None or dtype not in TENSOR_DTYPES or tp.elapsed_s <= 0:
+        return None
+    counted = (mfu.hfu if mfu.hfu is not None else mfu.mfu) * tp.running_s / tp.elapsed_s
+    high, low = max(counted, estimate), min(counted, estimate)
+    if high < cfg.mismatch_min:
+        return None
+    return high / low if low > 0 else math.inf
+
+
+def job_gpu_model(placed: pl.DataFrame, info: pl.DataFrame) -> tuple[str, str]:
+    """The GPU model of a job that did not report one, and a note when it is not clear-cut.
+
+    ``placed``: the job's GPUs (``node, gpu``, and ``gpu_model`` where its series carry the
+    tag): from its ``gpu`` and ``gpu_process`` points. ``info``: the agent's ``gpu_info``
+    (``node, gpu, gpu_model``) near the window. The model is ``gpu_info``'s for those GPUs,
+    else the series' own tag; on GPUs of several models, the one most of them have (and the
+    note says so: MFU is then against that model's peak)."""
+    if placed.is_empty():
+        return "", "no GPU carries the job's tag: its GPU model is unknown"
+    gpus = placed.select("node", "gpu").unique()
+    models = pl.DataFrame(schema={"node": pl.String, "gpu": pl.String, "gpu_model": pl.String})
+    if not info.is_empty():
+        models = gpus.join(info.select("node", "gpu", "gpu_model"), on=["node", "gpu"])
+    if "gpu_model" in placed.columns and models.filter(pl.col("gpu_model") != "").is_empty():
+        models = placed.select("node", "gpu", "gpu_model")
+    models = models.drop_nulls("gpu_model").filter(pl.col("gpu_model") != "").unique()
+    if models.is_empty():
+        return "", "neither the job nor the agent's gpu_info names its GPUs' model"
+    counts = models.group_by("gpu_model").agg(pl.len().alias("n")).sort(["n", "gpu_model"])
+    model = str(counts["gpu_model"][-1])
+    if counts.height == 1:
+        return model, ""
+    seen = ", ".join(f"{m} ({n})" for m, n in counts.iter_rows())
+    return model, f"the job's GPUs are of several models: {seen}; MFU against {model}'s peak"
 
 
 def job_energy(gpu: pl.DataFrame, tp: JobThroughput | None) -> dict[str, float] | None:

@@ -528,6 +528,17 @@ _m(
         _f("tensor_parallel_count", I, "", IN, "tensor-parallel size (ranks per TP group)"),
         _f("pipeline_parallel_count", I, "", IN, "pipeline-parallel stages"),
         _f("recompute_active", B, "", IN, "activation recomputation is on (for HFU)"),
+        _f("recompute_selective_active", B, "", IN, "only the attention scores are recomputed"),
+        _f("recompute_layers_count", I, "", IN, "layers fully recomputed (absent: all)"),
+        _f("vocab_size_count", I, "", IN, "vocabulary size (the token table and LM head)"),
+        _f("tied_head_active", B, "", IN, "the LM head shares the token embedding's weight"),
+        _f(
+            "embedding_params_count",
+            I,
+            "",
+            IN,
+            "parameters of the input embedding tables (token + position) inside params_count",
+        ),
         _f("gpu_model", S, "", IN, "GPU product name as the job sees it"),
     ],
 )

@@ -9,6 +9,7 @@ Sources (see ../shared/data/README.md):
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -140,7 +141,8 @@ def test_bad_trace_files_get_a_clear_error(tmp_path, capsys):
 def test_bloom_logbook_149_tflops_is_48_percent_of_an_a100_and_is_hfu():
     """The logbook's iteration (105.22 s, global batch 2048 x 2048 tokens, 384 A100s) with
     BLOOM-176B's published shape (BLOOM paper: 176.2B parameters, 70 layers, hidden 14336,
-    sequence 2048, activation recomputation on)."""
+    sequence 2048, vocabulary 250,880, LM head tied to the token embedding, ALiBi positions,
+    activation recomputation on)."""
     log = (DATA / "bloom-chronicles" / "tr11-176B-chronicles.md").read_text()
     m = re.search(
         r"elapsed time per iteration \(s\): ([\d.]+) .*?global batch size:\s+(\d+)"
@@ -154,11 +156,30 @@ def test_bloom_logbook_149_tflops_is_48_percent_of_an_a100_and_is_hfu():
     )
     tokens = gbs * 2048
     tp = JobThroughput(1, tokens, iteration_s, iteration_s, iteration_s, 0.0, 0.0, 0, 0)
-    shape = ModelShape(176.2e9, 70, 14336, 2048, 384, "bf16", "NVIDIA A100-SXM4-80GB", True)
+    shape = ModelShape(
+        176.2e9,
+        70,
+        14336,
+        2048,
+        384,
+        "bf16",
+        "NVIDIA A100-SXM4-80GB",
+        True,
+        vocab_size=250_880,
+        tied_head=True,
+        embedding_params=250_880 * 14336,
+    )  # ALiBi: the token table only
     result = compute_mfu(shape, tp)
-    # The logbook's figure counts the recomputed forward: it is HFU, and it matches ours.
-    assert result.hfu == pytest.approx(tflops * 1e12 / 312e12, rel=0.01)
+    # The logbook's figure counts the recomputed forward (Megatron's: the layers' forward again,
+    # not the head's): it is HFU, and it matches ours.
+    assert result.hfu == pytest.approx(tflops * 1e12 / 312e12, rel=0.005)
     assert result.mfu == pytest.approx(0.36, abs=0.01)
+    assert result.flops is not None and result.flops.assumed == ""  # the shape said enough
+    # an old caller (no vocabulary, no tied head) gets the untied assumption: 1.2 % lower HFU
+    bare = dataclasses.replace(shape, vocab_size=0, tied_head=None, embedding_params=None)
+    old = compute_mfu(bare, tp)
+    assert old.hfu == pytest.approx(tflops * 1e12 / 312e12, rel=0.02)
+    assert old.flops is not None and "untied head assumed" in old.flops.assumed
 
 
 def test_peak_table_and_gpu_names():

@@ -9,7 +9,9 @@ so any training script can import it::
                                           # as the node agent names it: Slurm, torchrun,
                                           # GPUWARDEN_JOB, or the Kubernetes pod)
     rep.model(params=7_000_000_000, layers=32, hidden_size=4096, heads=32, seq_len=4096,
-              world_size=64, dtype="bf16")
+              world_size=64, dtype="bf16",
+              vocab_size=32_000, tied_head=False,     # for MFU's FLOPs per token: the input
+              embedding_params=131_072_000)           # embeddings are not matmuls, the head is
     for step in range(start, steps):
         with rep.timed_step(step, tokens=tokens_per_rank, samples=batch):
             train_step()
@@ -163,16 +165,44 @@ class Reporter:
         seq_len: int,
         world_size: int,
         dtype: str = "bf16",
-        recompute: bool = False,
+        recompute: bool | str = False,
         gpu_model: str = "",
         tensor_parallel: int = 0,
         pipeline_parallel: int = 0,
+        vocab_size: int = 0,
+        tied_head: bool | None = None,
+        embedding_params: int | None = None,
+        recompute_layers: int = 0,
     ) -> None:
         """The model shape, once per job (rank 0 is enough; every rank may call it).
 
-        ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel ranks
-        fastest, then data-parallel, then pipeline stage) let analytics compare each rank with
-        the ranks of its own pipeline stage; 0 leaves them out."""
+        ``params`` is every parameter of the model (``sum(p.numel() for p in
+        model.parameters())``; a tied weight once). MFU counts the FLOPs of the parameters that
+        take part in matmuls: the input embedding tables are looked up, not multiplied, and the
+        LM head is a matmul, tied to the token table or not. So say, when you can:
+
+        * ``vocab_size`` and ``tied_head`` (the LM head shares the token embedding's weight);
+        * ``embedding_params``: the parameters of the input embedding tables inside ``params``
+          (token and learned position tables, e.g. ``sum(p.numel() for m in model.modules()
+          if isinstance(m, torch.nn.Embedding) for p in m.parameters())``).
+
+        Left out, analytics assumes, and says so beside the MFU (docs/MFU.md): with only
+        ``vocab_size``, no learned position table; with neither, a standard dense decoder
+        (``12·layers·hidden_size²`` parameters in its layers) whose remaining parameters are
+        the token table and an untied head in equal parts; ``tied_head`` not given, untied.
+        The new fields need an agent of this version or later (its relay refuses fields it
+        does not know): upgrade the agents first.
+
+        ``gpu_model`` ("" leaves it to analytics, which reads it from the agent's ``gpu_info``
+        for the GPUs the job runs on). ``recompute``: ``True`` or ``"full"`` (the layers'
+        forward runs again in the backward; ``recompute_layers`` of them, 0 for all) or
+        ``"selective"`` (only the attention scores, Megatron's selective recomputation); for
+        HFU. ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel
+        ranks fastest, then data-parallel, then pipeline stage) let analytics compare each rank
+        with the ranks of its own pipeline stage; 0 leaves them out."""
+        if recompute not in (True, False, "full", "selective", "none", ""):
+            raise ValueError(f"recompute must be a bool, 'full' or 'selective', not {recompute!r}")
+        selective = recompute == "selective"
         fields: dict[str, int | bool | str] = {
             "params_count": params,
             "layers_count": layers,
@@ -180,8 +210,18 @@ class Reporter:
             "heads_count": heads,
             "seq_len_tokens": seq_len,
             "world_size_count": world_size,
-            "recompute_active": recompute,
+            "recompute_active": recompute not in (False, "none", ""),
         }
+        if selective:
+            fields["recompute_selective_active"] = True
+        if recompute_layers and fields["recompute_active"] and not selective:
+            fields["recompute_layers_count"] = recompute_layers
+        if vocab_size:
+            fields["vocab_size_count"] = vocab_size
+        if tied_head is not None:
+            fields["tied_head_active"] = bool(tied_head)
+        if embedding_params is not None:
+            fields["embedding_params_count"] = embedding_params
         if gpu_model:
             fields["gpu_model"] = gpu_model
         if tensor_parallel:
