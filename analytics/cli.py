@@ -109,10 +109,22 @@ def _summary(a: Analysis) -> list[str]:
     ]
     for j in a.jobs:
         if j.mfu is not None:
-            lines.append(
-                f"  job {j.job}: MFU {j.mfu.mfu:.1%} ({j.mfu.tokens_per_s:,.0f} tokens/s), "
-                f"goodput {j.mfu.goodput:.1%}"
-            )
+            line = f"  job {j.job}: MFU {j.mfu.mfu:.1%}"
+            if j.mfu.hfu is not None:
+                line += f", HFU {j.mfu.hfu:.1%}"
+            line += f" ({j.mfu.tokens_per_s:,.0f} tokens/s), goodput {j.mfu.goodput:.1%}"
+            if j.shape is not None:
+                line += f"; {j.shape.gpu_model} ({j.gpu_model_from or 'job'})"
+            if j.estimate is not None:
+                line += f"; GPM tensor activity {j.estimate:.1%}"
+            lines.append(line)
+            if j.mfu.flops is not None and j.mfu.flops.assumed:
+                lines.append(f"  job {j.job}: FLOPs per token assume: {j.mfu.flops.assumed}")
+            if j.mismatch_limit is not None:
+                lines.append(
+                    f"  job {j.job}: MFU MISMATCH with the GPUs' tensor activity (beyond "
+                    f"{j.mismatch_limit:.2f}x): is its reported shape right?"
+                )
         elif j.estimate is not None:
             lines.append(f"  job {j.job}: MFU ESTIMATE from GPM tensor activity {j.estimate:.1%}")
         for p in j.problems:

@@ -17,6 +17,7 @@ from gpuwarden.analytics.drift import DriftConfig
 from gpuwarden.analytics.drift import config_from as drift_config
 from gpuwarden.analytics.hangs import HangConfig
 from gpuwarden.analytics.hangs import config_from as hang_config
+from gpuwarden.analytics.mfu import MfuConfig
 from gpuwarden.analytics.stragglers import StragglerConfig
 from gpuwarden.core.config import ConfigError, merge_config, read_secret
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS
@@ -59,6 +60,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # Prometheus /metrics of the running service (--every), e.g. "0.0.0.0:9471"; "" = off
         "metrics_listen": "",
     },
+    "mfu": asdict(MfuConfig()),
     "stragglers": asdict(StragglerConfig()),
     "congestion": asdict(CongestionConfig()),
     "drift": asdict(DriftConfig()),
@@ -121,6 +123,10 @@ class AnalyticsConfig:
 
     def __getitem__(self, section: str) -> Mapping[str, Any]:
         return self.sections[section]
+
+    @property
+    def mfu(self) -> MfuConfig:
+        return MfuConfig(**self.sections["mfu"])
 
     @property
     def stragglers(self) -> StragglerConfig:
@@ -217,7 +223,8 @@ def load_config(
             "analysis.nodes_per_task, analysis.nodes_per_read and dask.workers must be at least 1"
         )
     try:
-        config.drift  # noqa: B018  (validates [drift] now, not at the first analysis)
+        config.mfu  # noqa: B018  (validates [mfu] now, not at the first analysis)
+        config.drift  # noqa: B018
         config.hangs  # noqa: B018
         config.stops  # noqa: B018
     except ValueError as exc:

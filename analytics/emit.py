@@ -18,10 +18,15 @@ Finding kinds (the remediation engine matches policies on them):
 * ``job_config_mixed``: a job whose GPUs are not all set up alike; a warning when nothing else
   says so (no clear fleet setting: a rollout the job straddles), info when the odd nodes have
   their own ``config_drift`` findings.
+* ``mfu_mismatch``: a job whose MFU (HFU with recomputation), counted from the shape it
+  reported, and its GPUs' own GPM tensor-core activity are further apart than ``[mfu]
+  mismatch_ratio`` allows: the reported shape (parameters, world size, tokens per step) or
+  the GPU model is likely wrong, and so is the MFU (docs/MFU.md).
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from gpuwarden.analytics.cadence import Advice
@@ -104,6 +109,45 @@ def _drift_findings(a: Analysis) -> list[Finding]:
         )
         for d in a.drift
     ]
+
+
+def _mfu_finding(job: JobResult, end_ns: int) -> Finding | None:
+    """``mfu_mismatch``: the job's counted MFU and its GPUs' tensor activity disagree."""
+    m, shape, ratio, limit = job.mfu, job.shape, job.estimate_ratio, job.mismatch_limit
+    if m is None or shape is None or job.estimate is None or ratio is None or limit is None:
+        return None
+    counted, value = ("HFU", m.hfu) if m.hfu is not None else ("MFU", m.mfu)
+    evidence: dict[str, Any] = {
+        "mfu": round(m.mfu, 4),
+        "hfu": None if m.hfu is None else round(m.hfu, 4),
+        "tensor_active": round(job.estimate, 4),
+        "ratio": None if math.isinf(ratio) else round(ratio, 3),
+        "limit": round(limit, 3),
+        "gpu_model": shape.gpu_model,
+        "gpu_model_from": job.gpu_model_from,
+        "dtype": shape.dtype,
+        "params": shape.params,
+        "layers": shape.layers,
+        "hidden": shape.hidden,
+        "seq_len": shape.seq_len,
+        "world_size": shape.world_size,
+        "tokens_per_s": round(m.tokens_per_s, 1),
+        "flops_per_token": None if m.flops is None else m.flops.model,
+        "assumed": "" if m.flops is None else m.flops.assumed,
+    }
+    apart = "one of them is zero" if math.isinf(ratio) else f"{ratio:.2f}x apart"
+    return Finding(
+        kind="mfu_mismatch",
+        subject={k: v for k, v in {"cluster": job.cluster, "job": job.job}.items() if v},
+        severity=Severity.WARNING,
+        time_ns=end_ns,
+        evidence=evidence,
+        confidence=1.0 if math.isinf(ratio) else min(1.0, (ratio - 1.0) / (2 * (limit - 1.0))),
+        summary=f"job {job.job}: {counted} {value:.1%} from the shape it reported, but its GPUs' "
+        f"tensor cores were busy {job.estimate:.1%} ({apart}, over {limit:.2f}x): its reported "
+        "model shape, world size, tokens per step or GPU model is likely wrong (and its MFU)",
+        source=SOURCE,
+    )
 
 
 def _silence_findings(a: Analysis) -> list[Finding]:
@@ -257,6 +301,9 @@ def findings(a: Analysis) -> list[Finding]:
             out.append(hang)
         if job.stop is not None:
             out.append(_stop_finding(job, job.stop, a.end_ns))
+        mismatch = _mfu_finding(job, a.end_ns)
+        if mismatch is not None:
+            out.append(mismatch)
     out += _drift_findings(a)
     out += _job_mix_findings(a)
     out += _silence_findings(a)
@@ -338,10 +385,21 @@ def points(a: Analysis, found: list[Finding]) -> list[Point]:
             }
             if job.mfu.hfu is not None:
                 fields["hfu_ratio"] = job.mfu.hfu
+            if job.estimate is not None:  # the telemetry's own view, beside every MFU
+                fields["tensor_active_ratio"] = job.estimate
+            if job.mfu.flops is not None:
+                fields["model_flops_per_token"] = float(job.mfu.flops.model)
+                fields["flops_assumed_active"] = bool(job.mfu.flops.assumed)
+                if job.mfu.flops.assumed:
+                    fields["flops_assumption"] = job.mfu.flops.assumed
             tags = {**base, "gpu_model": job.shape.gpu_model, "dtype": job.shape.dtype}
             out.append(Point("mfu", {k: v for k, v in tags.items() if v}, fields, t))
         elif job.estimate is not None:
-            fields = {"mfu_ratio": job.estimate, "estimate_active": True}
+            fields = {
+                "mfu_ratio": job.estimate,
+                "tensor_active_ratio": job.estimate,
+                "estimate_active": True,
+            }
             out.append(Point("mfu", {k: v for k, v in base.items() if v}, fields, t))
         if job.energy:
             e = {

@@ -35,8 +35,10 @@ from gpuwarden.analytics.mfu import (
     ModelShape,
     UnknownGpuError,
     compute_mfu,
+    estimate_ratio,
     executions,
     job_energy,
+    job_gpu_model,
     tensor_activity_estimate,
     throughput,
     with_attempts,
@@ -74,6 +76,15 @@ class JobResult:
     throughput: JobThroughput | None = None
     mfu: Mfu | None = None
     estimate: float | None = None
+    """GPM tensor-core activity of the job's GPUs (while it stepped, when it reports steps):
+    beside MFU for every job, the only figure for a job that reports nothing."""
+    estimate_ratio: float | None = None
+    """MFU (HFU with recomputation) against :attr:`estimate`: the larger over the smaller."""
+    mismatch_limit: float | None = None
+    """Set when :attr:`estimate_ratio` is beyond the limit (``1 + [mfu] mismatch_ratio``): the
+    limit. The reported shape is then suspect (finding ``mfu_mismatch``)."""
+    gpu_model_from: str = ""
+    """Where the GPU model came from: ``job`` (its report) or ``gpu_info`` (the agent's)."""
     problems: list[str] = field(default_factory=list)
     stragglers: list[Straggler] = field(default_factory=list)
     step_times: dict[int, tuple[int, int]] = field(default_factory=dict)
@@ -246,6 +257,124 @@ def read_steps(
     return pl.concat(frames).sort("time", maintain_order=True)
 
 
+def _job_gpus(
+    reader: InfluxReader, cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int
+) -> pl.DataFrame:
+    """The GPUs the job ran on in the window: ``node, gpu, gpu_model`` (the model where the
+    series carry it), from the agent's ``gpu`` and ``gpu_process`` points with the job's tag
+    (one grouped count each, no raw rows)."""
+    frames = [
+        reader.aggregate(
+            measurement,
+            {"n": f"count:{name}"},
+            start_ns,
+            end_ns,
+            every_s=None,
+            group_tags=["node", "gpu", "gpu_model"],
+            where=_where(cfg, job=job),
+        ).select("node", "gpu", "gpu_model")
+        for measurement, name in (("gpu", "power_w"), ("gpu_process", "pid"))
+    ]
+    return pl.concat(frames).drop_nulls(["node", "gpu"]).unique()
+
+
+def _gpu_model_of(
+    reader: InfluxReader,
+    cfg: AnalyticsConfig,
+    job: str,
+    step_nodes: list[str],
+    start_ns: int,
+    end_ns: int,
+) -> tuple[str, str]:
+    """The model of the job's GPUs from the agent's ``gpu_info`` (:func:`job_gpu_model`), for
+    a job that does not say: ``(model, note)``. The job's GPUs are those with its tag; when
+    none has it (no attribution on its nodes), every GPU of the nodes its ranks report from."""
+    placed = _job_gpus(reader, cfg, job, start_ns, end_ns)
+    nodes = sorted(set(placed["node"])) if placed.height else step_nodes
+    if not nodes:
+        return job_gpu_model(placed, pl.DataFrame())
+    since = start_ns - int(cfg.mfu.info_lookback_s * 1e9)
+    info = reader.aggregate(
+        "gpu_info",
+        {"n": "count:driver_version"},
+        since,
+        end_ns,
+        every_s=None,
+        group_tags=["node", "gpu", "gpu_model"],
+        where=_where(cfg, node=nodes),
+    )
+    if placed.is_empty():  # no GPU has its tag: every GPU of the nodes its ranks run on
+        placed = info.select("node", "gpu", pl.lit(None, pl.String).alias("gpu_model"))
+        model, note = job_gpu_model(placed, info)
+        if model and not note:
+            note = f"no GPU carries the job's tag: {model} is the model of its nodes' GPUs"
+        return model, note
+    return job_gpu_model(placed, info)
+
+
+def _tensor_activity(
+    reader: InfluxReader, cfg: AnalyticsConfig, job: str, first_ns: int, last_ns: int
+) -> float | None:
+    """Mean GPM tensor activity of the job's GPUs from its first step to its last: start-up
+    (loading, compiling) left out. One grouped mean per GPU."""
+    gpu = reader.aggregate(
+        "gpu",
+        {"gpm_tensor_active_pct": "mean:gpm_tensor_active_pct"},
+        first_ns,
+        last_ns + 1,
+        every_s=None,
+        group_tags=["node", "gpu"],
+        where=_where(cfg, job=job),
+    )
+    return tensor_activity_estimate(gpu)
+
+
+def _mfu(
+    cfg: AnalyticsConfig,
+    result: JobResult,
+    gpu: pl.DataFrame,
+    step_nodes: list[str],
+    start_ns: int,
+    end_ns: int,
+) -> None:
+    """MFU, HFU and the GPM estimate beside them; the GPU model from ``gpu_info`` when the job
+    does not say; whether the two disagree (``mfu_mismatch``)."""
+    shape, tp = result.shape, result.throughput
+    if tp is None:  # no steps: the telemetry's estimate is all there is
+        result.estimate = tensor_activity_estimate(gpu)
+        return
+    reader = _reader(cfg)
+    try:
+        if shape is not None and not shape.gpu_model:
+            model, note = _gpu_model_of(reader, cfg, result.job, step_nodes, start_ns, end_ns)
+            if note:
+                result.problems.append(note)
+            if model:
+                shape = result.shape = replace(shape, gpu_model=model)
+                result.gpu_model_from = "gpu_info"
+        elif shape is not None:
+            result.gpu_model_from = "job"
+        result.estimate = _tensor_activity(reader, cfg, result.job, tp.first_ns, tp.last_ns)
+    finally:
+        reader.close()
+    if shape is None:
+        return
+    try:
+        result.mfu = compute_mfu(shape, tp)
+    except UnknownGpuError as exc:
+        result.problems.append(str(exc))
+        return
+    if result.mfu.mfu > 1.0:
+        result.problems.append(
+            f"MFU {result.mfu.mfu:.0%} is above 100 %: the reported model shape, tokens per "
+            "step or GPU model cannot all be right"
+        )
+    mc = cfg.mfu
+    result.estimate_ratio = estimate_ratio(result.mfu, result.estimate, tp, shape.dtype, mc)
+    if result.estimate_ratio is not None and result.estimate_ratio > 1.0 + mc.mismatch_ratio:
+        result.mismatch_limit = 1.0 + mc.mismatch_ratio
+
+
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
     """MFU, goodput, energy and stragglers of one job over the window; whether it is hung."""
     reader = _reader(cfg)
@@ -301,18 +430,8 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
         result.problems.append("no job_model reported: MFU needs the model shape")
     steps = with_attempts(steps)  # once: throughput, executions and timings all need them
     result.throughput = throughput(steps)
-    if result.shape is not None and result.throughput is not None:
-        try:
-            result.mfu = compute_mfu(result.shape, result.throughput)
-        except UnknownGpuError as exc:
-            result.problems.append(str(exc))
-        if result.mfu is not None and result.mfu.mfu > 1.0:
-            result.problems.append(
-                f"MFU {result.mfu.mfu:.0%} is above 100 %: the reported model shape, tokens per "
-                "step or GPU model cannot all be right"
-            )
-    if result.throughput is None:
-        result.estimate = tensor_activity_estimate(gpu)
+    step_nodes = sorted(set(steps["node"].drop_nulls())) if steps.height else []
+    _mfu(cfg, result, gpu, step_nodes, start_ns, end_ns)
     result.energy = job_energy(gpu, result.throughput)
     if steps.height:
         result.nodes = sorted(set(steps["node"].drop_nulls()))

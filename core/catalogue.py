@@ -648,6 +648,22 @@ _m(
         _f("tokens_per_s", F, "tokens/s", G, "job throughput"),
         _f("goodput_ratio", F, "", G, "productive time over elapsed time (ETTR)"),
         _f("estimate_active", B, "", ST, "telemetry-only estimate (from GPM tensor activity)"),
+        _f(
+            "tensor_active_ratio",
+            F,
+            "",
+            G,
+            "GPM tensor-core activity of the job's GPUs while it stepped (the estimate)",
+        ),
+        _f("model_flops_per_token", F, "FLOP", G, "model FLOPs per token (forward + backward)"),
+        _f(
+            "flops_assumed_active",
+            B,
+            "",
+            ST,
+            "the FLOPs per token rest on an assumption (the job did not report its embeddings)",
+        ),
+        _f("flops_assumption", S, "", IN, "what the FLOPs per token assumed, for a person"),
     ],
 )
 _m(

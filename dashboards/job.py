@@ -58,8 +58,14 @@ def build() -> model.Dashboard:
     trend = [
         graph(
             "MFU, HFU and goodput",
-            "Per analysis window; estimate_active marks MFU estimated from GPM",
-            S("mfu", agg("last", "mfu_ratio", "hfu_ratio", "goodput_ratio"), group_tags=("job",)),
+            "Per analysis window; tensor_active_ratio is the GPUs' own GPM tensor activity beside "
+            "it (far apart: an mfu_mismatch finding); estimate_active marks MFU estimated from "
+            "GPM alone (docs/MFU.md)",
+            S(
+                "mfu",
+                agg("last", "mfu_ratio", "hfu_ratio", "tensor_active_ratio", "goodput_ratio"),
+                group_tags=("job",),
+            ),
             S("mfu", Agg("last", "estimate_active"), group_tags=("job",)),
             unit="percentunit",
             alias="$tag_job $col",

@@ -60,6 +60,7 @@ ANALYTICS_KINDS = (
     "link_congested",
     "link_down",
     "load_imbalance",
+    "mfu_mismatch",
     "node_silent",
     "pipeline_imbalance",
     "straggler",

@@ -321,6 +321,14 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "requires": ["job"],
         "actions": ["notify"],
     },
+    # A job whose MFU, counted from the shape it reported, and its GPUs' own tensor-core
+    # activity disagree: its reported shape (or GPU model) is likely wrong; tell its owners
+    {
+        "name": "mfu-mismatch",
+        "kinds": ["mfu_mismatch"],
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
     # a node whose agent stopped reporting: its GPUs are unwatched (the scheduler notices a
     # dead node by itself, not a dead agent); someone has to look
     {
