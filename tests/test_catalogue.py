@@ -49,6 +49,7 @@ TEXT_FIELDS = {
     "driver_version",
     "cause",
     "pid",
+    "flops_assumption",
 }
 
 
