@@ -21,6 +21,7 @@ import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -33,8 +34,9 @@ RUN = DATA / "h200-training-run"
 needs_data = pytest.mark.skipif(not (RUN / "points.lp").exists(), reason="no h200-training-run")
 
 
-def _truth() -> dict:
-    return json.loads((RUN / "truth.json").read_text())
+def _truth() -> dict[str, Any]:
+    truth: dict[str, Any] = json.loads((RUN / "truth.json").read_text())
+    return truth
 
 
 def _iso(ns: int) -> str:
