@@ -83,6 +83,7 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         self.cut_slow = 0  # connections shut down at their request deadline
         self._slots = threading.BoundedSemaphore(self.max_connections)
         self._armed: dict[socket.socket, float] = {}
+        self._active = 0  # connections being served
         self._guard = threading.Lock()
         self._stopping = threading.Event()
         threading.Thread(target=self._reap, daemon=True, name="http-deadlines").start()
@@ -107,11 +108,20 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
 
     def process_request_thread(self, request: Any, client_address: Any) -> None:
         self.arm(request)  # the TLS handshake and the first request
+        with self._guard:
+            self._active += 1
         try:
             super().process_request_thread(request, client_address)
         finally:
             self.disarm(request)
+            with self._guard:
+                self._active -= 1
             self._slots.release()
+
+    def busy(self) -> bool:
+        """More than three quarters of the places are taken."""
+        with self._guard:
+            return self._active * 4 > self.max_connections * 3
 
     def arm(self, sock: socket.socket) -> None:
         """The request on ``sock`` must be read within ``request_deadline_s`` from now."""
@@ -158,13 +168,30 @@ class _UnixServer(_Limited, socketserver.ThreadingUnixStreamServer):
 
 
 class GuardedHandler(BaseHTTPRequestHandler):
-    """A request handler under its server's request deadline (see the module docstring)."""
+    """A request handler under its server's request deadline (see the module docstring).
+
+    A kept-alive connection holds a thread and one of the server's places while it waits for
+    its next request, so that wait is short (``keepalive_s``), and when the server is more than
+    three quarters full each connection is closed after its answer: under a storm, places go
+    to new clients rather than to idle ones."""
+
+    keepalive_s = 2.0
+    _served = 0
 
     def handle_one_request(self) -> None:
         arm = getattr(self.server, "arm", None)
         if arm is not None:  # every request, and the wait for it, has the deadline anew
             arm(self.connection)
+        if self._served:  # a kept-alive connection: its next request line must come soon
+            self.connection.settimeout(self.keepalive_s)
         super().handle_one_request()
+        self._served += 1
+        if getattr(self.server, "busy", lambda: False)():
+            self.close_connection = True
+
+    def parse_request(self) -> bool:
+        self.connection.settimeout(self.timeout)  # the request has begun: the usual read timeout
+        return super().parse_request()
 
     def done_reading(self) -> None:
         """The request is read: what the handler does now is not the client's to stall."""

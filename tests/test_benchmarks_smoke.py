@@ -24,8 +24,8 @@ SMOKE: dict[str, list[str]] = {
     "agent_cycle": ["--cycles", "5", "--blocks", "2"],
     "agent_footprint": ["--cycles", "20"],
     "aggregate": ["--cycles", "20"],
-    "analytics": ["--nodes", "4", "--seconds", "60"],  # the scenario's job needs 4 nodes
-    "attribution": ["--seeds", "1", "--bench-nodes", "4", "--bench-seconds", "60"],
+    "analytics": ["--nodes", "8", "--seconds", "60"],  # its faults name node 5
+    "attribution": ["--seeds", "1", "--bench-nodes", "8", "--bench-seconds", "60"],
     "encode": ["--points", "20000", "--nodes", "2"],
     "exhaustion": ["--agents", "3", "--slow", "5", "--stalled", "2", "--seconds", "5"],
     "goodput": ["--seeds", "1"],
