@@ -70,13 +70,18 @@ def stepfun() -> tuple[pl.DataFrame, pl.DataFrame, str, float]:
     return train, test, p.label, p.gap_s
 
 
-def test_shuffled_labels_score_at_chance_on_the_real_trace(
+def test_shuffled_labels_score_under_twice_chance_and_far_below_the_real_ones(
     stepfun: tuple[pl.DataFrame, pl.DataFrame, str, float],
 ) -> None:
-    """Must-show 3, on the REAL StepFun trace: trained on labels shuffled across time, the
-    model ranks the test period no better than chance (under twice the positive rate, the
-    PR-AUC a random score gets), while trained on the real labels it does better than twice
-    chance. Both numbers are what benchmarks/predict_stepfun.py reports."""
+    """Must-show 3, on the REAL StepFun trace, stated as what holds. Trained on labels shuffled
+    across time, the model does *not* score at chance: measured over seeds 0-4, its PR-AUC is
+    1.0 to 1.9 times the positive rate (0.0163 to 0.0315 against 0.0166), above the 99th
+    percentile of random scores (0.0187) in three of the five, because a model fitted to noise
+    still orders nodes by the size of their features, and a node's fault history carries some
+    of the signal by itself. The bound tested: shuffled labels stay under twice the positive
+    rate on average, and the real labels (0.0595, 3.6 times) beat three times chance and twice
+    the shuffled average. (Before, this test was called "at chance" and asserted the same
+    loose bound.)"""
     train, test, label, horizon = stepfun
     y = test[label].to_numpy().astype(int)
     chance = float(y.mean())
@@ -88,7 +93,7 @@ def test_shuffled_labels_score_at_chance_on_the_real_trace(
         model = fit_selected(noise, HISTORY_FEATURES, label, horizon_s=horizon, seed=seed)
         shuffled.append(pr_auc(y, model.predict(test)))
     assert np.mean(shuffled) < 2 * chance, (shuffled, chance)
-    assert real > 2 * chance and real > 2 * np.mean(shuffled), (real, shuffled, chance)
+    assert real > 3 * chance and real > 2 * np.mean(shuffled), (real, shuffled, chance)
 
 
 def test_model_saves_and_loads_with_its_metadata(
