@@ -26,6 +26,7 @@ import contextlib
 import io
 import logging
 import os
+import socket
 import socketserver
 import ssl
 import threading
@@ -37,7 +38,7 @@ from email.message import Message
 from http.server import BaseHTTPRequestHandler
 from typing import Protocol
 
-from gpuwarden.collector.attribution import parse_cgroup
+from gpuwarden.collector.attribution import POD_UID_PREFIX, parse_cgroup
 from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
 from gpuwarden.core.errors import LineProtocolError
 from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
@@ -183,10 +184,12 @@ class ReporterRelay:
     and ``node`` (when given), whatever it said: a job on node A cannot speak for node B. Its
     ``job`` must be the caller's:
 
-    * over the Unix socket the kernel names the caller (``SO_PEERCRED``), and its cgroup names
-      its job where the system set one (Slurm's ``job_<id>``, a Kubernetes pod;
+    * over the Unix socket the kernel names the caller (``SO_PEERCRED``, read when the
+      connection is accepted), and its cgroup names its job where Slurm set one (``job_<id>``;
       :func:`collector.attribution.parse_cgroup`): a point of another job is refused (403),
-      and a point without one gets it;
+      and a point without one gets it. A caller whose cgroup cannot be read is refused (403).
+      A pod's cgroup names only its UID, while its reporter names ``<namespace>/<pod>`` (or
+      ``GPUWARDEN_JOB``): a pod's points follow the rule below;
     * otherwise (TCP, or a caller in no job's cgroup), with ``jobs_here`` set (the jobs the
       agent saw on this node's GPUs lately), a point of a job holding none of them is refused
       with 503 and ``Retry-After`` (a job's first report can come before the agent's next look
@@ -223,6 +226,7 @@ class ReporterRelay:
         self._said_at = -float("inf")
         self._lock = threading.Lock()
         self._servers: list[socketserver.BaseServer] = []
+        self._socket_inode: int | None = None
 
     def start(self) -> None:
         relay = self
@@ -231,6 +235,11 @@ class ReporterRelay:
             # a client silent this long on a read is dropped (before: no timeout over plain
             # HTTP, so idle connections held a thread and a descriptor each, for ever)
             timeout = 10
+            caller: str | None = ""
+
+            def setup(self) -> None:
+                super().setup()
+                self.caller = relay.caller(self.connection)
 
             def log_message(self, fmt: str, *args: object) -> None:
                 log.debug(fmt, *args)
@@ -269,21 +278,36 @@ class ReporterRelay:
                     self.socket_path, Handler, max_connections=cap, request_deadline_s=deadline
                 )
             )
+            self._socket_inode = os.lstat(self.socket_path).st_ino
         for s in self._servers:
             threading.Thread(target=s.serve_forever, daemon=True, name="relay").start()
+
+    def caller(self, connection: socket.socket) -> str | None:
+        """Who is at the other end, read once when the connection is accepted (before any of
+        its bytes, so a process cannot write its request and exit, leaving a pid whose cgroup
+        is gone or reused): ``""`` for a TCP peer or a local process in no job's cgroup, its
+        job where the system's cgroup names one, None for a local process whose cgroup
+        cannot be read (refused: it cannot be told apart from any other job)."""
+        pid = peer_pid(connection)
+        if pid is None:
+            return ""
+        try:
+            with open(f"{self.procfs}/{pid}/cgroup", "rb") as f:
+                return parse_cgroup(f.read().decode("utf-8", "replace"))
+        except OSError:
+            return None
 
     def _job_rule(self, request: BaseHTTPRequestHandler) -> tuple[JobRule | None, dict[str, str]]:
         """What the caller may say its job is, and the tags to stamp (see the class)."""
         stamp = dict(self.stamp)
-        pid = peer_pid(request.connection)
-        system_job = ""
-        if pid is not None:
-            try:
-                with open(f"{self.procfs}/{pid}/cgroup", "rb") as f:
-                    system_job = parse_cgroup(f.read().decode("utf-8", "replace"))
-            except OSError:
-                system_job = ""
-        if system_job:
+        system_job = getattr(request, "caller", "")
+        if system_job is None:
+            return (
+                lambda job: (403, "the caller's cgroup cannot be read: its job is unknown")
+            ), stamp
+        # a Slurm job's cgroup names the job the reporter names; a pod's names its UID, while
+        # the reporter names <namespace>/<pod> (or GPUWARDEN_JOB): those fall to the rule below
+        if system_job and not system_job.startswith(POD_UID_PREFIX):
             stamp["job"] = system_job
 
             def own_job(job: str) -> tuple[int, str] | None:
@@ -359,6 +383,7 @@ class ReporterRelay:
         for s in self._servers:
             s.shutdown()
             s.server_close()
-        if self.socket_path:
-            with contextlib.suppress(OSError):
-                os.unlink(self.socket_path)
+        if self.socket_path and self._socket_inode is not None:
+            with contextlib.suppress(OSError):  # ours only: a newer agent may have made its own
+                if os.lstat(self.socket_path).st_ino == self._socket_inode:
+                    os.unlink(self.socket_path)

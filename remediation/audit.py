@@ -259,9 +259,8 @@ def replay(path: str | Path) -> Memory:
             if record.get("digest"):
                 memory.finding_digests[fid] = str(record["digest"])
         elif event == "decision" and fid:
-            memory.saw(
-                fid, float(record.get("t", 0.0))
-            )  # decided, durably: a re-send is a duplicate
+            if record.get("verdict") != "queue_full":  # (not queued: a re-send is decided)
+                memory.saw(fid, float(record.get("t", 0.0)))  # decided, durably: a duplicate
             if record.get("verdict") != "duplicate":
                 received = float((findings.get(fid) or record).get("t", record.get("t", 0.0)))
                 latest[fid] = PlanRecord(record, findings.get(fid), received)

@@ -124,6 +124,17 @@ class Quotas:
     def per_min(self, principal: Principal) -> float:
         return self._per_min.get(principal.kind, 0.0)
 
+    def empty(self, principal: Principal) -> float:
+        """Seconds until ``principal`` may send one finding (0: now). Asked before a request's
+        body is read, so a sender over its quota costs no read, parse or signature record."""
+        rate = self.per_min(principal)
+        if rate <= 0:
+            return 0.0
+        with self._lock:
+            tokens, then = self._buckets.get(principal.name, (rate, time.monotonic()))
+        tokens = min(rate, tokens + (time.monotonic() - then) * rate / 60.0)
+        return 0.0 if tokens >= 1 else max(1.0, (1 - tokens) * 60.0 / rate)
+
     def spend(self, principal: Principal, n: int) -> float:
         """Take ``n`` findings from ``principal``'s bucket: 0 when they fit, else the seconds
         until they would (nothing is taken then)."""
@@ -296,6 +307,13 @@ class Endpoint:
             why = principal.refuses(f.kind, f.subject.get("node", ""), self._returns(f.kind))
             if why:
                 raise RequestError(HTTPStatus.FORBIDDEN, f"finding {f.id}: {why}")
+        rate = self.quotas.per_min(principal)
+        if rate and len(findings) > rate:  # would never fit: retrying cannot help
+            raise RequestError(
+                HTTPStatus.UNPROCESSABLE_ENTITY,
+                f"{len(findings)} findings in one request is more than {principal.name}'s quota "
+                f"of {rate:g} a minute: send at most {rate:g} at once",
+            )
         wait_s = self.quotas.spend(principal, len(findings))
         if wait_s > 0:
             raise RequestError(
@@ -383,6 +401,14 @@ class Endpoint:
             if same is not None:
                 result["same_content"] = same
             results.append(result)
+        if any(r["verdict"] == "queue_full" for r in results):
+            # not queued (too many plans wait): not delivered; the rest of the request was
+            # decided and comes back as duplicates of the same content when it is sent again
+            return HTTPStatus.SERVICE_UNAVAILABLE, {
+                "error": "too many plans wait: try again later",
+                "retry_after_s": 30.0,
+                "results": results,
+            }
         if results and all(r["verdict"] == "duplicate" for r in results):
             # each result says whether the engine holds this very finding (same_content: a
             # retry whose first try got through) or another one under its id
@@ -436,6 +462,13 @@ class Endpoint:
             if method == "GET" and path == HEALTH_PATH:
                 return HTTPStatus.OK, {"status": "ok"}
             principal, key = self.who(headers, method, path)
+            wait_s = self.quotas.empty(principal) if method == "POST" else 0.0
+            if wait_s > 0:  # (the claimed identity's own bucket: a claim spends nothing)
+                raise RequestError(
+                    HTTPStatus.TOO_MANY_REQUESTS,
+                    f"{principal.name} is over its quota; retry in {wait_s:.0f} s",
+                    retry_after_s=wait_s,
+                )
             body = read(self.body_length(headers)) if method == "POST" else b""
             target = path + (f"?{query}" if query else "")
             principal = self.verify(principal, key, headers, (method, target, body), peer_names)

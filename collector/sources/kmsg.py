@@ -123,7 +123,12 @@ OS_RULES: tuple[OsRule, ...] = (
            key="lustre"),
     OsRule("lustre_error", "warning", re.compile(r"^Lustre: .*\bConnection to .* was lost"),
            key="lustre"),
-    OsRule("lustre_error", "warning", re.compile(r"^LustreError: "), key="lustre"),
+    # Lustre's console lines carry a message id (``11-0:``) or the debug header
+    # (``<pid>:<extern pid>:(file.c:line:function())``): a process named ``LustreError:``
+    # that the OOM killer reports (``<comm> invoked oom-killer``) carries neither
+    OsRule("lustre_error", "warning",
+           re.compile(r"^LustreError: (?:\d+-\d+: |\d+:\d+:\(|Skipped \d+ previous)"),
+           key="lustre"),
     OsRule("hung_task", "warning", re.compile(
         r"^INFO: task (?P<process>.+?):(?P<pid>\d+) blocked for more than \d+ seconds"),
         key="process"),

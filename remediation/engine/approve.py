@@ -30,6 +30,7 @@ class Pending:
     journalled: after a restart a waiting plan is checked by every guard."""
 
 
+SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: verdicts whose plans wait here, and those of them that free themselves (tick)
 WAITING = ("approval", "lemon", "blast_radius", "rate_limited")
 SELF_RELEASING = ("blast_radius", "rate_limited")
@@ -44,13 +45,24 @@ class PendingPlans:
     def add(self, finding: Finding, d: Decision, received: float, approved: bool = False) -> None:
         self._plans[d.plan_id] = Pending(finding, d, received, approved)
 
-    def full(self, node: str, per_node: int, total: int) -> str:
-        """Why one more plan about ``node`` may not wait (``""`` when it may)."""
+    def full(self, finding: Finding, per_node: int, total: int) -> str:
+        """Why one more plan for ``finding`` may not wait (``""`` when it may). Per node, only
+        plans at least as severe count: warnings waiting for an operator never keep a
+        critical drain from its place."""
         if total > 0 and len(self._plans) >= total:
             return f"{len(self._plans)} plans wait already (max_pending={total})"
-        about = sum(1 for p in self._plans.values() if p.finding.subject.get("node", "") == node)
+        node, rank = finding.subject.get("node", ""), SEVERITY_RANK[str(finding.severity)]
+        about = sum(
+            1
+            for p in self._plans.values()
+            if p.finding.subject.get("node", "") == node
+            and SEVERITY_RANK[str(p.finding.severity)] >= rank
+        )
         if node and per_node > 0 and about >= per_node:
-            return f"{about} plans about {node} wait already (max_pending_per_node={per_node})"
+            return (
+                f"{about} plans about {node} at {finding.severity} or above wait already "
+                f"(max_pending_per_node={per_node})"
+            )
         return ""
 
     def take(self, plan_id: str) -> Pending:

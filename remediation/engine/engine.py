@@ -167,11 +167,12 @@ class Engine:
     ) -> Decision:
         """Record the decision (with its whole plan: the journal), then start the plan, or
         keep it waiting and tell a person. Nothing is started unless the record is durable.
-        A plan that would wait where too many wait already is not queued (``queue_full``)."""
+        A plan that would wait where too many wait already is not queued (``queue_full``): the
+        endpoint answers 503 and the sender tries again later; it is not remembered as seen."""
         node = finding.subject.get("node", "")
         if d.verdict in WAITING:
             s = self.settings
-            full = self.waiting.full(node, s.max_pending_per_node, s.max_pending)
+            full = self.waiting.full(finding, s.max_pending_per_node, s.max_pending)
             if full:
                 why = f"not queued: {full}; it would have waited for: {d.why}"
                 d = Decision(d.finding_id, "queue_full", d.policy, (), why)
@@ -187,7 +188,8 @@ class Engine:
             why=d.why,
             **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
         )
-        self.memory.saw(finding.id, self.clock())
+        if d.verdict != "queue_full":  # not queued: the same finding sent again is decided again
+            self.memory.saw(finding.id, self.clock())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
             reserved = self.guards.started(d, node)

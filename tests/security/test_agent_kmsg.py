@@ -97,6 +97,8 @@ NAMED = [
     "a:1 blocked for more than 120 seconds[1129,7f0000000000+1000]",
     "LustreError: /4242: potentially unexpected fatal signal 11.",
     "INFO: task  (4242): drop_caches: 3",
+    # lines that begin with the name and no pid (an attacker's review): the OOM killer's
+    "LustreError: invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
 ]
 
 
@@ -107,14 +109,18 @@ def test_a_process_named_like_a_rule_raises_nothing(tmp_path: Path) -> None:
     known hole 6). Then a real Lustre line and a real hung task: both still read."""
     records = [f"6,{n},{1000 + n},-;{line}" for n, line in enumerate(NAMED)]
     records.append("3,60,5000,-;LustreError: 11-0: lustre-OST0000-osc: operation failed")
+    records.append(
+        "3,62,5002,-;LustreError: 2231:0:(ldlm_request.c:148:ldlm_expired()) lustre-OST0001"
+    )
     records.append("3,61,5001,-;INFO: task python3:1234 blocked for more than 120 seconds.")
     log = tmp_path / "kmsg.log"
     log.write_text("\n".join(records) + "\n")
     with ScriptedServer([], default=Reply(202)) as engine:
         out, _ = run_agent(tmp_path, str(log), engine)
     events = [e for e in kernel_events(out) if e.startswith("os_event")]
-    assert len(events) == 2, events
-    assert "lustre-OST0000" in events[0] and "python3" in events[1]
+    assert len(events) == 3, events
+    joined = "\n".join(events)
+    assert all(word in joined for word in ("lustre-OST0000", "OST0001", "python3")), events
 
 
 def test_a_journal_export_counts_only_the_kernels_lines(tmp_path: Path) -> None:

@@ -117,7 +117,9 @@ def test_one_agent_key_gets_its_quota_and_no_more(engine: IdentityEngine) -> Non
         answers.append((resp.status, resp.getheader("Retry-After")))
         resp.read()
         conn.close()
-    assert [s for s, _ in answers] == [202] * 10 + [429] * 4
+    # the first two plans wait for approval, the next eight find no room (503: not queued,
+    # but within the quota they were received); past the quota, 429 before anything is read
+    assert [s for s, _ in answers] == [202] * 2 + [503] * 8 + [429] * 4
     assert all(after is not None and int(after) >= 1 for s, after in answers if s == 429)
     assert len(finding_ids(engine, "node-001")) == 10
     status, _ = engine.post("node-002", "/v1/findings", xid("node-002"))
@@ -127,18 +129,31 @@ def test_one_agent_key_gets_its_quota_and_no_more(engine: IdentityEngine) -> Non
 def test_plans_about_one_node_hold_a_bounded_share_of_the_queue(engine: IdentityEngine) -> None:
     """Five fatal XIDs about node-001, each a plan that waits for an operator
     (``approval = ["drain"]``): before, five plans waited (and each told a person); with
-    ``max_pending_per_node = 2``, two wait and three are recorded ``queue_full``."""
-    for gpu in range(5):
-        status, reply = engine.post("node-001", "/v1/findings", xid("node-001", str(gpu)))
-        assert status == 202, reply
+    ``max_pending_per_node = 2``, two wait and three are not queued: recorded ``queue_full``
+    and answered 503 with Retry-After (not delivered: the sender tries again, and the same
+    finding sent again is decided again, not a duplicate)."""
+    sent = [xid("node-001", str(gpu)) for gpu in range(5)]
+    answers = [engine.post("node-001", "/v1/findings", f) for f in sent]
+    assert [status for status, _ in answers] == [202, 202, 503, 503, 503], answers
+    assert answers[2][1]["results"][0]["verdict"] == "queue_full"
     status, listing = engine.send("GET", "/v1/pending", b"", engine.signed("alice", "GET",
                                   "/v1/pending", b""))  # fmt: skip
     assert status == 200
     assert [p["node"] for p in listing["pending"]] == ["node-001", "node-001"]
+    status, again = engine.post("node-001", "/v1/findings", sent[2])
+    assert status == 503 and again["results"][0]["verdict"] == "queue_full"  # decided again
     verdicts = [r["verdict"] for r in engine.records("decision") if r["node"] == "node-001"]
-    assert sorted(verdicts) == ["approval"] * 2 + ["queue_full"] * 3
+    assert sorted(verdicts) == ["approval"] * 2 + ["queue_full"] * 4
     status, reply = engine.post("node-002", "/v1/findings", xid("node-002"))
     assert status == 202 and reply["results"][0]["verdict"] == "approval"
+
+
+def test_a_request_larger_than_the_quota_is_refused_for_good(engine: IdentityEngine) -> None:
+    """11 findings in one request against a quota of 10 a minute could never fit: 422 (not a
+    429 retried until the findings go stale)."""
+    batch = [xid("node-001", str(gpu)) for gpu in range(11)]
+    status, reply = engine.post("node-001", "/v1/findings", batch)
+    assert status == 422 and "send at most 10 at once" in reply["error"]
 
 
 def test_an_agent_cannot_send_the_analyze_services_kinds(engine: IdentityEngine) -> None:

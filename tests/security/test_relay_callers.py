@@ -128,3 +128,59 @@ def test_the_reporter_posts_over_the_socket(relay: tuple[ReporterRelay, Lines]) 
         time.sleep(0.05)
     assert rep.sent == 1 and rep.dropped == 0, rep.last_error
     assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
+
+
+def _relay_with(tmp_path: Path, cgroup: str | None, here: set[str]) -> ReporterRelay:
+    """A relay whose procfs gives this process ``cgroup`` (None: no readable cgroup)."""
+    proc = tmp_path / "p"
+    (proc / str(os.getpid())).mkdir(parents=True)
+    if cgroup is not None:
+        (proc / str(os.getpid()) / "cgroup").write_text(cgroup)
+    r = ReporterRelay(
+        "", Lines(), cluster="c", node="node-a", socket_path=str(tmp_path / "r.sock"),
+        procfs=str(proc), jobs_here=lambda: here,
+    )  # fmt: skip
+    r.start()
+    return r
+
+
+def test_a_caller_whose_cgroup_cannot_be_read_is_refused(tmp_path: Path) -> None:
+    """Before (an attacker's review): the relay read the cgroup after the body, and a process
+    that wrote its request and exited left no cgroup: the relay fell back to 'any job', and a
+    point of a job named by the caller was kept. Now the caller is read at accept, and one
+    whose cgroup cannot be read is refused."""
+    r = _relay_with(tmp_path, None, {"4242"})
+    try:
+        status, text, _ = post(_Unix(str(r.socket_path)), STEP.format(job="4242", node="x"))
+    finally:
+        r.close()
+    assert status == 403 and "cannot be read" in text
+
+
+def test_a_pods_reporter_names_its_job_as_the_agent_does(tmp_path: Path) -> None:
+    """A pod's cgroup names its UID; its reporter names ``<namespace>/<pod>``, as the agent
+    tags the pod's GPUs (before, every such point got 403 and was dropped: the shipped
+    DaemonSet serves the socket only). A pod job holding this node's GPUs is kept; another is
+    told to retry (503)."""
+    cgroup = "0::/kubepods/burstable/pod12345678-1234-1234-1234-123456789abc/c0ffee\n"
+    r = _relay_with(tmp_path, cgroup, {"ml/trainer-0"})
+    try:
+        ok, _, _ = post(_Unix(str(r.socket_path)), STEP.format(job="ml/trainer-0", node="x"))
+        other, _, _ = post(_Unix(str(r.socket_path)), STEP.format(job="ml/other", node="x"))
+    finally:
+        r.close()
+    assert (ok, other) == (204, 503)
+
+
+def test_the_agent_removes_only_its_own_socket(tmp_path: Path) -> None:
+    """A newer agent made its own socket at the path: the older one's close leaves it."""
+    r = _relay_with(tmp_path, None, set())
+    assert r.socket_path
+    os.unlink(r.socket_path)
+    newer = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    newer.bind(r.socket_path)
+    try:
+        r.close()
+        assert os.path.exists(r.socket_path)
+    finally:
+        newer.close()
