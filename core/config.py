@@ -51,7 +51,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 #: a setting whose name ends so names a file holding a secret
-SECRET_FILE_SUFFIXES = ("token_file", "secret_file", "password_file", "key_file", "url_file")
+SECRET_FILE_SUFFIXES = (
+    "token_file", "secret_file", "password_file", "key_file", "url_file", "dsn_file"
+)  # fmt: skip
 MAX_SECRET_BYTES = 1 << 20
 _WARNED: set[str] = set()  # secret files already warned about (readable by every user)
 

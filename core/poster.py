@@ -12,6 +12,10 @@ signed afresh (a new nonce), so a retry is never taken for a replay. An
 and ``key_file`` are this sender's certificate for an engine that requires one (mutual TLS).
 A server that fails verification is retried like one that is down, and says why.
 
+``url`` may list several engines (an acting one and its standbys: space- or comma-separated):
+each try goes to the engine that answered last, then to the others in order, so the sender
+finds whichever engine holds the lease (:mod:`remediation.lease`; a standby does not listen).
+
 Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them, in
 order. A post that times out, cannot connect, or gets 429/5xx is tried again with the shared
 backoff (:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is
@@ -62,12 +66,13 @@ class FindingPoster:
         cert_file: str = "",
         key_file: str = "",
     ) -> None:
-        self.url = url
+        self.urls = engine_urls(url)
+        self.url = self.urls[0]
+        """The engine posted to now: the first of ``urls`` until it fails, then the next."""
         self.ca_file, self.cert_file, self.key_file = ca_file, cert_file, key_file
         self.token_file = token_file
         self.secret_file = secret_file
         self.identity = identity
-        self.target = request_target(url)
         self.retry = retry
         self.timeout_s = timeout_s
         self.max_age_s = max_age_s
@@ -91,7 +96,7 @@ class FindingPoster:
             self.failed += 1
             log.error("findings queue full; finding %s only goes the slow path", finding.id)
 
-    def _headers(self, body: bytes) -> dict[str, str]:
+    def _headers(self, body: bytes, url: str) -> dict[str, str]:
         headers = {"Content-Type": "application/json", "User-Agent": "gpuwarden"}
         # read at each post (a rotated file is picked up); each command checks them at start
         if self.token_file:
@@ -99,7 +104,7 @@ class FindingPoster:
             headers["Authorization"] = f"Bearer {token}"
         if self.secret_file:
             key = read_secret(self.secret_file, "hmac_secret_file").encode()
-            headers |= sign_request(key, "POST", self.target, body, self.identity)
+            headers |= sign_request(key, "POST", request_target(url), body, self.identity)
         return headers
 
     def _send(self, finding: Finding) -> None:
@@ -135,19 +140,32 @@ class FindingPoster:
             self._closing.wait(self.retry.delay(tries))
 
     def _try(self, body: bytes) -> tuple[str, str]:
-        """One POST: ``delivered``, ``refused`` (for good), ``conflict`` (a 409 for content
-        the engine does not hold) or ``retry``, and what happened."""
+        """One round: each engine once, from the one that answered last, until one takes the
+        finding: ``delivered``, ``refused`` (for good), ``conflict`` (a 409 for content the
+        engine does not hold) or ``retry`` (none answered), and what happened."""
+        start = self.urls.index(self.url)
+        verdict, detail = "retry", ""
+        for url in self.urls[start:] + self.urls[:start]:
+            verdict, detail = self._try_one(url, body)
+            if verdict != "retry":
+                if url != self.url:
+                    log.warning("remediation engine %s answers; posting there from now on", url)
+                    self.url = url
+                break
+        return verdict, detail
+
+    def _try_one(self, url: str, body: bytes) -> tuple[str, str]:
         import urllib3
 
         if self._http is None:
             tls = None
-            if self.url.startswith("https:"):
+            if any(u.startswith("https:") for u in self.urls):
                 tls = client_context(self.ca_file, self.cert_file, self.key_file)
             self._http = urllib3.PoolManager(
                 timeout=urllib3.Timeout(total=self.timeout_s), retries=False, ssl_context=tls
             )
         try:
-            resp = self._http.request("POST", self.url, body=body, headers=self._headers(body))
+            resp = self._http.request("POST", url, body=body, headers=self._headers(body, url))
         except (urllib3.exceptions.HTTPError, OSError, ConfigError) as exc:
             return "retry", f"{type(exc).__name__}: {exc}"
         if resp.status < 300:
@@ -169,6 +187,18 @@ class FindingPoster:
             self._thread.join(timeout_s)
             self._closing.set()
             self._thread.join(timeout_s)
+
+
+def engine_urls(setting: str) -> list[str]:
+    """The engines a sender posts to: one URL, or several separated by spaces or commas (an
+    acting engine and its standbys, docs/DURABILITY.md), tried in order."""
+    urls = [u for u in setting.replace(",", " ").split() if u]
+    if not urls:
+        raise ConfigError("no remediation engine URL given")
+    for u in urls:
+        if not u.startswith(("http://", "https://")):
+            raise ConfigError(f"remediation engine URL {u!r}: not http:// or https://")
+    return urls
 
 
 def _duplicate(data: bytes) -> tuple[str, str]:

@@ -40,7 +40,7 @@ import json
 import os
 import signal
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -84,6 +84,9 @@ class AuditLog:
         self._written = 0
         self._crash = _crash_point()
         self._holder: int | None = None
+        self.fence: Callable[[], None] | None = None
+        """Called before every record; raises (a :class:`JournalError`) when this engine may
+        no longer write: the standby's lease (:meth:`remediation.lease.PostgresLease.fence`)."""
         if exclusive:
             self._hold()
 
@@ -114,6 +117,8 @@ class AuditLog:
         entry = {"event": event, "time": _now_iso(t), "t": round(t, 6), **record}
         line = (json.dumps(entry, sort_keys=False, default=str) + "\n").encode()
         with self._lock:
+            if self.fence is not None:
+                self.fence()
             self._maybe_crash("before", self._written + 1)
             fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o640)
             try:

@@ -17,9 +17,12 @@ import argparse
 import dataclasses
 import json
 import logging
+import os
 import signal
+import socket
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -39,6 +42,7 @@ from gpuwarden.remediation.audit import AuditLog, AuditLogBusyError, JournalErro
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.identity import Keyring
+from gpuwarden.remediation.lease import PostgresLease
 from gpuwarden.remediation.model import Action, AdapterError, Outcome
 from gpuwarden.remediation.replay import SignatureMemory
 from gpuwarden.remediation.server import Endpoint, make_server
@@ -109,8 +113,23 @@ def build_engine(
 
 def serve(config: RemediationConfig) -> int:
     e = config["engine"]
+    stop = threading.Event()
+
+    def on_signal(signum: int, frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    acting, lease = standby(config, stop)
+    if not acting:
+        return 0  # stopped while a standby: nothing was opened
     # a finding re-sent past this is refused as stale by the endpoint: its id need not be kept
     engine, sink = build_engine(config, e["max_finding_age_s"] + e["max_clock_skew_s"] + 60.0)
+    if lease is not None:
+        engine.audit.fence = lease.fence  # no record (so no action) without a confirmed lease
+        lease.watch()
+        engine.audit.append("lease", time.time(), lease=lease.name, holder=holder_name(),
+                            tries=lease.tries)  # fmt: skip
     keyring = Keyring(config.identities)
     if not keyring:
         log.warning("no identities configured: one shared token%s serves every caller (the "
@@ -146,13 +165,6 @@ def serve(config: RemediationConfig) -> int:
         max_connections=e["max_connections"],
         request_deadline_s=e["request_deadline_s"],
     )
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
     threading.Thread(target=server.serve_forever, daemon=True, name="http").start()
     mode = "DRY-RUN (nothing is changed)" if config.settings.dry_run else "LIVE"
     log.info(
@@ -168,9 +180,35 @@ def serve(config: RemediationConfig) -> int:
         engine.tick()
     server.shutdown()
     engine.close()
+    if lease is not None:
+        lease.release()  # after the last record: the standby replays a finished log
     if sink is not None:
         sink.close()
     return 0
+
+
+def holder_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def standby(config: RemediationConfig, stop: threading.Event) -> tuple[bool, PostgresLease | None]:
+    """With ``[lease] dsn_file``: wait, as a standby, for the lease: (True, the held lease),
+    or (False, None) when stopped first. Without one: (True, None), the only engine."""
+    le = config["lease"]
+    if not le["dsn_file"]:
+        return True, None
+    lease = PostgresLease(
+        read_secret(le["dsn_file"], "lease.dsn_file"),
+        le["name"],
+        retry_s=le["retry_s"],
+        check_s=le["check_s"],
+        lost_after_s=le["lost_after_s"],
+    )
+    log.info("standby: waiting for the lease %r (%s)", le["name"], holder_name())
+    if not lease.acquire(stop):
+        return False, None
+    log.warning("holding the lease %r: this engine acts (%s)", le["name"], holder_name())
+    return True, lease
 
 
 def read_findings(path: str) -> Iterator[dict[str, Any]]:

@@ -1,6 +1,7 @@
 """The engine's configuration: ``config/remediation.sample.toml`` shows every setting.
 
 Sections: ``[engine]`` (endpoint, audit log, which adapter does what, approval), ``[guards]``,
+``[lease]`` (a standby engine: :mod:`remediation.lease`),
 one section per adapter (its constructor's keyword arguments and defaults, so the two cannot
 drift apart), ``[influxdb]`` (where ``remediation_action`` events go; empty url = none) and
 any number of ``[[policy]]`` tables (none given = the shipped :data:`DEFAULT_POLICIES`) and of
@@ -85,6 +86,17 @@ GUARDS = {
     "max_pending_per_node": 4,
     "max_pending": 500,
 }
+#: a standby engine (remediation.lease): empty dsn_file = one engine, no lease
+LEASE = {
+    # a libpq connection string ("host=db1 user=gpuwarden dbname=gpuwarden sslmode=verify-full
+    # password=..."), in a file because it may hold a password
+    "dsn_file": "",
+    # every engine of one cluster names the same lease; another cluster, another name
+    "name": "gpuwarden-engine",
+    "retry_s": 0.5,
+    "check_s": 1.0,
+    "lost_after_s": 10.0,
+}
 INFLUXDB = {
     "url": "",
     "database": "gpuwarden",
@@ -97,6 +109,7 @@ def defaults() -> dict[str, dict[str, Any]]:
     return {
         "engine": dict(ENGINE),
         "guards": dict(GUARDS),
+        "lease": dict(LEASE),
         **{name: adapter_defaults(name) for name in sorted(ADAPTERS)},
         "influxdb": dict(INFLUXDB),
     }
@@ -187,6 +200,12 @@ def load_config(
         check_argv_template(shlex.split(config["elastic"]["stop_command"]), "elastic.stop_command")
     except (TemplateError, ValueError) as exc:
         raise ConfigError(str(exc)) from None
+    le = config["lease"]
+    if le["retry_s"] <= 0 or not 0 < le["check_s"] < le["lost_after_s"] / 4:
+        raise ConfigError(
+            "lease.retry_s > 0, and 0 < lease.check_s < lease.lost_after_s / 4 "
+            "(an engine must notice a lost lease well before the server frees it)"
+        )
     if e["spares"] < 0 or g["lemon_count"] < 0 or g["lemon_window_s"] < 0:
         raise ConfigError("engine.spares, guards.lemon_count and lemon_window_s must be >= 0")
     return config

@@ -6,6 +6,7 @@
 #           slurm-wlm + munge (a real Slurm 22.05 for the remediation tests and the demo),
 #           prometheus + prometheus-alertmanager (a real Prometheus that scrapes /metrics, a
 #           real Alertmanager that posts alerts to the engine),
+#           postgresql (a real PostgreSQL 15 holds the standby engine's lease in the tests),
 #           systemd (systemd-analyze verify and systemd-sysusers check the shipped units),
 #           python3 + python3-venv (to install the pinned uv)
 #   python: the locked environment (uv.lock) in .venv, via the pinned uv
@@ -13,7 +14,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
-APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager systemd python3
+APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager postgresql systemd python3
   python3-venv ca-certificates)
 
 missing=()

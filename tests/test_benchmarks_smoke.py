@@ -28,6 +28,7 @@ SMOKE: dict[str, list[str]] = {
     "attribution": ["--seeds", "1", "--bench-nodes", "8", "--bench-seconds", "60"],
     "encode": ["--points", "20000", "--nodes", "2"],
     "exhaustion": ["--agents", "3", "--slow", "5", "--stalled", "2", "--seconds", "5"],
+    "failover": ["--plans", "2"],
     "goodput": ["--seeds", "1"],
     "ingest": ["--seconds", "60", "--nodes", "1", "--rounds", "1"],
     "live_loop": ["--runs", "follow", "--smoke"],

@@ -1,0 +1,174 @@
+"""Issue 39: a standby engine. Two ``gpuwarden remediate serve`` under one lease in a REAL
+PostgreSQL, draining nodes of a REAL Slurm; the acting one is SIGKILLed at random journal
+boundaries of CONSTRUCTED findings' plans; the standby takes over, the sender (listing both
+URLs) finds it, and every drain happens exactly once (the audit and Slurm agree).
+``benchmarks/failover.py`` runs 20 plans and prints ``failover_p95_s=``."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.core.config import ConfigError
+from gpuwarden.core.poster import FindingPoster, engine_urls
+from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.lease import LeaseLostError, PostgresLease
+from testbed.influxd import free_port
+from testbed.postgres import LocalPostgres, postgres_available
+from testbed.slurm import LocalSlurm, slurm_available
+from tests.engine_pair import ROOT, EnginePair, drains
+from tests.remediation_util import poll, risk
+from tests.scripted_server import Reply, ScriptedServer
+
+pytestmark = pytest.mark.skipif(
+    not postgres_available(), reason="scripts/bootstrap.sh installs PostgreSQL"
+)
+
+
+@pytest.fixture(scope="module")
+def pg() -> Iterator[LocalPostgres]:
+    with LocalPostgres() as server:
+        yield server
+
+
+def test_one_engine_holds_the_lease_and_the_next_takes_it_when_it_goes(pg: LocalPostgres) -> None:
+    first = PostgresLease(pg.dsn, "t-one", retry_s=0.05)
+    second = PostgresLease(pg.dsn, "t-one", retry_s=0.05)
+    other_cluster = PostgresLease(pg.dsn, "t-another", retry_s=0.05)
+    never = threading.Event()
+    assert first.acquire(never)
+    assert other_cluster.acquire(never)  # another name, another lease
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    assert not second.acquire(stop)  # a standby while the first holds it
+    assert second.tries > 3
+    first.fence()  # confirmed just now
+    first.release()
+    with pytest.raises(LeaseLostError):
+        first.fence()  # released: it may write nothing more
+    assert second.acquire(never)  # the session ended, the lock with it
+    second.release()
+    other_cluster.release()
+
+
+def test_an_engine_whose_session_is_ended_stops_writing_and_is_told(pg: LocalPostgres) -> None:
+    """The server ends the session (an operator's pg_terminate_backend, a network cut seen by
+    its keepalives): the holder's next check fails, it is told (the engine exits 75), and
+    from then on its fence refuses every record."""
+    lost: list[str] = []
+    lease = PostgresLease(pg.dsn, "t-cut", retry_s=0.05, check_s=0.1, lost_after_s=2.0,
+                          on_lost=lost.append)  # fmt: skip
+    assert lease.acquire(threading.Event())
+    lease.watch()
+    admin = PostgresLease(pg.dsn, "t-admin")._connect()
+    admin.execute("SELECT pg_terminate_backend(%s)", (lease._conn.info.backend_pid,))
+    poll(lambda: lost, 10, "the holder to notice")
+    with pytest.raises(LeaseLostError):
+        lease.fence()
+    standby = PostgresLease(pg.dsn, "t-cut", retry_s=0.05)
+    assert standby.acquire(threading.Event())  # freed for the standby
+    standby.release()
+    lease.release()
+    admin.close()
+
+
+def test_a_silent_holder_is_fenced_before_the_server_could_free_its_lease(
+    pg: LocalPostgres,
+) -> None:
+    """No confirmation for lost_after_s / 2 (a hung check, a paused VM): every record is
+    refused, though no check has failed yet, well before the server drops the session."""
+    now = [100.0]
+    lease = PostgresLease(pg.dsn, "t-silent", lost_after_s=10.0, clock=lambda: now[0])
+    assert lease.acquire(threading.Event())
+    lease.fence()
+    now[0] += 4.9
+    lease.fence()
+    now[0] += 0.2
+    with pytest.raises(LeaseLostError):
+        lease.fence()
+    lease.release()
+
+
+def test_senders_list_engines_and_post_to_the_one_that_answers() -> None:
+    assert engine_urls("http://a:1/v1/findings, http://b:2/v1/findings") == [
+        "http://a:1/v1/findings",
+        "http://b:2/v1/findings",
+    ]
+    for bad in ("", " , ", "http://a/ ftp://b/"):
+        with pytest.raises(ConfigError):
+            engine_urls(bad)
+    nobody = f"http://127.0.0.1:{free_port()}/v1/findings"  # a standby does not listen
+    with ScriptedServer([], default=Reply(202, "{}")) as srv:
+        poster = FindingPoster(f"{nobody} {srv.url}/v1/findings")
+        poster.post(risk("gpu01"))
+        poster.post(risk("gpu02"))
+        poster.close(timeout_s=10)
+        assert poster.posted == 2 and poster.failed == 0
+        assert poster.url == f"{srv.url}/v1/findings"  # kept: the second went straight there
+        assert len(srv.requests) == 2
+
+
+def test_a_standby_does_not_listen_and_stops_cleanly(pg: LocalPostgres, tmp_path: Path) -> None:
+    held = PostgresLease(pg.dsn, "gpuwarden-engine")
+    assert held.acquire(threading.Event())
+    try:
+        dsn = tmp_path / "dsn"
+        dsn.write_text(pg.dsn)
+        dsn.chmod(0o600)
+        port = free_port()
+        config = tmp_path / "r.toml"
+        config.write_text(f'[engine]\nlisten = "127.0.0.1:{port}"\n'
+                          f'audit_log = "{tmp_path}/audit.jsonl"\nnotify_adapter = ""\n'
+                          f'[lease]\ndsn_file = "{dsn}"\nretry_s = 0.1\n')  # fmt: skip
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        time.sleep(3)
+        with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            pass
+        assert not (tmp_path / "audit.jsonl").exists()  # a standby opens nothing
+        proc.terminate()
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, out.decode()
+        assert b"standby: waiting for the lease" in out
+    finally:
+        held.release()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not slurm_available(), reason="scripts/bootstrap.sh installs Slurm")
+def test_the_standby_takes_over_and_no_drain_is_lost_or_repeated(
+    pg: LocalPostgres, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    with LocalSlurm(tmp_path_factory.mktemp("slurm")) as slurm:
+        work = tmp_path_factory.mktemp("pair")
+        pair = EnginePair(work, slurm, pg, seed=39)
+        try:
+            pair.start()
+            for i in range(5):
+                node = slurm.nodes[i % len(slurm.nodes)]
+                pair.round(node)
+                shown = slurm.run("scontrol", "show", "node", node)
+                assert "DRAIN" in shown and "Reason=gpuwarden:" in shown, shown
+        finally:
+            pair.close()
+    report = pair.report
+    assert report.rounds == 5
+    assert report.killed_in_journal + report.killed_between >= 5
+    assert report.failovers_s and max(report.failovers_s) < 10.0, report
+    records = list(read_records(work / "audit.jsonl"))
+    for fid in report.findings:
+        assert len(drains(work / "audit.jsonl", fid)) == 1, fid  # exactly once
+        acts = [r for r in records if r["event"] == "decision" and r["finding_id"] == fid
+                and r["verdict"] == "act"]  # fmt: skip
+        assert len(acts) == 1, (fid, acts)
+    takeovers = [r for r in records if r["event"] == "lease"]
+    assert len(takeovers) >= 1 + len(report.failovers_s)
