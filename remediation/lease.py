@@ -15,7 +15,7 @@ which this session sets short (``tcp_keepalives_*``, ``tcp_user_timeout``: ``los
 
 The acting engine must stop acting *before* the server could give the lock to another one.
 It confirms its session every ``check_s`` (``SELECT 1``, with a statement timeout); if a check
-fails, or none succeeded for ``lost_after_s / 2``, it exits at once (exit status 75: its
+fails, or gets no answer within ``lost_after_s / 2``, it exits at once (exit status 75: its
 journal is written for a SIGKILL at any instant, and systemd restarts it as a standby). Every
 audit record is fenced too (:meth:`PostgresLease.fence`): an engine whose last confirmation is
 older than ``lost_after_s / 2`` writes nothing, so it cannot journal, and therefore cannot
@@ -153,15 +153,33 @@ class PostgresLease:
 
     def _watch(self) -> None:
         while not self._stop.wait(self.check_s):
+            why = self._check()
+            if self._stop.is_set():
+                return
+            if why:
+                self.confirmed_at = None
+                self.on_lost(why)
+                return
+            self.confirmed_at = self.clock()
+
+    def _check(self) -> str:
+        """One confirmation: "" when the session answered, else why not. A check that gets no
+        answer within ``lost_after_s / 2`` (a network that drops everything silently: no
+        error ever comes) fails too; it runs on a thread of its own so as to be timed."""
+        done = threading.Event()
+        failed: list[str] = []
+
+        def check() -> None:
             try:
                 self._conn.execute("SELECT 1").fetchone()
             except Exception as exc:  # any failure: the hold is unproven
-                if self._stop.is_set():
-                    return
-                self.confirmed_at = None
-                self.on_lost(f"{type(exc).__name__}: {exc}")
-                return
-            self.confirmed_at = self.clock()
+                failed.append(f"{type(exc).__name__}: {exc}")
+            done.set()
+
+        threading.Thread(target=check, daemon=True, name="lease-check").start()
+        if not done.wait(self.lost_after_s / 2):
+            return f"no answer from PostgreSQL within {self.lost_after_s / 2:.1f} s"
+        return failed[0] if failed else ""
 
     def fence(self) -> None:
         """Raise :class:`LeaseLostError` unless the hold was confirmed within

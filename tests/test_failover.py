@@ -6,6 +6,7 @@ URLs) finds it, and every drain happens exactly once (the audit and Slurm agree)
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import subprocess
 import sys
@@ -94,6 +95,97 @@ def test_a_silent_holder_is_fenced_before_the_server_could_free_its_lease(
     with pytest.raises(LeaseLostError):
         lease.fence()
     lease.release()
+
+
+class Blackhole:
+    """A TCP proxy to PostgreSQL that can be cut the way a network partition cuts: from
+    :meth:`cut` on nothing passes and no error reaches the engine (its packets are taken and
+    dropped); the server's side is closed ``free_after_s`` later, as the server's keepalives
+    would notice the silence and end the session."""
+
+    def __init__(self, port: int) -> None:
+        self.target = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.cut_off = threading.Event()
+        self.server_sides: list[socket.socket] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.target))
+            self.server_sides.append(server)
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                return
+            if not data:
+                return
+            if not self.cut_off.is_set():
+                with contextlib.suppress(OSError):
+                    dst.sendall(data)
+
+    def cut(self, free_after_s: float) -> None:
+        self.cut_off.set()
+
+        def free() -> None:
+            for server in self.server_sides:
+                with contextlib.suppress(OSError):
+                    server.shutdown(socket.SHUT_RDWR)  # the server sees the session end
+                server.close()
+
+        threading.Timer(free_after_s, free).start()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def test_a_holder_cut_off_silently_stops_writing_before_the_server_frees_its_lease(
+    pg: LocalPostgres,
+) -> None:
+    """A network partition: no error ever reaches the acting engine, and the server frees its
+    lease only when its keepalives give up (lost_after_s). The engine must have stopped
+    writing, and been told to exit, before the standby can hold the lease."""
+    proxy = Blackhole(pg.port)
+    lost: list[float] = []
+    acting = PostgresLease(pg.dsn.replace(f"port={pg.port}", f"port={proxy.port}"), "t-cut-off",
+                           check_s=0.2, lost_after_s=4.0,
+                           on_lost=lambda why: lost.append(time.monotonic()))  # fmt: skip
+    assert acting.acquire(threading.Event())
+    acting.watch()
+    time.sleep(0.5)
+    acting.fence()  # confirmed through the proxy
+    proxy.cut(free_after_s=acting.lost_after_s)
+    refused: list[float] = []
+
+    def watch_fence() -> None:
+        while not refused:
+            try:
+                acting.fence()
+            except LeaseLostError:
+                refused.append(time.monotonic())
+            time.sleep(0.01)
+
+    threading.Thread(target=watch_fence, daemon=True).start()
+    standby = PostgresLease(pg.dsn, "t-cut-off", retry_s=0.05)
+    give_up = threading.Event()
+    threading.Timer(60, give_up.set).start()  # a guard against a hang, not a speed limit
+    assert standby.acquire(give_up)
+    held_at = time.monotonic()
+    assert refused and refused[0] < held_at  # it wrote nothing once the standby could act
+    assert lost and lost[0] < held_at  # and it was told to exit before
+    standby.release()
+    acting.release()
+    proxy.close()
 
 
 def test_senders_list_engines_and_post_to_the_one_that_answers() -> None:
