@@ -239,17 +239,21 @@ def test_a_step_after_the_restart_moves_no_timer(tmp_path: Path) -> None:
     engine.close()
 
 
-def test_a_step_forward_while_the_engine_is_down_counts_as_time_passed(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("step_s", "verdict"), [(0.0, "cooldown"), (HOUR, "act")])
+def test_a_step_forward_while_the_engine_is_down_counts_as_time_passed(
+    tmp_path: Path, step_s: float, verdict: str
+) -> None:
     """The documented residual: across a restart only wall time exists, so an hour the wall
-    clock was stepped forward while the engine was down is an hour of cooldown spent."""
+    clock was stepped forward while the engine was down is an hour of cooldown spent (with no
+    step, the cooldown restored from the journal still holds after a minute down)."""
     clock = SteppedClock()
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"
     assert engine.wait(10)
     engine.close()
-    clock.restart(down_s=60.0, step_s=HOUR)
+    clock.restart(down_s=60.0, step_s=step_s)
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
-    assert engine.submit(xid("gpu01", 2)).verdict == "act"
+    assert engine.submit(xid("gpu01", 2)).verdict == verdict
     assert engine.wait(10)
     engine.close()
 
