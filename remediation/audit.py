@@ -23,7 +23,10 @@ On start the engine reads the log back (:func:`replay`) to restore what it must 
 over a restart: the findings it has already decided (de-duplication), the actions it has done
 (idempotency), when it last acted on each node (cooldown) and which nodes it took out itself
 (undo never resumes a node someone else drained). A torn line (power cut mid-write) is
-skipped and counted, not fatal.
+skipped and counted, not fatal. The records' wall times become times on this process's
+monotonic clock once, as they are read (:meth:`remediation.clock.Clock.journal_frame`): the
+timers restored from them (cooldown, lemon window, a waiting plan's age) are not moved by a
+clock step after the start.
 
 One engine at a time writes a log: :class:`AuditLog` with ``exclusive=True`` (what the engine
 opens) holds an exclusive ``flock`` on ``<log>.lock`` for its life, so ``remediate apply``
@@ -46,6 +49,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.remediation.clock import SYSTEM, Instant
 from gpuwarden.remediation.errors import RemediationError
 
 #: The crash-point sweep (tests/test_crash_sweep.py) kills the engine at a journal boundary:
@@ -182,15 +186,21 @@ class Memory:
 
     seen_findings: set[str] = field(default_factory=set)
     seen_at: dict[str, float] = field(default_factory=dict)
-    """When each seen finding was decided, oldest first (:meth:`forget_seen_before`)."""
+    """When each seen finding was decided, oldest first (:meth:`forget_seen_before`). Wall
+    time, on purpose: forgetting an id pairs with the endpoint's freshness check, which
+    compares a finding's time with the wall clock; both read the same clock, so an id is
+    forgotten only once a re-send of its finding would be refused as stale, whatever steps
+    the clock took in between."""
     finding_digests: dict[str, str] = field(default_factory=dict)
     """Each seen finding's content digest (:attr:`Finding.digest`), where the audit has it: a
     duplicate is answered "same content" only when they match."""
     done_actions: set[str] = field(default_factory=set)
     last_action_at: dict[str, float] = field(default_factory=dict)
+    """When gpuwarden last changed each node (monotonic: the cooldown measures from it)."""
     taken_out: set[str] = field(default_factory=set)
-    taken_out_at: dict[str, list[tuple[float, str]]] = field(default_factory=dict)
-    """Every time gpuwarden took each node out, and why (the lemon rule reads it)."""
+    taken_out_at: dict[str, list[tuple[Instant, str]]] = field(default_factory=dict)
+    """Every time gpuwarden took each node out, and why (the lemon rule reads it: its window
+    on the monotonic clock, the times it shows and the return check on the wall clock)."""
     torn_lines: list[int] = field(default_factory=list)
     intents: dict[str, dict[str, Any]] = field(default_factory=dict)
     """Intent records by action id whose action record is not (yet) on disk."""
@@ -222,7 +232,9 @@ class Memory:
             forgotten += 1
         return forgotten
 
-    def note_action(self, record: Mapping[str, Any]) -> None:
+    def note_action(self, record: Mapping[str, Any], mono: float) -> None:
+        """An ``action`` record, written at ``mono`` on this process's monotonic clock (for a
+        record read back from the journal: its ``t`` placed in this process's frame)."""
         self.recorded.add(str(record.get("action_id", "")))
         self.intents.pop(str(record.get("action_id", "")), None)
         if record.get("dry_run") or record.get("outcome") not in ("ok",):
@@ -235,11 +247,11 @@ class Memory:
         # the cooldown keeps gpuwarden from acting on a node again and again; returning a node
         # does not start it: a node that breaks right after its repair must come out at once
         if action not in ("notify", "uncordon"):
-            self.last_action_at[node] = float(record["t"])
+            self.last_action_at[node] = mono
         if action in ("cordon", "drain"):
             if node not in self.taken_out:
                 times = self.taken_out_at.setdefault(node, [])
-                times.append((float(record["t"]), str(record.get("reason", ""))))
+                times.append((Instant(float(record["t"]), mono), str(record.get("reason", ""))))
             self.taken_out.add(node)
         elif action == "uncordon":
             self.taken_out.discard(node)
@@ -251,8 +263,12 @@ WAITING_VERDICTS = ("approval", "lemon", "blast_radius", "rate_limited")
 REMOVING_KINDS = ("cordon", "drain")
 
 
-def replay(path: str | Path) -> Memory:
+def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) -> Memory:
+    """What the journal at ``path`` says the engine must remember; ``to_mono`` places a
+    record's wall time on this process's monotonic clock (by default the host's clocks, read
+    once now: :meth:`remediation.clock.Clock.journal_frame`)."""
     memory = Memory()
+    to_mono = to_mono or SYSTEM.journal_frame()
     findings: dict[str, dict[str, Any]] = {}
     latest: dict[str, PlanRecord] = {}
     outcomes: dict[str, str] = {}
@@ -274,7 +290,7 @@ def replay(path: str | Path) -> Memory:
         elif event == "intent" and record.get("action_id"):
             memory.intents[str(record["action_id"])] = record
         elif event == "action" and record.get("action_id"):
-            memory.note_action(record)
+            memory.note_action(record, to_mono(float(record.get("t", 0.0))))
             outcomes[str(record["action_id"])] = str(record.get("outcome", ""))
     for p in latest.values():
         verdict = p.decision.get("verdict")

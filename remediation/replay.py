@@ -9,6 +9,10 @@ the request is acted on, in a file beside the audit log. On start the file is re
 runs, it is rewritten the same way whenever it holds more than twice the live entries, so it
 stays bounded by what a window can hold. A request whose signature cannot be written gets 503
 and is not acted on (its sender signs its retry afresh).
+
+The window is wall time on purpose: a signature is accepted by comparing its timestamp with the
+engine's wall clock, and it is forgotten by the same comparison, so one is forgotten only once
+it would be refused as stale, whatever steps that clock took in between.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -30,9 +35,16 @@ class ReplayError(Exception):
 class SignatureMemory:
     """Signatures seen, keyed by their MAC; ``path`` "" keeps them in memory only."""
 
-    def __init__(self, path: str | Path = "", window_s: float = 300.0) -> None:
+    def __init__(
+        self,
+        path: str | Path = "",
+        window_s: float = 300.0,
+        *,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
         self.path = Path(path) if path else None
         self.window_s = window_s
+        self._wall = wall
         self._seen: dict[str, int] = {}
         self._lines = 0
         self._next_expiry = 0.0
@@ -42,7 +54,7 @@ class SignatureMemory:
 
     def _load(self) -> None:
         assert self.path is not None
-        now = time.time()
+        now = self._wall()
         try:
             text = self.path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
@@ -94,11 +106,12 @@ class SignatureMemory:
             return True
 
     def _expire(self) -> None:
-        now = time.time()
-        if now < self._next_expiry:
+        # at most once a second (monotonic: a clock stepped back must not stop the expiry for
+        # as long), so a storm stays O(1) per request
+        if time.monotonic() < self._next_expiry:
             return
-        self._next_expiry = now + 1.0  # at most once a second: a storm stays O(1) per request
-        horizon = now - self.window_s
+        self._next_expiry = time.monotonic() + 1.0
+        horizon = self._wall() - self.window_s
         for mac in [m for m, t in self._seen.items() if t < horizon]:
             del self._seen[mac]
         if self.path is not None and self._lines > 2 * len(self._seen) + 64:

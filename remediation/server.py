@@ -60,7 +60,6 @@ import math
 import re
 import ssl
 import threading
-import time
 from collections.abc import Mapping
 from http import HTTPStatus
 from http.server import ThreadingHTTPServer
@@ -78,6 +77,7 @@ from gpuwarden.core.signing import (
 from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import GuardedHandler, http_server
 from gpuwarden.remediation.audit import JournalError
+from gpuwarden.remediation.clock import SYSTEM, Clock
 from gpuwarden.remediation.engine import Engine, EngineClosedError
 from gpuwarden.remediation.identity import RETURN_KINDS, Keyring, Principal
 from gpuwarden.remediation.model import ActionKind
@@ -116,10 +116,11 @@ class Quotas:
     legacy shared credential and operators have none. Buckets exist only for principals that
     proved who they are, so their number is bounded by the nodes and identities configured."""
 
-    def __init__(self, per_min: Mapping[str, float]) -> None:
+    def __init__(self, per_min: Mapping[str, float], clock: Clock = SYSTEM) -> None:
         self._per_min = {k: float(v) for k, v in per_min.items() if v and v > 0}
         self._buckets: dict[str, tuple[float, float]] = {}  # name -> (tokens left, when: monotonic)
         self._lock = threading.Lock()
+        self._mono = clock.mono
 
     def per_min(self, principal: Principal) -> float:
         return self._per_min.get(principal.kind, 0.0)
@@ -130,9 +131,10 @@ class Quotas:
         rate = self.per_min(principal)
         if rate <= 0:
             return 0.0
+        now = self._mono()
         with self._lock:
-            tokens, then = self._buckets.get(principal.name, (rate, time.monotonic()))
-        tokens = min(rate, tokens + (time.monotonic() - then) * rate / 60.0)
+            tokens, then = self._buckets.get(principal.name, (rate, now))
+        tokens = min(rate, tokens + (now - then) * rate / 60.0)
         return 0.0 if tokens >= 1 else max(1.0, (1 - tokens) * 60.0 / rate)
 
     def spend(self, principal: Principal, n: int) -> float:
@@ -141,7 +143,7 @@ class Quotas:
         rate = self.per_min(principal)
         if rate <= 0:
             return 0.0
-        now = time.monotonic()
+        now = self._mono()
         with self._lock:
             tokens, then = self._buckets.get(principal.name, (rate, now))
             tokens = min(rate, tokens + (now - then) * rate / 60.0)
@@ -174,6 +176,7 @@ class Endpoint:
         max_clock_skew_s: float = 300.0,
         alerts_unsigned: bool = False,
         quotas_per_min: Mapping[str, float] | None = None,
+        clock: Clock = SYSTEM,
     ) -> None:
         self.keyring = keyring if keyring else None
         if not token and self.keyring is None:
@@ -190,14 +193,15 @@ class Endpoint:
         self.token = token.encode()
         self.secret = secret
         if signatures is None:  # (an empty memory is falsy: compared with None)
-            signatures = SignatureMemory("", max_clock_skew_s)
+            signatures = SignatureMemory("", max_clock_skew_s, wall=clock.wall)
         self.signatures = signatures
         self.max_body_bytes = max_body_bytes
         self.max_findings = max_findings
         self.max_finding_age_s = max_finding_age_s
         self.max_clock_skew_s = max_clock_skew_s
         self.alerts_unsigned = alerts_unsigned
-        self.quotas = Quotas(quotas_per_min or {})
+        self.clock = clock
+        self.quotas = Quotas(quotas_per_min or {}, clock)
         self.rejected: dict[int, int] = {}
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None  # make_server's, for its counters
@@ -280,8 +284,9 @@ class Endpoint:
         claimed = principal.name if self.keyring is not None else ""
         try:
             t = verify_request(
-                key, header, method, target, body, claimed, tolerance_s=self.max_clock_skew_s
-            )
+                key, header, method, target, body, claimed,
+                tolerance_s=self.max_clock_skew_s, now=self.clock.wall(),
+            )  # fmt: skip
         except ValueError as exc:
             raise RequestError(HTTPStatus.UNAUTHORIZED, str(exc)) from None
         if method == "GET":
@@ -355,7 +360,12 @@ class Endpoint:
             raise RequestError(HTTPStatus.BAD_REQUEST, f"body is not JSON: {exc}") from None
 
     def _fresh(self, finding: Finding) -> Finding:
-        age = time.time() - finding.time_ns / 1e9
+        """A finding's time against the engine's wall clock: two hosts' clocks compared, the
+        one place where the sender's clock matters. Older than ``max_finding_age_s``: stale;
+        more than ``max_clock_skew_s`` ahead: from the future. Both are 422, nothing acted on,
+        counted in ``gpuwarden_engine_requests_refused_total{status="422"}``; the fix is the
+        node's clock (chrony), see docs/DURABILITY.md, "Clocks"."""
+        age = self.clock.wall() - finding.time_ns / 1e9
         if age > self.max_finding_age_s:
             raise RequestError(
                 HTTPStatus.UNPROCESSABLE_ENTITY,
@@ -365,7 +375,9 @@ class Endpoint:
         if age < -self.max_clock_skew_s:
             raise RequestError(
                 HTTPStatus.UNPROCESSABLE_ENTITY,
-                f"finding {finding.id} is {-age:.0f} s in the future (clock skew?)",
+                f"finding {finding.id} is {-age:.0f} s in the future (more than "
+                f"max_clock_skew_s={self.max_clock_skew_s:.0f}): is the sender's clock, or the "
+                "engine's, off? not acted on",
             )
         return finding
 

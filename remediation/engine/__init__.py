@@ -27,6 +27,10 @@ Guards, in the order they are checked:
    been done; no adapter is asked to change anything.
 
 Every action is idempotent: its id (finding, step, adapter, node, job) is done at most once.
+
+Every window above (cooldown, rate limit, lemon, a waiting plan's expiry) is measured on the
+monotonic clock; wall time is only written into records and compared with other hosts'
+timestamps (:mod:`remediation.clock`; docs/DURABILITY.md, "Clocks in the engine").
 """
 
 from gpuwarden.remediation.engine.decide import Decision, EngineSettings

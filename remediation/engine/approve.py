@@ -7,6 +7,9 @@ there is room). The operator is told each time a plan starts waiting (the escala
 notification). Waiting plans are journalled (their decision record holds the plan) and restored
 after a restart; one that waited longer than ``[engine] pending_expire_s`` is dropped with an
 ``expired`` record (a plan the blast radius held days ago must not run when room frees up).
+How long a plan has waited is measured on the monotonic clock; a plan restored after a restart
+has waited since its ``finding`` record's wall time, placed on this process's monotonic clock
+(:meth:`remediation.clock.Clock.journal_frame`).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.clock import Instant
 from gpuwarden.remediation.engine.decide import Decision
 
 
@@ -22,7 +26,7 @@ from gpuwarden.remediation.engine.decide import Decision
 class Pending:
     finding: Finding
     decision: Decision
-    received: float
+    received: Instant
     approved: bool = False
     """An operator approved it (then the blast radius or the rate limit held it): released,
     it skips the guards an approval skips. Any other plan is checked by every guard again
@@ -42,7 +46,7 @@ class PendingPlans:
     def __init__(self) -> None:
         self._plans: dict[str, Pending] = {}
 
-    def add(self, finding: Finding, d: Decision, received: float, approved: bool = False) -> None:
+    def add(self, finding: Finding, d: Decision, received: Instant, approved: bool = False) -> None:
         self._plans[d.plan_id] = Pending(finding, d, received, approved)
 
     def full(self, finding: Finding, per_node: int, total: int) -> str:
@@ -76,18 +80,18 @@ class PendingPlans:
         """Plans the guards held (not those waiting for a person), oldest first."""
         return [
             (plan_id, p)
-            for plan_id, p in sorted(self._plans.items(), key=lambda kv: kv[1].received)
+            for plan_id, p in sorted(self._plans.items(), key=lambda kv: kv[1].received.mono)
             if p.decision.verdict in SELF_RELEASING
         ]
 
     def drop(self, plan_id: str) -> None:
         del self._plans[plan_id]
 
-    def older_than(self, t: float) -> list[tuple[str, Pending]]:
-        """Plans received before ``t`` (wall time), oldest first."""
+    def older_than(self, mono: float) -> list[tuple[str, Pending]]:
+        """Plans received before ``mono`` (monotonic time), oldest first."""
         return sorted(
-            ((i, p) for i, p in self._plans.items() if p.received < t),
-            key=lambda kv: kv[1].received,
+            ((i, p) for i, p in self._plans.items() if p.received.mono < mono),
+            key=lambda kv: kv[1].received.mono,
         )
 
     def listing(self) -> list[dict[str, Any]]:
@@ -98,7 +102,7 @@ class PendingPlans:
                 "why": p.decision.why,
                 "node": p.finding.subject.get("node", ""),
                 "actions": [str(a.kind) for a in p.decision.actions],
-                "since": p.received,
+                "since": p.received.wall,
             }
             for p in self._plans.values()
         ]

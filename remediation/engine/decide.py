@@ -33,7 +33,8 @@ class EngineSettings:
     plan that finishes forgets the view; only other people's drains can be this late."""
     pending_expire_s: float = 3600.0
     """A plan that waits (approval, blast radius, rate limit, lemon) longer than this is dropped
-    with an ``expired`` record (wall time, so it holds across restarts); 0 keeps plans forever."""
+    with an ``expired`` record; 0 keeps plans forever. Measured on the monotonic clock, and
+    across restarts from the plan's journal record (:mod:`remediation.clock`)."""
     max_pending_per_node: int = 4
     """At most this many plans wait at once about one node: one more is not queued (a
     ``queue_full`` decision, audited, with no notification). One sender flooding findings

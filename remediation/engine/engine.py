@@ -1,6 +1,10 @@
 """The engine: decides on each finding under one lock, so two findings never both take the
 last node the blast-radius limit allows, and hands the plan to the executor. See the package
-docstring for the whole path; each step is its own module."""
+docstring for the whole path; each step is its own module.
+
+Its clock (:class:`remediation.clock.Clock`) has two faces: every timer reads the monotonic
+one, every record the wall one; the journal's wall times are placed on the monotonic clock
+once, at start. A bare callable (a backtest's simulated time) serves as both."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from typing import Any
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, Memory, PlanRecord, replay
+from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -56,19 +61,21 @@ class Engine:
         audit: AuditLog,
         settings: EngineSettings | None = None,
         *,
-        clock: Callable[[], float] = time.time,
+        clock: Clock | Callable[[], float] = SYSTEM,
         on_action: OnAction | None = None,
     ) -> None:
         self.policies = list(policies)
         self.adapters = dict(adapters)
         self.audit = audit
         self.settings = settings or EngineSettings()
-        self.clock = clock
-        self.memory: Memory = replay(audit.path)
+        self.clock = clock = Clock.of(clock)
+        # the journal's wall times on this process's monotonic clock, the clocks read once now
+        self._to_mono = clock.journal_frame()
+        self.memory: Memory = replay(audit.path, self._to_mono)
         if self.memory.torn_lines:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
         if self.settings.seen_retention_s > 0:
-            self.memory.forget_seen_before(clock() - self.settings.seen_retention_s)
+            self.memory.forget_seen_before(clock.wall() - self.settings.seen_retention_s)
         self.stats = Stats()
         self._lock = threading.RLock()
         self._closed = False
@@ -97,7 +104,7 @@ class Engine:
         """A node's partitions, features and labels from the node adapter, kept for
         ``FACTS_TTL_S`` (a node's groups change rarely); None when they cannot be read."""
         kept = self._facts.get(node)
-        now = time.monotonic()
+        now = self.clock.mono()
         if kept is not None and now - kept[0] < FACTS_TTL_S:
             return kept[1]
         adapter = self.adapters.get(self.settings.node_adapter)
@@ -115,7 +122,7 @@ class Engine:
     def submit(self, finding: Finding, via: str = "api") -> Decision:
         """Decide on a finding now; its actions run in the background (see :meth:`wait`).
         ``via`` says how it arrived, for the audit (``http, signed`` from the endpoint)."""
-        received = self.clock()
+        received = self.clock.now()
         with self._lock:
             self._require_open()
             self.stats.findings += 1
@@ -134,7 +141,7 @@ class Engine:
             self.memory.finding_digests[finding.id] = finding.digest
             self.audit.append(
                 "finding",
-                received,
+                received.wall,
                 finding_id=finding.id,
                 digest=finding.digest,
                 kind=finding.kind,
@@ -163,7 +170,7 @@ class Engine:
             return self._decide(finding, decision, received)
 
     def _decide(
-        self, finding: Finding, d: Decision, received: float, *, approved: bool = False
+        self, finding: Finding, d: Decision, received: Instant, *, approved: bool = False
     ) -> Decision:
         """Record the decision (with its whole plan: the journal), then start the plan, or
         keep it waiting and tell a person. Nothing is started unless the record is durable.
@@ -179,7 +186,7 @@ class Engine:
                 log.warning("plan %s about %s not queued: %s", d.plan_id, node or "-", full)
         self.audit.append(
             "decision",
-            self.clock(),
+            self.clock.wall(),
             finding_id=d.finding_id,
             verdict=d.verdict,
             policy=d.policy,
@@ -189,7 +196,7 @@ class Engine:
             **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
         )
         if d.verdict != "queue_full":  # not queued: the same finding sent again is decided again
-            self.memory.saw(finding.id, self.clock())
+            self.memory.saw(finding.id, self.clock.wall())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
             reserved = self.guards.started(d, node)
@@ -217,7 +224,7 @@ class Engine:
             return
         action = escalation(finding, d, self.settings)
         self.executor.start(
-            Decision(finding.id, "escalate", d.policy, (action,)), self.clock(), dry_run=False
+            Decision(finding.id, "escalate", d.policy, (action,)), self.clock.now(), dry_run=False
         )
 
     # -- operators ----------------------------------------------------------------------------
@@ -231,7 +238,7 @@ class Engine:
         with self._lock:
             self._require_open()
             pending = self.waiting.take(plan_id)
-            self.audit.append("approval", self.clock(), finding_id=plan_id, by=by)
+            self.audit.append("approval", self.clock.wall(), finding_id=plan_id, by=by)
             d = self.guards.check(pending.finding, pending.decision, approved=True)
             return self._decide(pending.finding, d, pending.received, approved=True)
 
@@ -253,11 +260,11 @@ class Engine:
                 bucket_s=1,
             )
             action = action_for(ActionKind.UNCORDON, finding, self.settings)
-            self.audit.append("undo", self.clock(), finding_id=finding.id, node=node, by=by)
+            self.audit.append("undo", self.clock.wall(), finding_id=finding.id, node=node, by=by)
             d = Decision(
                 finding.id, "dry_run" if self.settings.dry_run else "act", "undo", (action,)
             )
-            return self._decide(finding, d, self.clock())
+            return self._decide(finding, d, self.clock.now())
 
     def _return_check(self, action: Action) -> Outcome | None:
         """``return_requires = "command"``: run the check command for the node; a failed
@@ -307,31 +314,34 @@ class Engine:
         time to live (a sender can name many nodes; the scheduler's facts are re-read)."""
         keep = self.settings.seen_retention_s
         if keep > 0:
-            self.memory.forget_seen_before(self.clock() - keep)
-        now = time.monotonic()
+            self.memory.forget_seen_before(self.clock.wall() - keep)  # wall: see Memory.seen_at
+        now = self.clock.mono()
         for node in [n for n, (t, _) in self._facts.items() if now - t >= FACTS_TTL_S]:
             del self._facts[node]
 
     def _expire_waiting(self) -> None:
-        """Plans that waited longer than ``pending_expire_s`` (wall time: they may have waited
-        through a restart) are dropped, with an ``expired`` record: a plan the blast radius held
-        days ago must not run when room frees up; its finding, if still true, comes again."""
+        """Plans that waited longer than ``pending_expire_s`` are dropped, with an ``expired``
+        record: a plan the blast radius held days ago must not run when room frees up; its
+        finding, if still true, comes again. Waiting is measured on the monotonic clock; a plan
+        that waited through a restart has waited since its record's wall time (placed on the
+        monotonic clock at start: :meth:`remediation.clock.Clock.journal_frame`)."""
         limit = self.settings.pending_expire_s
         if limit <= 0:
             return
-        now = self.clock()
-        for plan_id, p in self.waiting.older_than(now - limit):
+        now = self.clock.now()
+        for plan_id, p in self.waiting.older_than(now.mono - limit):
+            waited = now.mono - p.received.mono
             self.audit.append(
                 "expired",
-                now,
+                now.wall,
                 finding_id=plan_id,
                 verdict=p.decision.verdict,
                 node=p.finding.subject.get("node", ""),
-                waited_s=round(now - p.received, 3),
+                waited_s=round(waited, 3),
                 why=f"waited more than pending_expire_s={limit:g} s ({p.decision.verdict})",
             )
             self.waiting.drop(plan_id)
-            log.warning("plan %s expired after %.0f s waiting", plan_id, now - p.received)
+            log.warning("plan %s expired after %.0f s waiting", plan_id, waited)
 
     # -- after a restart ----------------------------------------------------------------------
 
@@ -342,7 +352,12 @@ class Engine:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("cannot restore waiting plan %s: %s", p.decision.get("finding_id"), exc)
             return
-        self.waiting.add(finding, d, p.received)
+        self.waiting.add(finding, d, self._restored(p.received))
+
+    def _restored(self, t: float) -> Instant:
+        """A journal record's wall time ``t`` as a moment of this process (its monotonic
+        time placed once, at start; never later than the start)."""
+        return Instant(t, self._to_mono(t))
 
     def resume(self) -> list[Decision]:
         """Start every plan the journal shows unfinished at the last stop, from its first
@@ -367,7 +382,9 @@ class Engine:
                 )
                 reserved = self.guards.started(d, node) if removing else ""
                 done = self._releaser(reserved) if reserved and not dry_run else None
-                self.executor.start(d, p.received, dry_run=dry_run, done=done, resume=True)
+                self.executor.start(
+                    d, self._restored(p.received), dry_run=dry_run, done=done, resume=True
+                )
                 resumed.append(d)
         return resumed
 

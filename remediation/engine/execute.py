@@ -12,6 +12,10 @@ it its ``action`` record. A record the disk refuses is retried until it is writt
 waits: nothing acts on an intent that is not durable, and an action that was done is never
 forgotten inside a worker thread). After a crash between the two, the restarted engine asks
 the adapter whether the action took effect before doing it (:meth:`Executor.perform`).
+
+Records carry wall time (``t``, ``started``); the durations in them (``duration_s``,
+``since_finding_s``) are measured on the monotonic clock, so a clock step never makes them
+negative or an hour long.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory
+from gpuwarden.remediation.clock import Clock, Instant
 from gpuwarden.remediation.engine.decide import Decision
 from gpuwarden.remediation.model import (
     MUTATING,
@@ -60,7 +65,7 @@ class Executor:
         lock: threading.RLock,
         *,
         workers: int,
-        clock: Callable[[], float],
+        clock: Clock,
         on_action: OnAction | None = None,
         before_requeue: Callable[[str], object] | None = None,
         before_uncordon: Callable[[Action], Outcome | None] | None = None,
@@ -81,7 +86,7 @@ class Executor:
     def start(
         self,
         d: Decision,
-        received: float,
+        received: Instant,
         *,
         dry_run: bool,
         done: Callable[[], None] | None = None,
@@ -96,7 +101,7 @@ class Executor:
     def _run(
         self,
         d: Decision,
-        received: float,
+        received: Instant,
         dry_run: bool,
         done: Callable[[], None] | None,
         resume: bool = False,
@@ -117,8 +122,8 @@ class Executor:
             if done is not None:
                 done()
 
-    def perform(self, action: Action, received: float, dry_run: bool) -> Outcome:
-        started = self.clock()
+    def perform(self, action: Action, received: Instant, dry_run: bool) -> Outcome:
+        started = self.clock.now()
         adapter = self.adapters[action.adapter]
         resumed = {}
         if action.id in self.memory.done_actions:
@@ -145,22 +150,22 @@ class Executor:
             except Exception as exc:  # an adapter bug must not take the engine down
                 log.exception("adapter %s crashed on %s", adapter.name, action.kind)
                 outcome = Outcome(Status.FAILED, f"adapter error: {exc!r}")
-        ended = self.clock()
+        ended = self.clock.now()
         record = self._durable(
             "action",
-            ended,
+            ended.wall,
             **action.to_json(),
             dry_run=dry_run and action.kind in MUTATING,
             outcome=str(outcome.status),
             message=outcome.message,
             details=dict(outcome.details),
-            started=round(started, 6),
-            duration_s=round(ended - started, 6),
-            since_finding_s=round(ended - received, 6),
+            started=round(started.wall, 6),
+            duration_s=round(ended.mono - started.mono, 6),
+            since_finding_s=round(ended.mono - received.mono, 6),
             **resumed,
         )
         with self._lock:
-            self.memory.note_action(record)
+            self.memory.note_action(record, ended.mono)
             key = f"{action.kind}:{outcome.status}"
             self.stats.actions[key] = self.stats.actions.get(key, 0) + 1
         if self.on_action is not None:
@@ -192,7 +197,7 @@ class Executor:
                 before = adapter.observe(action)
             except AdapterError as exc:  # perform will say what is wrong, if anything is
                 log.warning("cannot observe %s before %s: %s", action.node, action.kind, exc)
-        self._durable("intent", self.clock(), action_id=action.id, action=str(action.kind),
+        self._durable("intent", self.clock.wall(), action_id=action.id, action=str(action.kind),
                       node=action.node, job=action.job, finding_id=action.finding_id,
                       before=before)  # fmt: skip
 

@@ -22,6 +22,11 @@ The checks, in order (de-duplication by finding id happens before, in the engine
 7. **dry run** (the default): the plan runs, but no adapter is asked to change anything.
 
 An approved plan skips 1-4: the operator has decided.
+
+Every window here (cooldown, lemon, the rate limit's minute, the inventory's time to live) is
+measured on the monotonic clock (:mod:`remediation.clock`): a wall clock stepped back does not
+prolong them, one stepped forward does not end them early. The return check compares the
+node's own check time with the removal's wall time: two hosts' clocks, compared as timestamps.
 """
 
 from __future__ import annotations
@@ -29,10 +34,11 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from gpuwarden.core.finding import Finding
 from gpuwarden.remediation.audit import Memory
+from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine.decide import Decision, EngineSettings
 from gpuwarden.remediation.model import (
     MUTATING,
@@ -56,7 +62,7 @@ class Guards:
         settings: EngineSettings,
         adapters: Mapping[str, Adapter],
         memory: Memory,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.settings = settings
         self.adapters = adapters
@@ -66,7 +72,7 @@ class Guards:
         # not free a node another plan is still about to drain
         self.reserved: Counter[str] = Counter()
         self._inventory: tuple[float, Inventory] | None = None  # (when, view) for inventory_ttl_s
-        self.recent: deque[float] = deque()  # when each of the last minute's actions started
+        self.recent: deque[float] = deque()  # when (monotonic) each of the last minute's actions
 
     def check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
         s = self.settings
@@ -98,15 +104,15 @@ class Guards:
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
         if node and mutating and not undo_only:  # putting a repaired node back disrupts nothing
             last = self.memory.last_action_at.get(node)
-            if last is not None and self.clock() - last < s.cooldown_s and not approved:
-                ago = self.clock() - last
+            ago = self.clock.mono() - last if last is not None else None
+            if ago is not None and ago < s.cooldown_s and not approved:
                 why = f"{node} was acted on {ago:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
                 return Decision(d.finding_id, "cooldown", d.policy, notify_only, why)
         if any(a.kind in REMOVING for a in mutating):
             blocked = self.blast_radius(node)
             if blocked:
                 return Decision(d.finding_id, "blast_radius", d.policy, d.actions, blocked)
-        now = self.clock()
+        now = self.clock.mono()
         while self.recent and now - self.recent[0] > 60.0:
             self.recent.popleft()
         if mutating and len(self.recent) + len(mutating) > s.actions_per_minute:
@@ -119,7 +125,7 @@ class Guards:
         ``node_healthy`` whose evidence says a check passed (``check = "pass"``) at
         ``checked_ns``, after gpuwarden last took the node out."""
         ev = finding.evidence
-        taken = [t for t, _ in self.memory.taken_out_at.get(node, [])]
+        taken = [at.wall for at, _ in self.memory.taken_out_at.get(node, [])]
         fix = (
             f"run 'gpuwarden check --report' on {node}, or put it back by hand: "
             f"gpuwarden remediate undo {node}"
@@ -137,11 +143,11 @@ class Guards:
         s = self.settings
         if s.lemon_count < 1 or s.lemon_window_s <= 0:
             return []
-        now = self.clock()
+        now = self.clock.mono()
         recent = [
-            (t, why)
-            for t, why in self.memory.taken_out_at.get(node, [])
-            if now - t <= s.lemon_window_s
+            (at.wall, why)
+            for at, why in self.memory.taken_out_at.get(node, [])
+            if now - at.mono <= s.lemon_window_s
         ]
         if len(recent) < s.lemon_count:
             return []
@@ -152,7 +158,7 @@ class Guards:
     def inventory(self) -> Inventory:
         adapter = self.adapters.get(self.settings.node_adapter)
         if isinstance(adapter, Scheduler):
-            ttl, now = self.settings.inventory_ttl_s, time.monotonic()
+            ttl, now = self.settings.inventory_ttl_s, self.clock.mono()
             kept = self._inventory
             if ttl > 0 and kept is not None and now - kept[0] < ttl:
                 return kept[1]
@@ -202,7 +208,7 @@ class Guards:
         if d.verdict in ("act", "dry_run") and any(a.kind in REMOVING for a in d.actions):
             reserved = node
             self.reserved[reserved] += 1
-        self.recent.extend([self.clock()] * sum(a.kind in MUTATING for a in d.actions))
+        self.recent.extend([self.clock.mono()] * sum(a.kind in MUTATING for a in d.actions))
         return reserved
 
     def release(self, node: str) -> None:

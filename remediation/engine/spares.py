@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Mapping
 
 from gpuwarden.remediation.audit import AuditLog, Memory
+from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine.decide import EngineSettings
 from gpuwarden.remediation.model import Adapter, AdapterError, SparePool
 
@@ -37,7 +38,7 @@ class Spares:
         adapters: Mapping[str, Adapter],
         memory: Memory,
         audit: AuditLog,
-        clock: Callable[[], float],
+        clock: Clock,
     ) -> None:
         self.settings = settings
         self.adapters = adapters
@@ -93,5 +94,5 @@ class Spares:
             outcome, message = "failed", str(exc)
             log.error("spares: %s %s failed: %s", op, node, exc)
         self.audit.append(
-            "spare", self.clock(), op=op, node=node, outcome=outcome, message=message, **extra
+            "spare", self.clock.wall(), op=op, node=node, outcome=outcome, message=message, **extra
         )
