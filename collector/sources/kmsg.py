@@ -192,13 +192,17 @@ def _os_line(text: str, time_ns: int | None) -> OsLine | None:
     return None
 
 
+Parsed = XidLine | SxidLine | OsLine | tuple[str, str] | None
+"""What a kernel-log line says (see :func:`parse_line`)."""
+
+
 def parse_line(
     line: str,
     boot_ns: int | None = None,
     *,
     os_rules: bool = False,
     priority_required: bool = False,
-) -> XidLine | SxidLine | OsLine | tuple[str, str] | None:
+) -> Parsed:
     """An XID line, an SXid line, a ``(pci, uuid)`` pair from a "GPU at" line, an OS rule's
     line (``os_rules``), or None (pure). None too for a record the kernel did not write: a
     ``/dev/kmsg`` record of another facility, a journal line of another identifier, and (with
@@ -214,6 +218,13 @@ def parse_line(
     elif t := DMESG_T_RE.match(line):
         when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
         time_ns = timegm(when) * 10**9
+    return parse_message(text, time_ns, os_rules=os_rules)
+
+
+def parse_message(text: str, time_ns: int | None, *, os_rules: bool = False) -> Parsed:
+    """What the kernel's message ``text`` says (pure): the caller has already established
+    that the kernel wrote it (:func:`kernel_message` for a line, the journal's trusted fields
+    for a journal record: :mod:`collector.sources.journal`) and when (``time_ns``, or None)."""
     g = GPU_AT_RE.search(text)
     if g:
         return normalise_pci(g["pci"]), g["uuid"]
