@@ -31,7 +31,7 @@ import pytest
 
 from gpuwarden.collector.config import ConfigError, load_config
 from gpuwarden.collector.sources.base import SourceContext, SourceError
-from gpuwarden.collector.sources.journal import kernel_escape, kernel_record
+from gpuwarden.collector.sources.journal import JournalFollower, kernel_escape, kernel_record
 from gpuwarden.collector.sources.xid import KmsgXidSource
 from testbed.influxd import free_port
 from tests.scripted_server import Reply, ScriptedServer
@@ -267,3 +267,51 @@ def test_only_the_kernels_records_count() -> None:
         and got[0] == "NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=a\\xff\\x0ab\\x5c, x"
     )
     assert kernel_escape("ü".encode()) == "\\xc3\\xbc"
+
+
+def test_journalctl_that_exits_is_started_again_after_the_last_record(tmp_path: Path) -> None:
+    """Supervision: journalctl killed under the follower is reported (the source's cycle
+    fails with the reason) and started again after the back-off, from the record after the
+    last one read (none twice, none lost); a journalctl that cannot run is a reason too."""
+    root = tmp_path / "host"
+    now_us = time.time_ns() // 1000
+    append(root, [kernel(XID.format(pci="0000:3b:00"), now_us)])
+    follower = JournalFollower(str(root), lookback_s=600.0)
+    try:
+        follower.start()
+        assert [text for text, _ in follower.read()] == [XID.format(pci="0000:3b:00")]
+        until("journalctl following", lambda: follower.running_pid() is not None)
+        os.kill(follower.running_pid() or 0, signal.SIGKILL)
+        reasons: list[str] = []
+
+        def down() -> bool:
+            try:
+                follower.check()
+            except SourceError as exc:
+                reasons.append(str(exc))
+                return True
+            return False
+
+        until("the exit reported", down)  # for the back-off's 1 s
+        assert "journalctl exited with status -9" in reasons[0], reasons
+        append(root, [kernel(XID.format(pci="0000:86:00"), now_us + 1)])
+        got: list[str] = []
+
+        def more() -> bool:
+            got.extend(text for text, _ in follower.read())
+            return bool(got)
+
+        until("the record after", more)
+        time.sleep(0.3)  # and nothing else (the record before is not read again)
+        more()
+        assert got == [XID.format(pci="0000:86:00")] and follower.restarts >= 1
+        follower.check()
+    finally:
+        follower.close()
+    missing = JournalFollower(str(root), journalctl=str(tmp_path / "no-journalctl"))
+    try:
+        missing.start()
+        with pytest.raises(SourceError, match=r"cannot run .*no-journalctl"):
+            missing.check()
+    finally:
+        missing.close()

@@ -12,7 +12,10 @@ It is read by the real tool, supervised::
                --output-fields=MESSAGE,_TRANSPORT,SYSLOG_FACILITY
                (--after-cursor=C | --since=@T) _TRANSPORT=kernel SYSLOG_FACILITY=0
 
-``--merge`` because ``--follow`` alone implies ``--boot``, which against a folder means the
+The first run has no ``--follow``: it reads what the journal holds and exits, and the first
+cycle waits for it (up to 2 s), so that cycle (and ``gpuwarden agent --once``) sees those
+records; the follower then goes on after the last one. ``--merge`` because ``--follow`` alone
+implies ``--boot``, which against a folder means the
 newest boot in it and fails while there is none. A record counts only if the journal says the
 kernel wrote it: ``_TRANSPORT=kernel`` (a field journald sets itself; no client can) *and*
 ``SYSLOG_FACILITY=0``, since journald also stores what user space writes to ``/dev/kmsg``
@@ -124,7 +127,8 @@ class JournalFollower:
         self._running = False
         self._down = "journalctl has not started yet"
         self._stop = threading.Event()
-        self._tried = threading.Event()  # the first journalctl was started (or could not be)
+        # the first journalctl (no --follow) read the journal to its end, or failed
+        self._caught_up = threading.Event()
         self._proc: subprocess.Popen[bytes] | None = None
         self._thread: threading.Thread | None = None
         self.restarts = 0
@@ -133,15 +137,17 @@ class JournalFollower:
     # -- the caller's side --------------------------------------------------------------------
 
     def start(self, wait_s: float = 2.0) -> None:
-        """Starts the supervisor (once), and waits up to ``wait_s`` for its first journalctl
-        to be running or to have failed (so the first cycle reports what is true)."""
+        """Starts the supervisor (once), and waits up to ``wait_s`` for its first journalctl,
+        which reads what the journal holds and exits, to have done so or failed: the first
+        cycle (and ``gpuwarden agent --once``) sees the journal's records and says what is
+        true."""
         if self._thread is not None:
             return
         self._cursor = self._load_cursor()
         self._cursor_from_file = bool(self._cursor)
         self._thread = threading.Thread(target=self._supervise, daemon=True, name="journal")
         self._thread.start()
-        self._tried.wait(wait_s)
+        self._caught_up.wait(wait_s)
 
     def read(self) -> list[tuple[str, int | None]]:
         """The kernel's records read since the last call: ``(message, time_ns)``. Their cursor
@@ -159,6 +165,11 @@ class JournalFollower:
         with self._lock:
             if not self._running:
                 raise SourceError(f"xid: kernel journal {self.root}: {self._down}")
+
+    def running_pid(self) -> int | None:
+        """The running journalctl's process id, or None."""
+        with self._lock:
+            return self._proc.pid if self._running and self._proc is not None else None
 
     def save(self, *, force: bool = False) -> None:
         """Saves the cursor of the last handled record (at most once a second unless
@@ -204,9 +215,10 @@ class JournalFollower:
                         self.cursor_file)  # fmt: skip
         return ""
 
-    def argv(self) -> list[str]:
+    def argv(self, *, follow: bool = True) -> list[str]:
         """journalctl's command line, from the last record read or ``lookback_s`` ago."""
-        argv = [self.journalctl, f"--root={self.root}", "--merge", "--follow", "--no-tail"]
+        argv = [self.journalctl, f"--root={self.root}", "--merge"]
+        argv += ["--follow", "--no-tail"] if follow else []
         argv += ["--all", "--quiet", "--no-pager", "--output=json", f"--output-fields={FIELDS}"]
         if self._cursor:
             argv.append(f"--after-cursor={self._cursor}")
@@ -226,10 +238,15 @@ class JournalFollower:
 
     def _supervise(self) -> None:
         delay = BACKOFF_S[0]
+        catch_up = True  # first to the journal's end without --follow, then follow from there
         while not self._stop.is_set():
             started = time.monotonic()
-            why = self._missing() or self._run_once()
-            self._tried.set()
+            why = self._missing() or self._run_once(follow=not catch_up)
+            if catch_up:
+                self._caught_up.set()
+                if not why:
+                    catch_up = False
+                    continue
             with self._lock:
                 self._running = False
                 self._proc = None
@@ -244,9 +261,10 @@ class JournalFollower:
             self._stop.wait(delay)
             delay = min(delay * 2, BACKOFF_S[1])
 
-    def _run_once(self) -> str:
-        """Runs journalctl until it exits; the reason it is not running any more."""
-        argv = self.argv()
+    def _run_once(self, *, follow: bool) -> str:
+        """Runs journalctl until it exits; the reason it is not running any more ("" when,
+        without ``follow``, it read to the journal's end)."""
+        argv = self.argv(follow=follow)
         try:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, close_fds=True)  # fmt: skip
@@ -260,7 +278,6 @@ class JournalFollower:
                 proc.terminate()
             self._proc = proc
             self._running = True
-        self._tried.set()
         delivered = False
         assert proc.stdout is not None
         try:
@@ -280,7 +297,11 @@ class JournalFollower:
                 proc.terminate()
             code = proc.wait()
             drain.join(timeout=1)
+            with self._lock:
+                self._proc = None
         said = errors[-1] if errors else "no message"
+        if code == 0 and not follow and not self._stop.is_set():
+            return ""
         if (code != 0 and not delivered and self._cursor_from_file
                 and "cursor" in " ".join(errors).lower()):  # fmt: skip
             log.warning("journalctl refused the saved cursor (%s): reading from lookback_s "

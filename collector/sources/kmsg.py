@@ -2,7 +2,9 @@
 one of the OS rules (:data:`OS_RULES`: NFS, Lustre, hung tasks, soft lockups, NVMe, OOM kills).
 
 Pure parsing, shared by the kernel-log source (:mod:`collector.sources.xid`) and the GPU event
-points (:mod:`collector.sources.events`). A line comes from ``/dev/kmsg``
+points (:mod:`collector.sources.events`); a record from the host's systemd journal comes in
+through :func:`parse_message` (:mod:`collector.sources.journal` has established that the kernel
+wrote it). A line comes from ``/dev/kmsg``
 (``prio,seq,usec,flags;text``: its time is the boot time plus ``usec``), from ``dmesg -T``
 (``[Tue Nov 11 10:00:00 2025] text``), ``dmesg`` (``[ 3223.539141] text``), a Fabric Manager
 log (``[2026-11-14 02:11:07.513286] text``), a journal export (``May 07 21:43:54 host kernel:
