@@ -315,3 +315,46 @@ def test_journalctl_that_exits_is_started_again_after_the_last_record(tmp_path: 
             missing.check()
     finally:
         missing.close()
+
+
+def test_points_read_while_journalctl_is_down_go_out_with_the_next_cycle(tmp_path: Path) -> None:
+    """A cycle that fails because journalctl is not running keeps the points it read (an XID
+    that journalctl printed just before it died) for the cycle after."""
+    root = tmp_path / "host"
+    append(root, [kernel("NVRM: loading NVIDIA UNIX x86_64 Kernel Module", time.time_ns() // 1000)])
+    source = KmsgXidSource(
+        SourceContext("c", "n", kernel_journal=str(root)),
+        {"follow_s": 0, "lookback_s": 600.0, "journal_cursor_file": ""},
+    )
+    try:
+        assert source.collect(time.time_ns()) == []
+        follower = source.journal
+        assert follower is not None
+        until("journalctl following", lambda: follower.running_pid() is not None)
+        append(root, [kernel(XID.format(pci="0000:3b:00"), time.time_ns() // 1000)])
+        until("the record read", lambda: bool(follower._pending))
+        os.kill(follower.running_pid() or 0, signal.SIGKILL)
+
+        def down() -> bool:
+            try:
+                follower.check()
+            except SourceError:
+                return True
+            return False
+
+        until("journalctl down", down)
+        with pytest.raises(SourceError, match="journalctl exited"):
+            source.collect(time.time_ns())
+        points: list[Any] = []
+
+        def cycle() -> bool:
+            try:
+                points.extend(source.collect(time.time_ns()))
+            except SourceError:
+                return False
+            return True
+
+        until("a cycle that works", cycle)
+        assert [p.fields["xid_code"] for p in points if p.measurement == "gpu_event"] == [79]
+    finally:
+        source.close()

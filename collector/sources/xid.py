@@ -173,8 +173,12 @@ class KmsgXidSource:
                 points = self._read(now_ns)
         with self._lock:
             points, self._pending = self._pending + points, []
-        if self.journal is not None:
-            self.journal.check()  # journalctl is not running: the cycle fails, with its reason
+            if self.journal is not None:
+                try:  # journalctl is not running: the cycle fails, with its reason, and the
+                    self.journal.check()  # points read so far go out with the next cycle
+                except SourceError:
+                    self._pending = points + self._pending
+                    raise
         return points
 
     def _read(self, now_ns: int) -> list[Point]:
