@@ -52,6 +52,7 @@ def build_context(config: AgentConfig) -> SourceContext:
         sysfs=Path(a["sysfs"]),
         procfs=Path(a["procfs"]),
         kmsg=Path(a["kmsg"]),
+        kernel_journal=a["kernel_journal"],
     )
 
 

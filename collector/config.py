@@ -31,6 +31,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "sysfs": "/sys",
         "procfs": "/proc",
         "kmsg": "/dev/kmsg",
+        # the kernel log from the host's systemd journal instead of kmsg: the host's root as
+        # mounted here (its var/log/journal and run/log/journal below it, e.g. "/host"), read
+        # with journalctl; "" = off (collector.sources.journal)
+        "kernel_journal": "",
         "remediation_url": "",
         "remediation_token_file": "",
         # the fast path signs what it posts as remediation_identity (this node's identity at
@@ -82,6 +86,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "not_fatal_xids": [],
         "os_rules": True,
         "os_recovery_s": 300.0,
+        # with [agent] kernel_journal: where the last record read is kept across restarts
+        "journal_cursor_file": "/var/lib/gpuwarden/kernel-journal.cursor",
     },
     "infiniband": {
         "hcas": [],
@@ -147,6 +153,9 @@ def load_config(
     a = config["agent"]
     if a["health_fail_cycles"] < 1:
         raise ConfigError("agent.health_fail_cycles must be at least 1")
+    if a["kernel_journal"] and config["xid"]["path"]:
+        raise ConfigError("[agent] kernel_journal and [xid] path both name the kernel log: "
+                          "set one")  # fmt: skip
     for key in ("health_listen", "metrics_listen", "reporter_listen"):
         _check_listen(key, a[key])
     try:  # they name every finding the agent sends: refused here, not at the first XID

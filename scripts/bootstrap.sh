@@ -7,15 +7,18 @@
 #           prometheus + prometheus-alertmanager (a real Prometheus that scrapes /metrics, a
 #           real Alertmanager that posts alerts to the engine),
 #           postgresql (a real PostgreSQL 15 holds the standby engine's lease in the tests),
-#           systemd (systemd-analyze verify and systemd-sysusers check the shipped units),
+#           systemd (systemd-analyze verify and systemd-sysusers check the shipped units;
+#           journalctl, which the agent's kernel_journal source runs),
+#           systemd-journal-remote (its systemd-journal-remote writes real journal files from
+#           Journal Export Format for the kernel_journal tests),
 #           python3 + python3-venv (to install the pinned uv)
 #   python: the locked environment (uv.lock) in .venv, via the pinned uv
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
-APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager postgresql systemd python3
-  python3-venv ca-certificates)
+APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager postgresql
+  systemd systemd-journal-remote python3 python3-venv ca-certificates)
 
 missing=()
 for pkg in "${APT_PACKAGES[@]}"; do

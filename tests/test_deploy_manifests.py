@@ -202,3 +202,40 @@ def test_probes_point_at_a_port_and_path_the_container_serves() -> None:
             assert ports[get["port"]] == port, (name, probe, get, ports)
         seen.add(name)
     assert seen == set(wanted)
+
+
+def test_no_host_device_goes_into_an_unprivileged_container() -> None:
+    """Issue 37: the agent mounted the host's ``/dev/kmsg`` (a character device) into its
+    unprivileged container, where the device cgroup refuses every read (EPERM): the xid source
+    failed every cycle and ``/readyz`` never said ready. Now no container that is not
+    privileged mounts a host device, and the agent reads the kernel log from the host's
+    journal, mounted read-only below the root its configuration names."""
+    docs = documents()
+    for spec in pod_specs(docs):
+        host = {v["name"]: v["hostPath"] for v in spec.get("volumes", []) if "hostPath" in v}
+        for c in spec.get("containers", []) + spec.get("initContainers", []):
+            if c.get("securityContext", {}).get("privileged"):
+                continue
+            for m in c.get("volumeMounts", []):
+                path = host.get(m["name"])
+                if path is None:
+                    continue
+                assert path.get("type") not in ("CharDevice", "BlockDevice"), (c["name"], path)
+                assert not (path["path"] + "/").startswith("/dev/"), (c["name"], path)
+    agent_cm = next(d for d in docs if d["kind"] == "ConfigMap"
+                    and d["metadata"]["name"] == "gpuwarden-agent")  # fmt: skip
+    root = tomllib.loads(agent_cm["data"]["agent.toml"])["agent"]["kernel_journal"]
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (agent,) = spec["containers"]
+    host = {v["name"]: v["hostPath"]["path"] for v in spec["volumes"] if "hostPath" in v}
+    for journal in ("/var/log/journal", "/run/log/journal"):
+        # the host's folder is mounted, read-only, where journalctl --root finds it
+        covering = [m for m in agent["volumeMounts"] if m["name"] in host
+                    and (journal + "/").startswith(host[m["name"]] + "/")]  # fmt: skip
+        assert covering, journal
+        (m,) = covering
+        assert m.get("readOnly") is True, m
+        inside = m["mountPath"] + journal[len(host[m["name"]]) :]
+        assert inside == root.rstrip("/") + journal, (inside, root)
+    assert "SYSLOG" not in agent["securityContext"]["capabilities"].get("add", [])

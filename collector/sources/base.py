@@ -52,6 +52,9 @@ class SourceContext:
     sysfs: Path = Path("/sys")
     procfs: Path = Path("/proc")
     kmsg: Path = Path("/dev/kmsg")
+    kernel_journal: str = ""
+    """The host's root as mounted here, below which its systemd journal lies; when set, the
+    kernel log is read from the journal instead of ``kmsg``."""
     inventory: Inventory = field(default_factory=Inventory)
     emit_finding: Callable[[Finding], None] | None = None
     """The fast path: critical events go to the remediation engine at once when set."""

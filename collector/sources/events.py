@@ -1,8 +1,9 @@
 """GPU events (XIDs, a lost GPU) as ``gpu_event`` points, and the fast path to remediation.
 
 Both the NVML event set and the kernel log report XIDs; each writes its own point (``source``
-tag ``nvml`` or ``kmsg``) so an operator sees which path saw it. Each is tagged with the job
-(and rank) it hit, from :class:`~collector.attribution.JobHistory`: the job the GPU had when
+tag ``nvml``, or ``kmsg`` or ``journal`` for the kernel log read from ``/dev/kmsg`` or a file,
+or from the host's systemd journal) so an operator sees which path saw it. Each is tagged with
+the job (and rank) it hit, from :class:`~collector.attribution.JobHistory`: the job the GPU had when
 the event happened, not the one found when it was read. A fatal event also becomes a
 :class:`~core.finding.Finding` handed to ``context.emit_finding`` at once, with the job
 in its evidence; the finding's id depends only on kind, subject and time bucket (not the job,

@@ -2,7 +2,9 @@
 one of the OS rules (:data:`OS_RULES`: NFS, Lustre, hung tasks, soft lockups, NVMe, OOM kills).
 
 Pure parsing, shared by the kernel-log source (:mod:`collector.sources.xid`) and the GPU event
-points (:mod:`collector.sources.events`). A line comes from ``/dev/kmsg``
+points (:mod:`collector.sources.events`); a record from the host's systemd journal comes in
+through :func:`parse_message` (:mod:`collector.sources.journal` has established that the kernel
+wrote it). A line comes from ``/dev/kmsg``
 (``prio,seq,usec,flags;text``: its time is the boot time plus ``usec``), from ``dmesg -T``
 (``[Tue Nov 11 10:00:00 2025] text``), ``dmesg`` (``[ 3223.539141] text``), a Fabric Manager
 log (``[2026-11-14 02:11:07.513286] text``), a journal export (``May 07 21:43:54 host kernel:
@@ -192,13 +194,17 @@ def _os_line(text: str, time_ns: int | None) -> OsLine | None:
     return None
 
 
+Parsed = XidLine | SxidLine | OsLine | tuple[str, str] | None
+"""What a kernel-log line says (see :func:`parse_line`)."""
+
+
 def parse_line(
     line: str,
     boot_ns: int | None = None,
     *,
     os_rules: bool = False,
     priority_required: bool = False,
-) -> XidLine | SxidLine | OsLine | tuple[str, str] | None:
+) -> Parsed:
     """An XID line, an SXid line, a ``(pci, uuid)`` pair from a "GPU at" line, an OS rule's
     line (``os_rules``), or None (pure). None too for a record the kernel did not write: a
     ``/dev/kmsg`` record of another facility, a journal line of another identifier, and (with
@@ -214,6 +220,13 @@ def parse_line(
     elif t := DMESG_T_RE.match(line):
         when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
         time_ns = timegm(when) * 10**9
+    return parse_message(text, time_ns, os_rules=os_rules)
+
+
+def parse_message(text: str, time_ns: int | None, *, os_rules: bool = False) -> Parsed:
+    """What the kernel's message ``text`` says (pure): the caller has already established
+    that the kernel wrote it (:func:`kernel_message` for a line, the journal's trusted fields
+    for a journal record: :mod:`collector.sources.journal`) and when (``time_ns``, or None)."""
     g = GPU_AT_RE.search(text)
     if g:
         return normalise_pci(g["pci"]), g["uuid"]

@@ -1,4 +1,6 @@
-"""XIDs, NVSwitch SXids and OS faults from the kernel log: ``/dev/kmsg`` or a file.
+"""XIDs, NVSwitch SXids and OS faults from the kernel log: ``/dev/kmsg``, a file, or the
+host's systemd journal (``[agent] kernel_journal``: :mod:`collector.sources.journal`, where
+``/dev/kmsg`` cannot be read, as in an unprivileged container).
 
 ``NVRM: Xid`` lines are the GPUs' errors; ``nvidia-nvswitchN: SXid`` lines are the NVSwitches'
 (HGX and DGX baseboards): the driver says itself whether each is ``Fatal`` (NVLink traffic
@@ -33,6 +35,11 @@ Between cycles a follower thread reads new records every ``follow_s`` (0.1 s), s
 XID's fast-path finding leaves within about that, whatever the collection interval; its point
 goes out with the next cycle, as every point does. ``follow_s = 0`` reads only at each cycle
 (deterministic: the golden cases use it).
+
+From the journal, the records come from a supervised ``journalctl --follow`` (the follower
+thread hands them on as it does ``/dev/kmsg``'s); each point's ``source`` tag is ``journal``,
+and the cursor of the last record handled is saved so that a restart does not raise old
+records again. The source fails (with journalctl's reason) while journalctl is not running.
 """
 
 from __future__ import annotations
@@ -48,7 +55,16 @@ from gpuwarden.collector.attribution import job_of_pid
 from gpuwarden.collector.episodes import Episodes
 from gpuwarden.collector.sources.base import SourceContext, SourceError
 from gpuwarden.collector.sources.events import emit, job_words, sxid_point, xid_point
-from gpuwarden.collector.sources.kmsg import RECOVERS, SUMMARIES, OsLine, SxidLine, parse_line
+from gpuwarden.collector.sources.journal import JournalFollower
+from gpuwarden.collector.sources.kmsg import (
+    RECOVERS,
+    SUMMARIES,
+    OsLine,
+    Parsed,
+    SxidLine,
+    parse_line,
+    parse_message,
+)
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
@@ -60,6 +76,16 @@ class KmsgXidSource:
         self.context = context
         self.path = str(settings.get("path") or context.kmsg)
         self.lookback_s = float(settings.get("lookback_s", 300.0))
+        # the host's journal replaces /dev/kmsg when it is set (and no file is named)
+        self.journal: JournalFollower | None = None
+        self.tag = "kmsg"
+        if context.kernel_journal and not settings.get("path"):
+            self.journal = JournalFollower(
+                context.kernel_journal,
+                cursor_file=str(settings.get("journal_cursor_file", "")),
+                lookback_s=self.lookback_s,
+            )
+            self.tag = "journal"
         self.policy = XidPolicy(
             settings.get("fatal_xids", DEFAULT_FATAL_XIDS),
             settings.get("extra_fatal_xids", ()),
@@ -88,6 +114,18 @@ class KmsgXidSource:
         if self._is_kmsg:
             self._boot_ns = time.time_ns() - time.clock_gettime_ns(time.CLOCK_BOOTTIME)
         return fd
+
+    def _parsed(self) -> list[Parsed]:
+        """Every record logged since the last read, parsed (the journal's, or the log's)."""
+        if self.journal is not None:
+            self.journal.start()
+            records = self.journal.read()
+            return [parse_message(text, when, os_rules=self.os_rules) for text, when in records]
+        strict = self._is_kmsg  # the device always gives a priority: a record without is refused
+        return [
+            parse_line(record, self._boot_ns, os_rules=self.os_rules, priority_required=strict)
+            for record in self._records()
+        ]
 
     def _records(self) -> list[str]:
         if self._fd is None:
@@ -135,6 +173,12 @@ class KmsgXidSource:
                 points = self._read(now_ns)
         with self._lock:
             points, self._pending = self._pending + points, []
+            if self.journal is not None:
+                try:  # journalctl is not running: the cycle fails, with its reason, and the
+                    self.journal.check()  # points read so far go out with the next cycle
+                except SourceError:
+                    self._pending = points + self._pending
+                    raise
         return points
 
     def _read(self, now_ns: int) -> list[Point]:
@@ -142,9 +186,7 @@ class KmsgXidSource:
         fast-path finding, now). Called with the lock held."""
         points = []
         oldest = now_ns - int(self.lookback_s * 1e9) if self.lookback_s > 0 else None
-        for record in self._records():
-            parsed = parse_line(record, self._boot_ns, os_rules=self.os_rules,
-                                priority_required=self._is_kmsg)  # fmt: skip
+        for parsed in self._parsed():
             if parsed is None:
                 continue
             if isinstance(parsed, tuple):
@@ -157,7 +199,7 @@ class KmsgXidSource:
                 points.append(self._os_event(parsed, when))
                 continue
             if isinstance(parsed, SxidLine):
-                points.append(sxid_point(self.context, parsed, source="kmsg", now_ns=when))
+                points.append(sxid_point(self.context, parsed, source=self.tag, now_ns=when))
                 continue
             known = self.context.inventory.gpu_for_pci(parsed.pci)
             gpu, uuid = known if known else (None, self._uuids.get(parsed.pci, ""))
@@ -171,7 +213,7 @@ class KmsgXidSource:
                     self.policy,
                     xid=parsed.xid,
                     message=parsed.message,
-                    source="kmsg",
+                    source=self.tag,
                     now_ns=when,
                     gpu=gpu,
                     uuid=uuid,
@@ -179,6 +221,8 @@ class KmsgXidSource:
                     job=job,
                 )
             )
+        if self.journal is not None:
+            self.journal.save()
         return points
 
     def _os_event(self, line: OsLine, when: int) -> Point:
@@ -187,7 +231,7 @@ class KmsgXidSource:
         if not job.job and line.pid is not None and line.process:
             job = job_of_pid(str(self.context.procfs), line.pid, line.process)
         tags = self.context.base_tags() | {
-            "event": line.rule, "severity": line.severity, "source": "kmsg"}  # fmt: skip
+            "event": line.rule, "severity": line.severity, "source": self.tag}  # fmt: skip
         fields: dict[str, Any] = {"key": line.key, "message": line.message[:500]}
         if line.pid is not None:
             fields["pid"] = line.pid
@@ -201,7 +245,7 @@ class KmsgXidSource:
         if episode is not None:
             what = SUMMARIES[line.rule].format(key=line.key, pid=line.pid, process=line.process)
             emit(self.context, line.rule, None, when, what + job_words(job),
-                 {"key": line.key, "message": line.message[:500], "source": "kmsg",
+                 {"key": line.key, "message": line.message[:500], "source": self.tag,
                   "severity": line.severity} | job.tags(),
                  severity=line.severity)  # fmt: skip
         return Point("os_event", tags | job.tags(), fields, when)
@@ -211,6 +255,8 @@ class KmsgXidSource:
         if self._follower is not None:
             self._follower.join(timeout=2)
         with self._lock:
+            if self.journal is not None:
+                self.journal.close()
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -46,12 +46,15 @@ RULES = [
 ]
 
 
-def run_agent(tmp: Path, kmsg: str, engine: ScriptedServer) -> tuple[str, list[dict]]:
+def run_agent(
+    tmp: Path, kmsg: str, engine: ScriptedServer, extra: str = ""
+) -> tuple[str, list[dict]]:
     config = tmp / "agent.toml"
     config.write_text(
-        f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\nkmsg = "{kmsg}"\n'
+        f'[agent]\ncluster = "c"\nnode = "node-001"\nsources = ["xid"]\nkmsg = "{kmsg}"\n{extra}'
         f'remediation_url = "{engine.url}/v1/findings"\n'
-        f"[xid]\nlookback_s = 600.0\n[health]\nhealthy_after_s = 0.0\n"
+        f'[xid]\nlookback_s = 600.0\njournal_cursor_file = ""\n'
+        f"[health]\nhealthy_after_s = 0.0\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "gpuwarden", "agent", "--config", str(config), "--once"],
@@ -135,6 +138,37 @@ def test_a_journal_export_counts_only_the_kernels_lines(tmp_path: Path) -> None:
     with ScriptedServer([], default=Reply(202)) as engine:
         out, posted = run_agent(tmp_path, str(log), engine)
     assert posted == [] and kernel_events(out) == []
+
+
+def test_the_journal_counts_only_the_kernels_records(tmp_path: Path) -> None:
+    """Issue 37: the same records in the host's systemd journal (``[agent] kernel_journal``;
+    real journal files, written by systemd-journal-remote from CONSTRUCTED records): every
+    rule's words quoted in a kernel segfault report and in the reports that start with a
+    process's name (the kernel's: ``_TRANSPORT=kernel``, facility 0), every rule's line as
+    journald stores what user space writes to ``/dev/kmsg`` (``_TRANSPORT=kernel``, the
+    writer's facility), a service's stdout and ``logger -t kernel``. Then one true kernel XID:
+    the only finding."""
+    from tests.test_agent_kernel_journal import append, kernel
+
+    now_us = time.time_ns() // 1000
+    records = [kernel(SEGV.format(words), now_us - 100 + n) for n, words in enumerate(RULES)]
+    records += [kernel(line, now_us - 80 + n) for n, line in enumerate(NAMED)]
+    for n, words in enumerate(RULES):
+        records += [
+            kernel(words, now_us - 60 + n, SYSLOG_FACILITY="1", SYSLOG_IDENTIFIER="pwn"),
+            kernel(words, now_us - 40 + n, _TRANSPORT="stdout", SYSLOG_IDENTIFIER="pwn"),
+            kernel(words, now_us - 20 + n, _TRANSPORT="syslog", _UID="65534"),
+        ]
+    records.append(kernel(XID79, now_us))
+    append(tmp_path / "host", records)
+    with ScriptedServer([], default=Reply(202)) as engine:
+        extra = f'kernel_journal = "{tmp_path / "host"}"\n'
+        out, posted = run_agent(tmp_path, "/nonexistent", engine, extra)
+    assert [(f["kind"], f["evidence"]["xid"]) for f in posted] == [("gpu_xid", 79)]
+    events = kernel_events(out)
+    assert len(events) == 2, events
+    assert all("fallen off the bus" in e for e in events)
+    assert [e for e in events if e.startswith("gpu_event") and ",source=journal " in e], events
 
 
 def _real_kernel_log_usable() -> str:
