@@ -97,6 +97,7 @@ class Agent:
         # per loop thread: the source it is in and since when (the watchdog reads the current
         # loop thread's; an abandoned thread that returns clears only its own)
         self._current: dict[threading.Thread, tuple[str, float]] = {}
+        self._next_cycle_at = 0.0  # on the monotonic clock (the supervisor sleeps until it)
         self._owner: threading.Thread | None = None  # the loop thread that may carry on
         self.sink_errors = 0
         self._sink_failing = ""
@@ -217,7 +218,7 @@ class Agent:
                 self._owner = loop  # before it starts: an abandoned thread never carries on
                 loop.start()
                 while loop.is_alive():
-                    loop.join(self.source_timeout_s / 4)
+                    loop.join(self._until_overdue(loop))
                     current = self._current.get(loop)
                     if current and self.monotonic() - current[1] > self.source_timeout_s:
                         break
@@ -236,6 +237,18 @@ class Agent:
         finally:
             self.close()
 
+    def _until_overdue(self, loop: threading.Thread) -> float:
+        """How long the supervisor may sleep: until the source call under way would pass
+        ``source_timeout_s``, or, between calls, until one starting at the next cycle would
+        (no wakeup every second while the agent waits for its next cycle)."""
+        now = self.monotonic()
+        current = self._current.get(loop)
+        if current is not None:
+            wait = current[1] + self.source_timeout_s - now + 0.01
+        else:
+            wait = max(0.0, self._next_cycle_at - now) + self.source_timeout_s
+        return min(max(0.01, wait), self.interval_s + self.source_timeout_s)
+
     def _loop(
         self, stop: threading.Event, done: threading.Event, start: float, max_cycles: int | None
     ) -> None:
@@ -253,9 +266,8 @@ class Agent:
                 behind = int((self.monotonic() - start) / self.interval_s) - tick
                 if behind > 0:  # overran: the ticks already missed are skipped, not burst
                     self.skipped_ticks += behind
-                stop.wait(
-                    max(0.0, start + (tick + behind + 1) * self.interval_s - self.monotonic())
-                )
+                self._next_cycle_at = start + (tick + behind + 1) * self.interval_s
+                stop.wait(max(0.0, self._next_cycle_at - self.monotonic()))
         except _AbandonedError:
             return
         done.set()

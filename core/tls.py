@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import selectors
 import socket
 import socketserver
 import ssl
@@ -85,8 +86,41 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         self._armed: dict[socket.socket, float] = {}
         self._active = 0  # connections being served
         self._guard = threading.Lock()
+        self._deadline_due = threading.Condition(self._guard)
         self._stopping = threading.Event()
+        # serve_forever sleeps in select() until a client or shutdown() (this pipe) wakes it,
+        # instead of waking every 0.5 s to look for a shutdown request (issue 37: idle cost)
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._served = threading.Event()
+        self._serving = False
         threading.Thread(target=self._reap, daemon=True, name="http-deadlines").start()
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """socketserver's loop, but woken by :meth:`shutdown` instead of polling for it
+        (``poll_interval`` is not used)."""
+        self._serving = True
+        try:
+            with selectors.PollSelector() as selector:
+                selector.register(self.socket, selectors.EVENT_READ)  # type: ignore[attr-defined]
+                selector.register(self._wake_r, selectors.EVENT_READ)
+                while True:
+                    ready = selector.select()
+                    if any(key.fd == self._wake_r for key, _ in ready):
+                        return
+                    # socketserver's own step (accept, then process_request): the one its
+                    # serve_forever takes; not handle_request(), which would select() again
+                    self._handle_request_noblock()  # type: ignore[attr-defined]
+                    self.service_actions()
+        finally:
+            self._served.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever and wait for it to return (at once when it never ran)."""
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):  # full: a wake is already pending
+                os.write(self._wake_w, b"x")
+        if self._serving:
+            self._served.wait()
 
     def process_request(self, request: Any, client_address: Any) -> None:
         if not self._slots.acquire(blocking=False):
@@ -126,6 +160,8 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
     def arm(self, sock: socket.socket) -> None:
         """The request on ``sock`` must be read within ``request_deadline_s`` from now."""
         with self._guard:
+            if not self._armed:
+                self._deadline_due.notify()  # the reaper sleeps until there is a deadline
             self._armed[sock] = time.monotonic() + self.request_deadline_s
 
     def disarm(self, sock: socket.socket) -> None:
@@ -133,14 +169,21 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
             self._armed.pop(sock, None)
 
     def _reap(self) -> None:
-        every = max(0.05, min(0.5, self.request_deadline_s / 4))
-        while not self._stopping.wait(every):
-            now = time.monotonic()
+        """Shut each connection whose request deadline passed; sleeps until the earliest
+        deadline (or, with none armed, until one is)."""
+        while True:
             with self._guard:
+                if self._stopping.is_set():
+                    return
+                now = time.monotonic()
                 late = [s for s, deadline in self._armed.items() if deadline < now]
                 for s in late:
                     del self._armed[s]
                 self.cut_slow += len(late)
+                if not late:
+                    earliest = min(self._armed.values(), default=None)
+                    self._deadline_due.wait(None if earliest is None else earliest - now + 0.01)
+                    continue
             for s in late:
                 log.debug("request deadline %g s passed: connection shut", self.request_deadline_s)
                 # the plain socket's shutdown, also under TLS: the blocked read returns
@@ -150,7 +193,14 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
     def server_close(self) -> None:
         stopping = getattr(self, "_stopping", None)  # None: the bind failed, nothing started
         if stopping is not None:
-            stopping.set()
+            with self._guard:
+                stopping.set()
+                self._deadline_due.notify_all()
+            if not self._serving or self._served.is_set():
+                fds, self._wake_r, self._wake_w = (self._wake_r, self._wake_w), -1, -1
+                for fd in fds:  # (-1 after: a later shutdown() never writes to a reused fd)
+                    if fd >= 0:
+                        os.close(fd)
         super().server_close()
 
     def handle_error(self, request: Any, client_address: Any) -> None:

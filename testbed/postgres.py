@@ -69,7 +69,10 @@ class LocalPostgres:
             self.user = pwd.getpwuid(os.geteuid()).pw_name
         # a directory of its own under /tmp, owned by the server's user (pytest's tmp_path
         # is root's, 0700: the postgres user could not reach into it)
-        self.root = Path(tempfile.mkdtemp(prefix="gpuwarden-pg-"))
+        # /tmp itself (1777), not $TMPDIR: a test's TMPDIR is root's, 0700
+        self.root = Path(
+            tempfile.mkdtemp(prefix="gpuwarden-pg-", dir="/tmp" if os.geteuid() == 0 else None)
+        )
         if os.geteuid() == 0:
             entry = pwd.getpwnam(self.user)
             os.chown(self.root, entry.pw_uid, entry.pw_gid)
@@ -77,12 +80,15 @@ class LocalPostgres:
         ids: dict[str, int] = {}
         if os.geteuid() == 0:  # PostgreSQL refuses to run as root
             ids = {"user": entry.pw_uid, "group": entry.pw_gid}
-        subprocess.run(
+        made = subprocess.run(
             [str(bindir / "initdb"), "-D", str(data), "-U", self.user, "--auth=trust",
              "--no-sync", "--encoding=UTF8", "--locale=C"],
-            check=True, capture_output=True, cwd=self.root,
+            check=False, capture_output=True, cwd=self.root,
             user=ids.get("user"), group=ids.get("group"),
         )  # fmt: skip
+        if made.returncode != 0:
+            raise PostgresError(f"initdb failed ({made.returncode}): "
+                                f"{made.stderr.decode(errors='replace')[-1000:]}")  # fmt: skip
         log = (self.root / "postgres.log").open("ab")
         self.process = subprocess.Popen(
             [str(bindir / "postgres"), "-D", str(data), "-p", str(self.port),

@@ -21,7 +21,7 @@ GOLDEN_H200 = "tests/golden/nvml-real-h200"
 
 #: benchmark -> its smoke arguments
 SMOKE: dict[str, list[str]] = {
-    "agent_cycle": ["--cycles", "5", "--blocks", "2"],
+    "agent_cycle": ["--cycles", "5", "--blocks", "2", "--idle-s", "3", "--idle-interval", "1"],
     "agent_footprint": ["--cycles", "20"],
     "aggregate": ["--cycles", "20"],
     "analytics": ["--nodes", "8", "--seconds", "60"],  # its faults name node 5

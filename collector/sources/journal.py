@@ -160,6 +160,16 @@ class JournalFollower:
             self._handled = records[-1][2]
         return [(text, when) for text, when, _ in records]
 
+    def wait_for_records(self, timeout_s: float) -> None:
+        """Sleep until a record is pending, :meth:`wake` or ``timeout_s``."""
+        with self._lock:
+            if not self._pending and not self._stop.is_set():
+                self._lock.wait(timeout_s)
+
+    def wake(self) -> None:
+        with self._lock:
+            self._lock.notify_all()
+
     def check(self) -> None:
         """Raises :class:`SourceError` with the reason while journalctl is not running."""
         with self._lock:
@@ -331,6 +341,7 @@ class JournalFollower:
                 self.skipped += 1
                 return True
             self._pending.append((kernel[0], kernel[1], cursor))
+            self._lock.notify_all()  # the follower sleeps until a record is here
         return True
 
 

@@ -31,10 +31,12 @@ fast path, with the job the process ran for when the line names one. An episode 
 ``os_recovery_s`` without such a line, or at once when the kernel says the thing recovered
 ("nfs: server X OK", "Lustre: ... Connection restored to ...").
 
-Between cycles a follower thread reads new records every ``follow_s`` (0.1 s), so a fatal
-XID's fast-path finding leaves within about that, whatever the collection interval; its point
-goes out with the next cycle, as every point does. ``follow_s = 0`` reads only at each cycle
-(deterministic: the golden cases use it).
+Between cycles a follower thread reads new records as the kernel logs them: it sleeps in
+``poll()`` on ``/dev/kmsg`` (or until journalctl hands on a record) and costs nothing while
+the kernel is quiet (issue 37: the agent's fixed cost). A plain file cannot be polled and is
+looked at every ``follow_s`` (0.1 s). Either way a fatal XID's fast-path finding leaves at
+once, whatever the collection interval; its point goes out with the next cycle, as every point
+does. ``follow_s = 0`` reads only at each cycle (deterministic: the golden cases use it).
 
 From the journal, the records come from a supervised ``journalctl --follow`` (the follower
 thread hands them on as it does ``/dev/kmsg``'s); each point's ``source`` tag is ``journal``,
@@ -44,8 +46,10 @@ records again. The source fails (with journalctl's reason) while journalctl is n
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import select
 import stat
 import threading
 import time
@@ -67,6 +71,9 @@ from gpuwarden.collector.sources.kmsg import (
 )
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
+
+#: the follower's longest sleep when nothing is logged (a safety net: close() wakes it)
+IDLE_WAKE_S = 60.0
 
 
 class KmsgXidSource:
@@ -107,6 +114,7 @@ class KmsgXidSource:
         self._pending: list[Point] = []
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
 
     def _open(self) -> int:
         fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -152,15 +160,32 @@ class KmsgXidSource:
         return out
 
     def _follow(self) -> None:
-        """Between cycles: read what the kernel logged every ``follow_s``, so a fatal XID's
-        finding is posted within about that, not at the next cycle (``interval_s`` later).
-        A read that fails is retried at the next look; collect() reports it."""
-        while not self._stop.wait(self.follow_s):
+        """Between cycles: read what the kernel logged as it is logged, so a fatal XID's
+        finding is posted at once, not at the next cycle (``interval_s`` later). The thread
+        sleeps until there is something to read (``/dev/kmsg`` and the journal say so); a
+        plain file, which cannot, is looked at every ``follow_s``. A read that fails is
+        retried at the next look; collect() reports it."""
+        while not self._stop.is_set():
+            self._wait_for_records()
+            if self._stop.is_set():
+                return
             try:
                 with self._lock:
                     self._pending += self._read(time.time_ns())
             except OSError:
+                self._stop.wait(self.follow_s)  # (a device that keeps failing: not a spin)
                 continue
+
+    def _wait_for_records(self) -> None:
+        if self.journal is not None:
+            self.journal.wait_for_records(IDLE_WAKE_S)
+        elif self._is_kmsg and self._fd is not None:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            poller.register(self._wake_r, select.POLLIN)
+            poller.poll(IDLE_WAKE_S * 1000)
+        else:
+            self._stop.wait(self.follow_s)
 
     def collect(self, now_ns: int) -> list[Point]:
         if self._follower is None and self.follow_s > 0:
@@ -252,6 +277,10 @@ class KmsgXidSource:
 
     def close(self) -> None:
         self._stop.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        if self.journal is not None:
+            self.journal.wake()
         if self._follower is not None:
             self._follower.join(timeout=2)
         with self._lock:
@@ -260,3 +289,7 @@ class KmsgXidSource:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+            if self._follower is None or not self._follower.is_alive():
+                for fd in (self._wake_r, self._wake_w):
+                    os.close(fd)
+                self._wake_r = self._wake_w = -1

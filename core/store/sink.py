@@ -226,6 +226,7 @@ class InfluxSink:
         self._parked = ""
         self._closing = False
         self._flush_requested = False
+        self._sender_idle = False  # the sender sleeps on an empty spool until a write
         self._stats = SinkStats()
         self._rng = random.Random()
         self._retry = Backoff(
@@ -307,7 +308,9 @@ class InfluxSink:
             self._stats.points_accepted += points
             if dropped:
                 log.warning("spool bound reached: dropped %d oldest unsent points", dropped)
-            if self._spool.pending_points >= self.config.batch_size:
+            # a full batch is due now; a sender asleep on an empty spool (no wakeup a second)
+            # starts its flush timer on the first points
+            if self._sender_idle or self._spool.pending_points >= self.config.batch_size:
                 self._cond.notify_all()
 
     def _wait_for_room(self) -> None:
@@ -389,8 +392,14 @@ class InfluxSink:
                     if age >= self.config.flush_interval_s:
                         return True
                     self._cond.wait(self.config.flush_interval_s - age)
-                else:
+                elif pending:  # queued before a restart (no age): due at the next flush
                     self._cond.wait(self.config.flush_interval_s)
+                else:  # nothing to send: until a write (or close) notifies
+                    self._sender_idle = True
+                    try:
+                        self._cond.wait()
+                    finally:
+                        self._sender_idle = False
             return False
 
     def _sleep(self, seconds: float) -> None:

@@ -24,6 +24,9 @@ from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.xidcat import XidPolicy
 
 EVENT_RETRY_S = 5.0  # the event thread's wait after a failed event wait
+#: one event wait's longest block: the driver cannot be woken, so close() waits up to this for
+#: the thread; longer is fewer idle wakeups (issue 37: the agent's fixed cost)
+EVENT_WAIT_MS = 2000
 MODES = ("thread", "poll", "off")
 
 
@@ -53,7 +56,7 @@ class XidEvents:
         assert self._backend is not None
         while not self._stop.is_set():
             try:
-                event = self._backend.call(None, "nvmlEventSetWait", 1000)
+                event = self._backend.call(None, "nvmlEventSetWait", EVENT_WAIT_MS)
             except NvmlError as exc:
                 if exc.code in (ERROR_FUNCTION_NOT_FOUND, *UNAVAILABLE):
                     self._warn(f"events:{exc.code}", f"NVML events are not available: {exc}")
@@ -108,4 +111,4 @@ class XidEvents:
     def stop(self) -> None:
         self._stop.set()
         if self._waiter is not None:
-            self._waiter.join(timeout=2)
+            self._waiter.join(timeout=EVENT_WAIT_MS / 1000 + 1)
