@@ -1,11 +1,12 @@
 """The job or the hardware: application XIDs that hit a whole job at once, and those that
 follow one GPU from job to job.
 
-Some XIDs are the application's (NVIDIA's catalogue says "restart the application"): 13 (a
-graphics engine exception), 31 (a GPU memory page fault), 43 (the GPU stopped processing: the
-channel was reset), 45 (preemptive cleanup, after an earlier error). When a job crashes, or its
-processes are killed, every GPU it ran on can log one, within a second of each other. Counted
-per node that looks like 20 broken nodes; it is one broken job. Two rules tell them apart:
+Some XIDs are the application's: 13 (a graphics engine exception) and 31 (a GPU memory page
+fault), where NVIDIA's catalogue says "restart the application"; 43 (the GPU stopped
+processing the application's channel; the catalogue: ignore) and 45 (preemptive cleanup after
+an earlier error, or the processes killed). When a job crashes, or its processes are killed,
+every GPU it ran on can log one, within a second of each other. Counted per node that looks
+like 20 broken nodes; it is one broken job. Two rules tell them apart:
 
 * ``job_app_fault`` (about the job: ``cluster, job``): one application XID code on at least
   ``job_share`` of the job's nodes (and at least ``job_min_nodes`` of them) within
@@ -13,14 +14,16 @@ per node that looks like 20 broken nodes; it is one broken job. Two rules tell t
   owner is told (the shipped policy only notifies), and no node is blamed for it.
 * ``gpu_app_xid_repeats`` (about one GPU: ``cluster, node, gpu``): the same application XID
   on one GPU in at least ``repeat_jobs`` *different* jobs within ``repeat_window_s``, not
-  counting a job whose XID was part of a job-wide fault above. Different jobs, different
-  code, one GPU: the GPU (the lemon rule, for application codes). The shipped policy cordons.
+  counting a job whose XID was part of a job-wide fault above. Different jobs (other
+  programs, other users), one GPU: the GPU (the lemon rule, for application codes). The
+  shipped policy cordons.
 
 Both count distinct nodes, GPUs and jobs, never lines: a storm of one code on one GPU (an XID
-repeated 100,000 times) is one node and one job, however long it lasts. The points are read
-as one count per GPU, job and ``bucket_s`` (InfluxDB aggregates; a storm is not exported
-point by point). A job's nodes are those whose ``gpu`` points carried its tag in the
-``JOB_NODES_BEFORE_S`` before its fault (a job the agents did not tag: the nodes with an XID).
+repeated 100,000 times) is one node and one job, however long it lasts. InfluxDB aggregates,
+so a storm is never exported point by point: the analysed window as one count per GPU, job
+and ``bucket_s``; the ``repeat_window_s`` before as each GPU's first XID in each job. A job's
+nodes are those whose ``gpu`` points carried its tag in the ``JOB_NODES_BEFORE_S`` before its
+fault (a job the agents did not tag: the nodes with an XID).
 
 Only what begins in the analysed window is reported (the fault's first XID; the moment a GPU's
 count of jobs reached ``repeat_jobs``), and each finding is stamped at that moment, so the
@@ -30,7 +33,7 @@ once). NCCL errors are not collected by the agent; only XIDs are read here.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,6 +148,27 @@ class AppFaults:
     repeats: list[XidRepeats] = field(default_factory=list)
 
 
+TAGS = ("cluster", "job", "node", "gpu")
+
+
+def _xid_query(
+    select: str, xid: int, start_ns: int, end_ns: int, where: Mapping[str, str] | None
+) -> str:
+    return (
+        f"SELECT {select} FROM {quote_ident('gpu_event')}"
+        + build_where(start_ns, end_ns, {"event": "xid", **(where or {})})
+        + f" AND {quote_ident('xid_code')} = {int(xid)}"
+    )
+
+
+def _rows(df: pl.DataFrame) -> pl.DataFrame:
+    return df.select(
+        *[pl.col(t).fill_null("") for t in TAGS],
+        pl.col("time").dt.epoch("ns").alias("t"),
+        pl.col("n").cast(pl.Int64),
+    ).filter(pl.col("node") != "")
+
+
 def read_xids(
     reader: InfluxReader,
     xid: int,
@@ -155,20 +179,23 @@ def read_xids(
 ) -> pl.DataFrame:
     """``cluster, job, node, gpu, t (ns), n``: the count of XID ``xid`` per GPU, job and
     bucket (InfluxDB counts; a storm costs one row per bucket, not one per line)."""
-    query = (
-        f"SELECT count({quote_ident('xid_code')}) AS n FROM {quote_ident('gpu_event')}"
-        + build_where(start_ns, end_ns, {"event": "xid", **(where or {})})
-        + f" AND {quote_ident('xid_code')} = {int(xid)}"
-    )
-    tags = ("cluster", "job", "node", "gpu")
-    query += f" GROUP BY time({int(bucket_s)}s), {', '.join(quote_ident(t) for t in tags)}"
-    query += " fill(none)"
-    df = reader.aggregate_query(query, tags, ("n",))
-    return df.select(
-        *[pl.col(t).fill_null("") for t in tags],
-        pl.col("time").dt.epoch("ns").alias("t"),
-        pl.col("n").cast(pl.Int64),
-    ).filter(pl.col("node") != "")
+    query = _xid_query(f"count({quote_ident('xid_code')}) AS n", xid, start_ns, end_ns, where)
+    query += f" GROUP BY time({int(bucket_s)}s), {', '.join(quote_ident(t) for t in TAGS)}"
+    return _rows(reader.aggregate_query(query + " fill(none)", TAGS, ("n",)))
+
+
+def read_firsts(
+    reader: InfluxReader,
+    xid: int,
+    start_ns: int,
+    end_ns: int,
+    where: Mapping[str, str] | None = None,
+) -> pl.DataFrame:
+    """``cluster, job, node, gpu, t (ns), n``: the first XID ``xid`` of each GPU in each job
+    (one row per GPU and job, however many lines: a lone ``first()`` carries its time)."""
+    query = _xid_query(f"first({quote_ident('xid_code')}) AS n", xid, start_ns, end_ns, where)
+    query += f" GROUP BY {', '.join(quote_ident(t) for t in TAGS)}"
+    return _rows(reader.aggregate_query(query, TAGS, ("n",))).with_columns(pl.lit(1).alias("n"))
 
 
 def _bursts(
@@ -207,6 +234,26 @@ def _job_nodes(
     return set(reader.tag_values("gpu", "node", "power_w", lo, last_ns + NS, where))
 
 
+def _job_faults(
+    reader: InfluxReader, rows: pl.DataFrame, xid: int, cfg: JobFaultConfig
+) -> list[JobFault]:
+    """Every job-wide fault in ``rows`` (``read_xids`` or ``read_firsts``)."""
+    out = []
+    for (cluster, job), events in (
+        rows.filter(pl.col("job") != "").sort("t").group_by(["cluster", "job"], maintain_order=True)
+    ):
+        for first, last, gpus, n in _bursts(str(cluster), str(job), events, cfg):
+            nodes = sorted({node for node, _ in gpus})
+            members = _job_nodes(reader, str(cluster), str(job), first, last) | set(nodes)
+            fault = JobFault(
+                str(cluster), str(job), xid, first, last, tuple(nodes), len(members),
+                len(gpus), n,
+            )  # fmt: skip
+            if fault.share >= cfg.job_share:
+                out.append(fault)
+    return out
+
+
 def find_app_faults(
     reader: InfluxReader,
     cfg: JobFaultConfig,
@@ -215,32 +262,26 @@ def find_app_faults(
     where: Mapping[str, str] | None = None,
 ) -> AppFaults:
     """Job-wide application faults that began in ``[start_ns, end_ns)``, and GPUs whose
-    count of jobs with one application XID reached ``repeat_jobs`` in it."""
+    count of jobs with one application XID reached ``repeat_jobs`` in it.
+
+    The window is read as counts per second (a fault's shape); the ``repeat_window_s``
+    before its end as each GPU's first XID in each job (one row per GPU and job, so a storm
+    that lasts the week costs nothing more), from which the job-wide faults of the past are
+    found again, to be left out of the GPUs' counts."""
     out = AppFaults()
-    lo = min(start_ns, end_ns - int(cfg.repeat_window_s * NS))
+    lookback = min(start_ns, end_ns - int(cfg.repeat_window_s * NS))
     for xid in cfg.app_xids:
-        rows = read_xids(reader, xid, lo, end_ns, cfg.bucket_s, where)
-        if rows.is_empty():
+        now = read_xids(reader, xid, start_ns - int(cfg.job_window_s * NS), end_ns,
+                        cfg.bucket_s, where)  # fmt: skip
+        found = _job_faults(reader, now, xid, cfg) if not now.is_empty() else []
+        out.jobs += [f for f in found if start_ns <= f.first_ns < end_ns]
+        firsts = read_firsts(reader, xid, lookback, end_ns, where)
+        if firsts.is_empty():
             continue
-        job_wide: set[tuple[str, str, str]] = set()  # (cluster, job, node) of job faults
-        for (cluster, job), events in (
-            rows.filter(pl.col("job") != "")
-            .sort("t")
-            .group_by(["cluster", "job"], maintain_order=True)
-        ):
-            for first, last, gpus, n in _bursts(str(cluster), str(job), events, cfg):
-                nodes = sorted({node for node, _ in gpus})
-                members = _job_nodes(reader, str(cluster), str(job), first, last) | set(nodes)
-                fault = JobFault(
-                    str(cluster), str(job), xid, first, last, tuple(nodes), len(members),
-                    len(gpus), n,
-                )  # fmt: skip
-                if fault.share < cfg.job_share:
-                    continue
-                job_wide.update((str(cluster), str(job), node) for node in nodes)
-                if start_ns <= first < end_ns:
-                    out.jobs.append(fault)
-        out.repeats += _repeats(rows, job_wide, xid, cfg, start_ns, end_ns)
+        job_wide = {(f.cluster, f.job, node) for f in found for node in f.nodes}
+        for f in _job_faults(reader, firsts, xid, cfg):
+            job_wide.update((f.cluster, f.job, node) for node in f.nodes)
+        out.repeats += _repeats(firsts, job_wide, xid, cfg, start_ns, end_ns)
     return out
 
 
@@ -311,11 +352,12 @@ def repeats_evidence(r: XidRepeats, window_s: float) -> dict[str, Any]:
     }
 
 
-__all__: Sequence[str] = (
+__all__ = [
     "AppFaults",
     "JobFault",
     "JobFaultConfig",
     "XidRepeats",
     "find_app_faults",
+    "read_firsts",
     "read_xids",
-)
+]

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from gpuwarden.analytics.config import load_config, with_overrides
 from gpuwarden.analytics.emit import findings
+from gpuwarden.analytics.jobfaults import read_firsts, read_xids
 from gpuwarden.analytics.runner import LocalExecutor, analyse
 from gpuwarden.collector import sources
 from gpuwarden.collector.attribution import JobInfo
@@ -23,6 +24,7 @@ from gpuwarden.collector.sources.events import xid_point
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.store.lineprotocol import encode_points
 from gpuwarden.core.store.lineprotocol.encode import Point
+from gpuwarden.core.store.reader import InfluxReader
 from gpuwarden.core.xidcat import XidPolicy
 from gpuwarden.remediation.audit import AuditLog
 from gpuwarden.remediation.engine import Engine, EngineSettings
@@ -182,6 +184,14 @@ def test_a_storm_of_one_xid_on_one_gpu_is_one_node_not_a_job_fault(influxd, infl
     write(influxd, influx_db, points)
     assert emitted == []
     assert analysed(influxd, influx_db) == []
+    reader = InfluxReader(influxd.url, influx_db)
+    try:  # what the rule reads of the storm: a count per second, one first XID per GPU and job
+        counted = read_xids(reader, 43, END - 3600 * S, END, 1)
+        firsts = read_firsts(reader, 43, END - 7 * 86400 * S, END)
+    finally:
+        reader.close()
+    assert counted.height == 1000 and int(counted["n"].sum()) == 100_000
+    assert firsts.select("node", "gpu", "job", "t").rows() == [("n10", "2", "9100", start)]
 
 
 def test_a_storm_of_a_fatal_xid_is_one_fast_path_finding(tmp_path):
