@@ -17,6 +17,9 @@ from gpuwarden.analytics.drift import DriftConfig
 from gpuwarden.analytics.drift import config_from as drift_config
 from gpuwarden.analytics.hangs import HangConfig
 from gpuwarden.analytics.hangs import config_from as hang_config
+from gpuwarden.analytics.jobfaults import JobFaultConfig
+from gpuwarden.analytics.jobfaults import config_from as jobfault_config
+from gpuwarden.analytics.jobfaults import defaults as jobfault_defaults
 from gpuwarden.analytics.mfu import MfuConfig
 from gpuwarden.analytics.stragglers import StragglerConfig
 from gpuwarden.core.config import ConfigError, merge_config, read_secret
@@ -66,6 +69,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "drift": asdict(DriftConfig()),
     "hangs": asdict(HangConfig()),
     "stops": asdict(StopConfig()),
+    # application XIDs: a whole job's (job_app_fault) or one GPU's across jobs (lemon rule)
+    "jobfaults": jobfault_defaults(),
     "findings": {
         "url": "",
         "token_file": "",
@@ -143,6 +148,10 @@ class AnalyticsConfig:
     @property
     def stops(self) -> StopConfig:
         return StopConfig(**self.sections["stops"])
+
+    @property
+    def jobfaults(self) -> JobFaultConfig:
+        return jobfault_config(self.sections["jobfaults"])
 
     @property
     def hangs(self) -> HangConfig:
@@ -227,6 +236,7 @@ def load_config(
         config.drift  # noqa: B018
         config.hangs  # noqa: B018
         config.stops  # noqa: B018
+        config.jobfaults  # noqa: B018
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     return config

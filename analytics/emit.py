@@ -22,6 +22,10 @@ Finding kinds (the remediation engine matches policies on them):
   reported, and its GPUs' own GPM tensor-core activity are further apart than ``[mfu]
   mismatch_ratio`` allows: the reported shape (parameters, world size, tokens per step) or
   the GPU model is likely wrong, and so is the MFU (docs/MFU.md).
+* ``job_app_fault``: one application XID (13, 31, 43, 45 by default) on most of one job's
+  nodes at once: the job's fault, one finding about the job (cluster, job), no node's;
+* ``gpu_app_xid_repeats``: the same application XID on one GPU in several different jobs:
+  the GPU's (:mod:`analytics.jobfaults`).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from typing import Any
 
 from gpuwarden.analytics.cadence import Advice
 from gpuwarden.analytics.culprit import Stop
+from gpuwarden.analytics.jobfaults import evidence_of, repeats_evidence
 from gpuwarden.analytics.runner import Analysis
 from gpuwarden.analytics.tasks import CONGESTION_FIELDS, JobResult
 from gpuwarden.core.finding import Finding, Severity
@@ -292,8 +297,43 @@ def _stop_finding(job: JobResult, s: Stop, end_ns: int) -> Finding:
     )
 
 
+def _app_fault_findings(a: Analysis) -> list[Finding]:
+    """Stamped at the fault's first XID (or the XID that made the count), not the window's
+    end: overlapping analyses give the same finding the same id."""
+    out = [
+        Finding(
+            kind="job_app_fault",
+            subject={k: v for k, v in {"cluster": f.cluster, "job": f.job}.items() if v},
+            severity=Severity.WARNING,
+            time_ns=f.first_ns,
+            evidence=evidence_of(f),
+            confidence=round(f.share, 3),
+            summary=f.describe(),
+            source=SOURCE,
+        )
+        for f in a.app_faults.jobs
+    ]
+    out += [
+        Finding(
+            kind="gpu_app_xid_repeats",
+            subject={
+                k: v for k, v in {"cluster": r.cluster, "node": r.node, "gpu": r.gpu}.items() if v
+            },
+            severity=Severity.WARNING,
+            time_ns=r.at_ns,
+            evidence=repeats_evidence(r, a.repeat_window_s),
+            confidence=1.0,
+            summary=r.describe(),
+            source=SOURCE,
+        )
+        for r in a.app_faults.repeats
+    ]
+    return out
+
+
 def findings(a: Analysis) -> list[Finding]:
     out: list[Finding] = []
+    out += _app_fault_findings(a)
     for job in a.jobs:
         out += _job_findings(a, job)
         hang = _hang_finding(job, a.end_ns)

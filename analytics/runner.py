@@ -37,6 +37,7 @@ from gpuwarden.analytics.cadence import Advice, fleet_failure_rate, job_advice
 from gpuwarden.analytics.config import AnalyticsConfig, check_send
 from gpuwarden.analytics.congestion import SwitchReport, job_impact, rank_switches
 from gpuwarden.analytics.drift import Drift, JobMix
+from gpuwarden.analytics.jobfaults import AppFaults, find_app_faults
 from gpuwarden.analytics.silence import Silence, silent_nodes
 from gpuwarden.analytics.tasks import (
     DriftResult,
@@ -169,6 +170,10 @@ class Analysis:
     """Checkpoint-interval advice per job that reports its saves (:mod:`analytics.cadence`)."""
     badput: dict[str, Badput] = field(default_factory=dict)
     """Per job: the time it lost in the window, by cause (:mod:`analytics.badput`)."""
+    app_faults: AppFaults = field(default_factory=AppFaults)
+    """Application XIDs on most of a job's nodes at once, and on one GPU across jobs
+    (:mod:`analytics.jobfaults`)."""
+    repeat_window_s: float = 7 * 86400.0
     advice_min_gain: float = 0.01
     """A ``checkpoint_advice`` finding only when the advice gives back this share of wall time."""
     timings_s: dict[str, float] = field(default_factory=dict)
@@ -276,6 +281,8 @@ def analyse(
         )
         if a["silent_after_s"] > 0:
             out.silent = silent_nodes(reader, start_ns, end_ns, a["silent_after_s"], where)
+        out.app_faults = find_app_faults(reader, cfg.jobfaults, start_ns, end_ns, where)
+        out.repeat_window_s = cfg.jobfaults.repeat_window_s
     finally:
         reader.close()
     if out.switch_of:

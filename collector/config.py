@@ -84,6 +84,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "fatal_xids": list(DEFAULT_FATAL_XIDS),
         "extra_fatal_xids": [],
         "not_fatal_xids": [],
+        # one XID code repeating on one GPU is one episode (one fast-path finding) until the GPU
+        # has been quiet of that code this long (kernel log and NVML alike)
+        "xid_recovery_s": 300.0,
         "os_rules": True,
         "os_recovery_s": 300.0,
         # with [agent] kernel_journal: where the last record read is kept across restarts
@@ -138,7 +141,7 @@ class AgentConfig:
         settings = dict(self.sections.get(name, {}))
         if name == "nvml":
             xid = self.sections["xid"]
-            for key in ("fatal_xids", "extra_fatal_xids", "not_fatal_xids"):
+            for key in ("fatal_xids", "extra_fatal_xids", "not_fatal_xids", "xid_recovery_s"):
                 settings[key] = xid[key]
         return settings
 

@@ -12,6 +12,9 @@ would flood the engine and the pager with the same news. So each kind of event o
 * it closes after ``recovery_s`` with no event (or when the source sees the thing recover, e.g.
   "nfs: server X OK"); the next event opens a new episode, which may warn again.
 
+A storm is one episode however long it lasts: once its finding is out, its memory is a count,
+not a time per event (a GPU can log XID 95 hundreds of thousands of times).
+
 This is the shape gpud gives InfiniBand flaps (a count of flaps within a window, then quiet for
 a while before it says so again). Not thread-safe: each source owns its own.
 """
@@ -52,6 +55,8 @@ class Episodes:
             ep = self.open[key] = Episode(now_ns, now_ns)
         ep.last_ns = now_ns
         ep.count += n
+        if ep.said:  # told already: a storm (an XID 100,000 times) keeps a count, no times
+            return None
         ep.recent.extend([now_ns] * n)
         while ep.recent and now_ns - ep.recent[0] > self.window_ns:
             ep.recent.popleft()

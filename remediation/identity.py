@@ -54,6 +54,8 @@ ANALYTICS_KINDS = (
     "checkpoint_advice",
     "config_drift",
     "failure_risk",
+    "gpu_app_xid_repeats",
+    "job_app_fault",
     "job_config_mixed",
     "job_hang",
     "job_stopped",

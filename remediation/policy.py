@@ -257,6 +257,23 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "min_severity": "warning",
         "actions": ["notify"],
     },
+    # One application XID (13, 31, 43, 45) on most of one job's nodes at once: the job
+    # crashed or was killed, its nodes are fine. Tell its owner (the notification carries the
+    # job: route it by the job label); no node is taken out
+    {
+        "name": "job-app-fault",
+        "kinds": ["job_app_fault"],
+        "requires": ["job"],
+        "actions": ["notify"],
+    },
+    # The same application XID on one GPU in several different jobs: the GPU (the lemon rule
+    # for application codes). No new work on the node until someone looks; what runs stays
+    {
+        "name": "gpu-app-xid-repeats",
+        "kinds": ["gpu_app_xid_repeats"],
+        "min_severity": "warning",
+        "actions": ["notify", "cordon"],
+    },
     # A hung job: no step for longer than its own patience, its GPUs still held. When its GPUs
     # spin in a collective and one node holds every rank that is behind or idle, take that
     # node out and requeue the job (a hung job cannot checkpoint); otherwise tell people.

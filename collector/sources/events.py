@@ -8,6 +8,11 @@ the event happened, not the one found when it was read. A fatal event also becom
 :class:`~core.finding.Finding` handed to ``context.emit_finding`` at once, with the job
 in its evidence; the finding's id depends only on kind, subject and time bucket (not the job,
 which the two paths may see differently), so the engine de-duplicates the two paths.
+
+A storm (one XID code on one GPU, again and again: XID 95 can repeat hundreds of thousands of
+times) is one episode (:mod:`collector.episodes`): one fast-path finding at its first XID, and
+none again until the GPU has been quiet of that code for ``[xid] xid_recovery_s``. Every XID
+still writes its point.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from gpuwarden.collector.attribution import NO_JOB, JobInfo
+from gpuwarden.collector.episodes import Episodes
 from gpuwarden.collector.sources.base import SourceContext
 from gpuwarden.collector.sources.kmsg import SxidLine
 from gpuwarden.core.finding import Finding, Severity
@@ -54,8 +60,11 @@ def xid_point(
     uuid: str = "",
     pid: int | None = None,
     job: JobInfo = NO_JOB,
+    episodes: Episodes | None = None,
 ) -> Point:
-    """The ``gpu_event`` point of an XID, and the fast-path finding if it is fatal."""
+    """The ``gpu_event`` point of an XID, and the fast-path finding if it is fatal. With
+    ``episodes``, one code repeating on one GPU is one episode: the finding goes out at its
+    first XID only (every XID's point is still written)."""
     severity, resolution, fatal = policy.describe(xid)
     fields: dict[str, Any] = {
         "xid_code": xid,
@@ -76,6 +85,8 @@ def xid_point(
         job=job,
         fields=fields,
     )
+    if fatal and episodes is not None:
+        fatal = episodes.event((xid, gpu, uuid), now_ns) is not None
     if fatal:
         where = gpu if gpu is not None else uuid or "(not identified)"
         evidence = {"xid": xid, "gpu_uuid": uuid, "message": message, "resolution": resolution}

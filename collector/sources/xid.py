@@ -100,6 +100,8 @@ class KmsgXidSource:
         )
         self.os_rules = bool(settings.get("os_rules", True))
         self.episodes = Episodes(recovery_s=float(settings.get("os_recovery_s", 300.0)))
+        # one XID code repeating on one GPU: one fast-path finding per episode
+        self.xid_episodes = Episodes(recovery_s=float(settings.get("xid_recovery_s", 300.0)))
         self.follow_s = float(settings.get("follow_s", 0.1))
         if self.follow_s < 0:
             raise SourceError(f"xid.follow_s must be 0 or more, got {self.follow_s}")
@@ -244,6 +246,7 @@ class KmsgXidSource:
                     uuid=uuid,
                     pid=parsed.pid,
                     job=job,
+                    episodes=self.xid_episodes,
                 )
             )
         if self.journal is not None:

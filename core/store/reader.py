@@ -313,6 +313,14 @@ class InfluxReader:
             query += f" GROUP BY {', '.join(groups)}"
         if every_s is not None:
             query += " fill(none)"
+        return self.aggregate_query(query, group_tags, list(aggregates))
+
+    def aggregate_query(
+        self, query: str, group_tags: Sequence[str], columns: Sequence[str]
+    ) -> pl.DataFrame:
+        """The answer to an aggregate ``query`` grouped by ``group_tags`` (one of
+        :meth:`aggregate`'s, or a caller's own, e.g. with a condition on a field): ``time``,
+        the tags as strings, ``columns`` as Float64."""
         body = self.query_csv(query)
         frames = []
         for block in _blocks(body):
@@ -327,7 +335,7 @@ class InfluxReader:
             frames.append(df)
         schema: dict[str, pl.DataType] = {"time": pl.Datetime("ns", "UTC")}
         schema.update({t: pl.String() for t in group_tags})
-        schema.update({a: pl.Float64() for a in aggregates})
+        schema.update({a: pl.Float64() for a in columns})
         if not frames:
             return pl.DataFrame(schema=schema)
         df = pl.concat(frames, how="diagonal_relaxed")
@@ -343,7 +351,7 @@ class InfluxReader:
         return df.with_columns(tag_exprs).select(
             pl.col("time").cast(pl.Int64).cast(pl.Datetime("ns", "UTC")),
             *[pl.col(t) for t in group_tags],
-            *[pl.col(a).cast(pl.Float64) for a in aggregates],
+            *[pl.col(a).cast(pl.Float64) for a in columns],
         )
 
     def _aggregate_here(

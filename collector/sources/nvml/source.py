@@ -14,6 +14,7 @@ import logging
 from typing import Any
 
 from gpuwarden.collector.attribution import JobInfo
+from gpuwarden.collector.episodes import Episodes
 from gpuwarden.collector.nvml.backend import INIT_HINTS, NvmlBackend, NvmlError
 from gpuwarden.collector.sources.base import SourceContext, SourceError, WarnOnce, normalise_pci
 from gpuwarden.collector.sources.nvml.info import driver_version, info_point, parse_info, read_info
@@ -66,7 +67,10 @@ class NvmlSource:
         self._devices: list[Device] | None = None
         self._warn = WarnOnce(log)
         self._reader: Reader | None = None
-        self.xids = XidEvents(context, self.policy, self.events, self._warn)
+        self.xids = XidEvents(
+            context, self.policy, self.events, self._warn,
+            Episodes(recovery_s=float(settings.get("xid_recovery_s", 300.0))),
+        )  # fmt: skip
 
     # -- set-up ---------------------------------------------------------------------------
 

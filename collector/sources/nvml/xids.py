@@ -11,6 +11,7 @@ from __future__ import annotations
 import queue
 import threading
 
+from gpuwarden.collector.episodes import Episodes
 from gpuwarden.collector.nvml.backend import (
     ERROR_FUNCTION_NOT_FOUND,
     UNAVAILABLE,
@@ -32,7 +33,12 @@ MODES = ("thread", "poll", "off")
 
 class XidEvents:
     def __init__(
-        self, context: SourceContext, policy: XidPolicy, mode: str, warn: WarnOnce
+        self,
+        context: SourceContext,
+        policy: XidPolicy,
+        mode: str,
+        warn: WarnOnce,
+        episodes: Episodes | None = None,
     ) -> None:
         self.context = context
         self.policy = policy
@@ -42,6 +48,7 @@ class XidEvents:
         self._events: queue.Queue[list[int]] = queue.Queue()
         self._waiter: threading.Thread | None = None
         self._stop = threading.Event()
+        self.episodes = episodes
 
     def start(self, backend: NvmlBackend) -> None:
         """Begin listening (a thread in ``thread`` mode; nothing to start otherwise)."""
@@ -104,6 +111,7 @@ class XidEvents:
                     # it happened after the last look (this cycle's is recorded already):
                     # the job it hit is the one seen then
                     job=self.context.inventory.jobs.job_at(now_ns - 1, index),
+                    episodes=self.episodes,
                 )
             )
         return points
