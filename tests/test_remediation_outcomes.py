@@ -11,16 +11,24 @@ injected clock driven by hand. Before this change the engine recorded no outcome
 
 from __future__ import annotations
 
+import http.client
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from gpuwarden.core.catalogue import check_point
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog
+from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.remediation.cli import outcome_point
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, load_policies
+from gpuwarden.remediation.server import Endpoint, make_server
 from tests.remediation_util import RecordingAdapter
 
 NODES = {f"gpu{i:02d}": "a" for i in range(8)}
@@ -262,6 +270,10 @@ def test_a_policy_below_min_precision_is_demoted_to_notify_and_promoted_back(
     )  # fmt: skip
     kinds = [r["kind"] for r in records(tmp_path, "finding")]
     assert "policy_demoted" in kinds
+    webhook = engine.adapters["webhook"]
+    assert isinstance(webhook, RecordingAdapter)
+    told = [a for a in webhook.calls if a.params.get("kind") == "policy_demoted"]
+    assert len(told) == 1 and "precision 0.00" in told[0].reason  # a person is told, once
     decision = [r for r in records(tmp_path, "decision") if r["finding_id"] == d.plan_id]
     assert decision[0]["verdict"] == "demoted" and decision[0]["actions"] == ["notify"]
 
@@ -289,3 +301,63 @@ def test_a_policy_below_min_precision_is_demoted_to_notify_and_promoted_back(
     engine, _ = make_engine(tmp_path, clock, load_policies(data))
     assert engine.outcomes.demoted == {}
     engine.close()
+
+
+# -- the operator's side: undo with a reason over HTTP, /metrics, the precision table, InfluxDB
+
+
+def test_undo_reason_over_http_metrics_precision_table_and_influx_point(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    clock = HandClock()
+    engine, sched = make_engine(tmp_path, clock)
+    written: list[dict[str, Any]] = []
+    engine.outcomes.on_outcome = written.append
+    endpoint = Endpoint(engine, "t0ken", max_body_bytes=64 * 1024)
+    server = make_server(endpoint, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    auth = {"Authorization": "Bearer t0ken", "Content-Type": "application/json"}
+
+    def request(method: str, path: str, body: bytes | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request(method, path, body=body, headers=auth)
+        resp = conn.getresponse()
+        data = resp.read()
+        conn.close()
+        return resp.status, data
+
+    try:
+        plan = drained(engine, "gpu01")
+        drained(engine, "gpu02")
+        assert request("POST", "/v1/undo/gpu01", b'{"reason": "sure"}')[0] == 400
+        assert "gpu01" in sched.out  # a bad reason changes nothing
+        assert request("POST", "/v1/undo/gpu01", b'{"reason": "false_alarm"}')[0] == 202
+        assert request("POST", "/v1/undo/gpu02", b'{"reason": "repaired"}')[0] == 202
+        assert engine.wait(10)
+        status, body = request("GET", "/metrics")
+        assert status == 200
+        text = body.decode()
+        assert 'gpuwarden_policy_precision{policy="fatal-gpu-event"} 0.5' in text
+        assert 'gpuwarden_policy_outcomes{policy="fatal-gpu-event",verdict="refuted"} 1' in text
+        assert 'gpuwarden_policy_demoted{policy="fatal-gpu-event"} 0' in text
+    finally:
+        server.shutdown()
+        engine.close()
+    assert (written[0]["plan_id"], written[0]["verdict"]) == (plan, "refuted")
+    point = outcome_point(written[0])
+    assert check_point(point.measurement, point.tags, point.fields) == []
+    assert point.tags["verdict"] == "refuted" and point.tags["policy"] == "fatal-gpu-event"
+    assert "false_alarm" in str(point.fields["message"])
+    assert point.fields["finding_id"] == plan
+
+    config = tmp_path / "remediation.toml"
+    config.write_text(f'[engine]\naudit_log = "{tmp_path / "audit.jsonl"}"\n')
+    assert remediate(["--config", str(config), "precision"]) == 0
+    out = capsys.readouterr().out
+    assert any(
+        line.split()[:5] == ["fatal-gpu-event", "1", "1", "0", "0.50"] for line in out.splitlines()
+    ), out
+    assert remediate(["--config", str(config), "precision", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row == {"policy": "fatal-gpu-event", "confirmed": 1, "refuted": 1, "unknown": 0,
+                   "precision": 0.5, "min_precision": 0.0, "demoted": False}  # fmt: skip
