@@ -5,8 +5,8 @@ Every plan that took a node out (a ``cordon`` or ``drain`` done for real, with t
 
 * ``confirmed``: the node failed its check (a ``node_check_failed`` finding, a ``node_healthy``
   whose check failed, or a return check that refused the ``uncordon``), faulted again (a
-  finding of a kind some policy takes nodes out for) within ``clean_window_s`` after it
-  returned, or an operator put it back saying it was repaired (``undo --repaired``);
+  finding that a node-removing policy matched, whatever the guards made of it) within
+  ``clean_window_s`` after it returned, or an operator put it back saying it was repaired (``undo --repaired``);
 * ``refuted``: the node passed its check within ``quick_pass_s`` of its removal, returned and
   ran clean for ``clean_window_s``; or an operator undid it as a false alarm
   (``undo --false-alarm``);
@@ -86,24 +86,23 @@ class Outcomes:
     clock: Clock
     settings: OutcomeSettings = field(default_factory=OutcomeSettings)
     open: dict[str, Open] = field(default_factory=dict)
-    decided: dict[str, dict[str, Any]] = field(default_factory=dict)
-    """Outcome records by plan id (each plan at most one)."""
+    decided: dict[str, str] = field(default_factory=dict)
+    """The verdict of every plan with an outcome record (each plan at most one)."""
     history: list[tuple[float, str, str]] = field(default_factory=list)
     """(monotonic time, policy, verdict) of every outcome, oldest first."""
     demoted: dict[str, str] = field(default_factory=dict)
     """Policies now demoted, and why."""
     _offset: int = 0
-    _plans: dict[str, tuple[str, str, str, list[str]]] = field(default_factory=dict)
-    """action id → (plan id, policy, kind, the plan's cordon/drain/requeue action ids)."""
+    _plans: dict[str, tuple[str, str, str, list[str], float]] = field(default_factory=dict)
+    """action id → (plan id, policy, kind, the plan's cordon/drain/requeue action ids, when
+    decided): until its plan takes the node out and is decided, or ``quick_pass_s +
+    clean_window_s`` after a plan that never did."""
     on_outcome: Callable[[dict[str, Any]], None] | None = None
     """Called with each ``outcome`` record this process writes (InfluxDB, by the CLI)."""
     cluster: str = "default"
     """The cluster of the last plan seen (the subject of a ``policy_demoted`` finding)."""
 
     def __post_init__(self) -> None:
-        kinds = {k for p in self.policies if set(map(str, p.actions)) & set(REMOVING)
-                 for k in p.kinds}  # fmt: skip
-        self.removing_kinds = frozenset(kinds)
         self.by_name = {p.name: p for p in self.policies}
 
     # -- reading the journal ------------------------------------------------------------------
@@ -143,28 +142,41 @@ class Outcomes:
             verdict, evidence = o.known or self._due(o, mono_now)
             if verdict:
                 self._decide(plan_id, verdict, evidence)
+        self._forget(mono_now)
         return self._judge(mono_now)
+
+    def _forget(self, now: float) -> None:
+        """Bounded memory: outcomes past ``window_s``, and the plans that never took a node
+        out once their removal could no longer be judged anyway."""
+        s = self.settings
+        while self.history and now - self.history[0][0] > s.window_s:
+            self.history.pop(0)
+        stale = s.quick_pass_s + s.clean_window_s
+        opened = {i for o in self.open.values() for i in o.action_ids}
+        for action_id in [i for i, p in self._plans.items() if now - p[4] > stale]:
+            if action_id not in opened:
+                del self._plans[action_id]
 
     def _observe(self, r: Mapping[str, Any], t: float, mono: float) -> None:
         event, node = r.get("event"), str(r.get("node", ""))
         if event == "decision" and r.get("policy") not in ("", "undo", None):
+            self._on_decision(r, mono)
             plan = [a for a in r.get("plan") or [] if a.get("action") in FOLLOWING]
             ids = [str(a.get("action_id")) for a in plan]
             for a in plan:
                 self.cluster = str(a.get("cluster") or self.cluster)
                 kind = str((a.get("params") or {}).get("kind", ""))
                 self._plans[str(a.get("action_id"))] = (
-                    str(r.get("finding_id")),
-                    str(r.get("policy")),
-                    kind,
-                    ids,
-                )
+                    str(r.get("finding_id")), str(r.get("policy")), kind, ids, mono
+                )  # fmt: skip
         elif event == "outcome":
             plan_id = str(r.get("plan_id", ""))
             if plan_id in self.decided:
                 return  # this process wrote it, and counted it then
-            self.open.pop(plan_id, None)
-            self.decided[plan_id] = dict(r)
+            gone = self.open.pop(plan_id, None)
+            self.decided[plan_id] = str(r.get("verdict", ""))
+            for action_id in gone.action_ids if gone else ():
+                self._plans.pop(action_id, None)
             self.history.append((mono, str(r.get("policy", "")), str(r.get("verdict", ""))))
         elif event == "demoted":
             self.demoted[str(r.get("policy", ""))] = str(r.get("why", ""))
@@ -189,7 +201,7 @@ class Outcomes:
         action, ok = r.get("action"), r.get("outcome") == "ok" and not r.get("dry_run")
         known = self._plans.get(str(r.get("action_id", "")))
         if action in REMOVING and ok and known is not None:
-            plan_id, policy, kind, ids = known
+            plan_id, policy, kind, ids, _ = known
             if plan_id not in self.open and plan_id not in self.decided:
                 cluster = str(r.get("cluster", ""))
                 self.open[plan_id] = Open(plan_id, policy, kind, node, ids, t, mono, cluster)
@@ -211,11 +223,28 @@ class Outcomes:
             ):
                 why = f"{node} failed its check"
                 self._know(o, "confirmed", {"why": why, "finding": r.get("finding_id")})
-            elif kind == "node_healthy" and o.passed_mono is None:
-                if mono - o.removed_mono <= self.settings.quick_pass_s:
-                    o.passed_mono = mono
-            elif kind in self.removing_kinds and o.returned_mono is not None:
-                why = f"{node} faulted again ({kind}) after it returned"
+            elif (
+                kind == "node_healthy"
+                and o.passed_mono is None
+                and mono - o.removed_mono <= self.settings.quick_pass_s
+            ):
+                o.passed_mono = mono
+
+    def _on_decision(self, r: Mapping[str, Any], mono: float) -> None:
+        """A new fault: a finding about the node that a node-removing policy matched (whatever
+        the guards then made of it), within ``clean_window_s`` after the node returned."""
+        policy = self.by_name.get(str(r.get("policy", "")))
+        if policy is None or not set(map(str, policy.actions)) & set(REMOVING):
+            return
+        if r.get("verdict") in ("duplicate", "queue_full"):
+            return
+        node = str(r.get("node", ""))
+        for o in self._open_on(node):
+            back = o.returned_mono
+            if r.get("finding_id") == o.plan_id or back is None:
+                continue
+            if mono - back <= self.settings.clean_window_s:
+                why = f"{node} faulted again ({policy.name}) {mono - back:.0f} s after it returned"
                 self._know(o, "confirmed", {"why": why, "finding": r.get("finding_id")})
 
     @staticmethod
@@ -248,7 +277,9 @@ class Outcomes:
             cluster=o.cluster,
         )  # fmt: skip
         self.open.pop(plan_id, None)
-        self.decided[plan_id] = record
+        self.decided[plan_id] = verdict
+        for action_id in o.action_ids:
+            self._plans.pop(action_id, None)
         self.history.append((self.clock.mono(), o.policy, verdict))
         if self.on_outcome is not None:
             self.on_outcome(record)
@@ -285,7 +316,9 @@ class Outcomes:
         return {p: (c[0], c[1], c[2]) for p, c in counts.items()}
 
     def _judge(self, now: float) -> list[Finding]:
-        found = []
+        found: list[Finding] = []
+        if not any(p.min_precision > 0 for p in self.policies):
+            return found  # nothing to judge: no pass over the history per finding
         counts = self.precision(now)
         for policy in self.policies:
             if policy.min_precision <= 0:

@@ -148,7 +148,29 @@ def test_a_fault_again_after_the_return_confirms_the_drain(tmp_path: Path) -> No
     engine.tick()
     [out] = records(tmp_path, "outcome")
     assert (out["verdict"], out["plan_id"]) == ("confirmed", plan)
-    assert "faulted again (gpu_xid) after it returned" in out["evidence"]["why"]
+    assert (
+        "gpu02 faulted again (fatal-gpu-event) 10800 s after it returned" in out["evidence"]["why"]
+    )
+    engine.close()
+
+
+def test_a_fault_after_the_clean_window_is_a_new_story(tmp_path: Path) -> None:
+    """Returned late (no quick pass), clean for the whole window: unknown; a fault after that
+    does not reach back to change it (and its own drain is a new plan, judged on its own)."""
+    clock = HandClock()
+    engine, _ = make_engine(tmp_path, clock)
+    plan = drained(engine, "gpu02")
+    clock.advance(2 * HOUR)
+    engine.submit(healthy("gpu02"))
+    assert engine.wait(10)
+    clock.advance(DAY + 1.0)
+    engine.tick()
+    later = drained(engine, "gpu02")
+    engine.tick()
+    assert [(r["plan_id"], r["verdict"]) for r in records(tmp_path, "outcome")] == [
+        (plan, "unknown")
+    ]
+    assert later in engine.outcomes.open
     engine.close()
 
 
