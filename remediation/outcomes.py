@@ -6,7 +6,8 @@ Every plan that took a node out (a ``cordon`` or ``drain`` done for real, with t
 * ``confirmed``: the node failed its check (a ``node_check_failed`` finding, a ``node_healthy``
   whose check failed, or a return check that refused the ``uncordon``), faulted again (a
   finding that a node-removing policy matched, whatever the guards made of it) within
-  ``clean_window_s`` after it returned, or an operator put it back saying it was repaired (``undo --repaired``);
+  ``clean_window_s`` after it returned, or an operator put it back saying it was repaired
+  (``undo --repaired`` or ``--rma``);
 * ``refuted``: the node passed its check within ``quick_pass_s`` of its removal, returned and
   ran clean for ``clean_window_s``; or an operator undid it as a false alarm
   (``undo --false-alarm``);
