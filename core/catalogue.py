@@ -106,6 +106,8 @@ TAGS: Mapping[str, str] = MappingProxyType(
         "action": "remediation action: notify, checkpoint, cordon, drain, requeue, uncordon",
         "adapter": "remediation adapter name: slurm, kubernetes, torch_elastic, webhook",
         "outcome": "result of a remediation action: ok, failed, dry_run, queued, skipped",
+        "policy": "remediation policy name, e.g. fatal-gpu-event",
+        "verdict": "outcome of a removal: confirmed, refuted, unknown",
         "sink": "sink name from the agent configuration",
         "nvswitch": "NVSwitch index on the node (nvidia-nvswitchN in the kernel log)",
         "dtype": "training numeric type: bf16, fp16, fp8, tf32, fp32",
@@ -762,6 +764,19 @@ _m(
         _f("dry_run_active", B, "", ST, "the action was only simulated"),
         _f("duration_s", F, "s", G, "how long the action took"),
         _f("message", S, "", IN, "what happened, for a person"),
+    ],
+)
+_m(
+    "remediation_outcome",
+    RM,
+    "whether each node the engine took out needed it (confirmed, refuted, unknown), one point "
+    "per plan once known",
+    ("cluster", "node", "policy", "kind", "verdict"),
+    [
+        _f("finding_id", S, "", IN, "the finding whose plan took the node out (the plan id)"),
+        _f("action_id", S, "", IN, "the plan's cordon/drain and requeue action ids, commas"),
+        _f("after_removal_s", F, "s", G, "from the removal to the verdict"),
+        _f("message", S, "", IN, "the evidence that decided it, for a person"),
     ],
 )
 _m(

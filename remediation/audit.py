@@ -2,7 +2,8 @@
 
 One JSON object per line, flushed and fsynced per record (remediation is rare; losing the
 record of a drain is not acceptable). Every record has ``event`` (``finding``, ``decision``,
-``intent``, ``action``, ``approval``, ``undo``, ``expired``), the wall time ``time`` (RFC 3339,
+``intent``, ``action``, ``approval``, ``undo``, ``expired``; ``outcome``, ``demoted``,
+``promoted``: :mod:`remediation.outcomes`), the wall time ``time`` (RFC 3339,
 UTC) and ``t`` (Unix seconds); actions carry ``duration_s`` and ``since_finding_s`` (finding
 received → outcome).
 
@@ -258,7 +259,7 @@ class Memory:
 
 
 #: verdicts whose plans run (and so may be unfinished), and those whose plans wait
-RUNNING_VERDICTS = ("act", "dry_run", "cooldown", "not_ours", "unchecked")
+RUNNING_VERDICTS = ("act", "dry_run", "cooldown", "not_ours", "unchecked", "demoted")
 WAITING_VERDICTS = ("approval", "lemon", "blast_radius", "rate_limited")
 REMOVING_KINDS = ("cordon", "drain")
 

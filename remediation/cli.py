@@ -5,8 +5,11 @@
 * ``apply FILE``: findings from a file (a JSON list, or JSON lines; ``-`` = stdin) through the
   same engine, for a one-off or a replay; prints each decision;
 * ``audit``: the audit trail as a table (or ``--json``), filtered by node or finding;
-* ``pending``, ``approve PLAN``, ``undo NODE``: talk to a running ``serve``, as the operator
-  identity ``[engine] operator_identity`` (signed with ``operator_secret_file``);
+* ``precision``: each policy's outcomes (confirmed, refuted, unknown) and precision over
+  ``[outcomes] window_s``, from the audit log (``--json``);
+* ``pending``, ``approve PLAN``, ``undo NODE [--false-alarm | --repaired | --rma]``: talk to
+  a running ``serve``, as the operator identity ``[engine] operator_identity`` (signed with
+  ``operator_secret_file``);
 * ``agent-key FAMILY NODE``: the key a node's agent signs with, derived from the family
   identity's master key (``[[identity]]`` with ``node = "*"``).
 """
@@ -39,11 +42,13 @@ from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.tls import client_context, server_context
 from gpuwarden.remediation.adapters import create
 from gpuwarden.remediation.audit import AuditLog, AuditLogBusyError, JournalError, read_records
+from gpuwarden.remediation.clock import SYSTEM
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.identity import Keyring
 from gpuwarden.remediation.lease import PostgresLease
 from gpuwarden.remediation.model import Action, AdapterError, Outcome
+from gpuwarden.remediation.outcomes import Outcomes
 from gpuwarden.remediation.replay import SignatureMemory
 from gpuwarden.remediation.server import Endpoint, make_server
 
@@ -74,6 +79,43 @@ def action_point(action: Action, outcome: Outcome, record: dict[str, Any]) -> Po
     )
 
 
+def outcome_point(record: dict[str, Any]) -> Point:
+    """The catalogue's ``remediation_outcome`` point for one ``outcome`` record."""
+    tags = {k: str(record.get(k, "")) for k in ("cluster", "node", "policy", "kind", "verdict")}
+    evidence = record.get("evidence") or {}
+    t = float(record["t"])
+    return Point(
+        "remediation_outcome",
+        {k: v for k, v in tags.items() if v},
+        {
+            "finding_id": str(record.get("plan_id", "")),
+            "action_id": ",".join(map(str, record.get("action_ids") or [])),
+            "after_removal_s": round(t - float(record.get("removed_t", t)), 3),
+            "message": str(evidence.get("why", ""))[:400],
+        },
+        int(t * 1e9),
+    )
+
+
+def precision_table(path: str, config: RemediationConfig, as_json: bool) -> int:
+    """Each policy's outcomes over ``[outcomes] window_s`` and its precision, read from the
+    audit log (nothing is written: the running engine decides and records outcomes)."""
+    outcomes = Outcomes(AuditLog(path), config.policies, SYSTEM, config.settings.outcomes)
+    outcomes.update(write=False)
+    rows = outcomes.table()
+    if as_json:
+        print(json.dumps(rows))
+        return 0
+    print(f"{'policy':<28} {'confirmed':>9} {'refuted':>8} {'unknown':>8} {'precision':>9} "
+          f"{'min':>5}  state")  # fmt: skip
+    for r in rows:
+        value = "-" if r["precision"] is None else f"{r['precision']:.2f}"
+        state = "demoted" if r["demoted"] else ""
+        print(f"{r['policy']:<28} {r['confirmed']:>9} {r['refuted']:>8} {r['unknown']:>8} "
+              f"{value:>9} {r['min_precision']:>5g}  {state}")  # fmt: skip
+    return 0
+
+
 def build_engine(
     config: RemediationConfig, seen_retention_s: float = 0.0
 ) -> tuple[Engine, InfluxSink | None]:
@@ -101,12 +143,17 @@ def build_engine(
         if sink is not None:
             sink.write_points([action_point(action, outcome, record)])
 
+    def on_outcome(record: dict[str, Any]) -> None:
+        if sink is not None:
+            sink.write_points([outcome_point(record)])
+
     engine = Engine(
         config.policies,
         adapters,
         AuditLog(config["engine"]["audit_log"], exclusive=True),  # one engine per audit log
         dataclasses.replace(config.settings, seen_retention_s=seen_retention_s),
         on_action=on_action,
+        on_outcome=on_outcome,
     )
     return engine, sink
 
@@ -352,6 +399,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     un = sub.add_parser("undo", help="put a node gpuwarden took out back (running engine)")
     un.add_argument("node")
     un.add_argument("--force", action="store_true", help="even one gpuwarden did not take out")
+    why = un.add_mutually_exclusive_group()
+    why.add_argument("--false-alarm", dest="reason", action="store_const", const="false_alarm",
+                     help="its removal was not needed: the outcome is refuted")  # fmt: skip
+    why.add_argument("--repaired", dest="reason", action="store_const", const="repaired",
+                     help="it was repaired: the outcome is confirmed")  # fmt: skip
+    why.add_argument("--rma", dest="reason", action="store_const", const="rma",
+                     help="it went back to the vendor and returned: confirmed")  # fmt: skip
+    pr = sub.add_parser("precision", help="each policy's outcomes and precision (audit log)")
+    pr.add_argument("--log", help="audit log (default: engine.audit_log)")
+    pr.add_argument("--json", action="store_true")
     ak = sub.add_parser("agent-key", help="print a node's own key (an agent family's identity)")
     ak.add_argument("family", help="the [[identity]] with node = '*'")
     ak.add_argument("node")
@@ -376,6 +433,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return serve(config)
         if args.command == "apply":
             return apply(config, args.findings)
+        if args.command == "precision":
+            log_path = args.log or config["engine"]["audit_log"]
+            if not Path(log_path).is_file():
+                raise UsageError(f"no audit log at {log_path}")
+            return precision_table(log_path, config, args.json)
         if args.command == "audit":
             log_path = args.log or config["engine"]["audit_log"]
             if not Path(log_path).is_file():  # before: printed nothing and exited 0
@@ -387,7 +449,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return call(config, "POST", f"/v1/approve/{args.plan_id}", b"{}")
         if args.command == "agent-key":
             return print_agent_key(config, args.family, args.node)
-        body = json.dumps({"force": args.force}).encode()
+        said = {"reason": args.reason} if args.reason else {}
+        body = json.dumps({"force": args.force, **said}).encode()
         return call(config, "POST", f"/v1/undo/{args.node}", body)
     except (ConfigError, ValueError, AuditLogBusyError, UsageError) as exc:
         print(f"gpuwarden remediate: {exc}", file=sys.stderr)

@@ -1,9 +1,11 @@
 """The engine's configuration: ``config/remediation.sample.toml`` shows every setting.
 
 Sections: ``[engine]`` (endpoint, audit log, which adapter does what, approval), ``[guards]``,
+``[outcomes]`` (each removal's outcome and each policy's precision: :mod:`remediation.outcomes`),
 ``[lease]`` (a standby engine: :mod:`remediation.lease`),
 one section per adapter (its constructor's keyword arguments and defaults, so the two cannot
-drift apart), ``[influxdb]`` (where ``remediation_action`` events go; empty url = none) and
+drift apart), ``[influxdb]`` (where ``remediation_action`` and ``remediation_outcome`` events
+go; empty url = none) and
 any number of ``[[policy]]`` tables (none given = the shipped :data:`DEFAULT_POLICIES`) and of
 ``[[identity]]`` tables (here or in ``[engine] identities_file``; :mod:`remediation.identity`).
 Environment variables ``GPUWARDEN_<SECTION>_<KEY>`` override single settings.
@@ -24,6 +26,7 @@ from gpuwarden.core.names import TemplateError, check_argv_template
 from gpuwarden.remediation.adapters import ADAPTERS
 from gpuwarden.remediation.engine import EngineSettings
 from gpuwarden.remediation.identity import Identity, load_identities
+from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
 
 
@@ -86,6 +89,13 @@ GUARDS = {
     "max_pending_per_node": 4,
     "max_pending": 500,
 }
+#: whether each removal was needed, and each policy's precision (remediation.outcomes)
+OUTCOMES = {
+    "quick_pass_s": 3600.0,
+    "clean_window_s": 7 * 86400.0,
+    "window_s": 30 * 86400.0,
+    "margin": 0.05,
+}
 #: a standby engine (remediation.lease): empty dsn_file = one engine, no lease
 LEASE = {
     # a libpq connection string ("host=db1 user=gpuwarden dbname=gpuwarden sslmode=verify-full
@@ -109,6 +119,7 @@ def defaults() -> dict[str, dict[str, Any]]:
     return {
         "engine": dict(ENGINE),
         "guards": dict(GUARDS),
+        "outcomes": dict(OUTCOMES),
         "lease": dict(LEASE),
         **{name: adapter_defaults(name) for name in sorted(ADAPTERS)},
         "influxdb": dict(INFLUXDB),
@@ -148,6 +159,7 @@ class RemediationConfig:
             node_adapter=e["node_adapter"],
             workers=e["workers"],
             spares=e["spares"],
+            outcomes=OutcomeSettings(**self.sections["outcomes"]),
         )
 
     def adapter_names(self) -> list[str]:
@@ -206,6 +218,9 @@ def load_config(
             "lease.retry_s > 0, and 0 < lease.check_s < lease.lost_after_s / 4 "
             "(an engine must notice a lost lease well before the server frees it)"
         )
+    o = config["outcomes"]
+    if min(o["quick_pass_s"], o["clean_window_s"], o["window_s"]) <= 0 or not 0 <= o["margin"] < 1:
+        raise ConfigError("outcomes: quick_pass_s, clean_window_s, window_s > 0; 0 <= margin < 1")
     if e["spares"] < 0 or g["lemon_count"] < 0 or g["lemon_window_s"] < 0:
         raise ConfigError("engine.spares, guards.lemon_count and lemon_window_s must be >= 0")
     return config

@@ -111,6 +111,13 @@ class Policy:
     requires: tuple[str, ...] = ("node",)
     evidence: Mapping[str, Any] = field(default_factory=dict)
     nodes: NodeSelector = field(default_factory=NodeSelector)
+    min_precision: float = 0.0
+    """Below this precision (confirmed / (confirmed + refuted) outcomes over the engine's
+    ``[outcomes] window_s``) the policy's plans are cut down to a notification until it
+    recovers (:mod:`remediation.outcomes`); 0: never."""
+    min_samples: int = 10
+    """How many decided outcomes (confirmed or refuted) ``min_precision`` needs before it
+    judges the policy."""
 
     def matches(
         self, finding: Finding, facts: Callable[[str], NodeFacts | None] | None = None
@@ -144,7 +151,8 @@ class Policy:
         name = str(data.get("name", ""))
         if not name:
             raise PolicyError("every [[policy]] needs a name")
-        known = {"name", "kinds", "actions", "min_severity", "min_probability", "requires"}
+        known = {"name", "kinds", "actions", "min_severity", "min_probability", "requires",
+                 "min_precision", "min_samples"}  # fmt: skip
         unknown = set(data) - known - {"evidence", "nodes"}
         if unknown:
             raise PolicyError(f"policy {name!r}: unknown settings {sorted(unknown)}")
@@ -162,6 +170,12 @@ class Policy:
         probability = float(data.get("min_probability", 0.0))
         if not 0.0 <= probability <= 1.0:
             raise PolicyError(f"policy {name!r}: min_probability must be within [0, 1]")
+        min_precision = float(data.get("min_precision", 0.0))
+        if not 0.0 <= min_precision <= 1.0:
+            raise PolicyError(f"policy {name!r}: min_precision must be within [0, 1]")
+        min_samples = int(data.get("min_samples", 10))
+        if min_samples < 1:
+            raise PolicyError(f"policy {name!r}: min_samples must be at least 1")
         return cls(
             name=name,
             kinds=kinds,
@@ -171,6 +185,8 @@ class Policy:
             requires=requires,
             evidence=dict(data.get("evidence", {})),
             nodes=NodeSelector.from_mapping(name, data.get("nodes", {})),
+            min_precision=min_precision,
+            min_samples=min_samples,
         )
 
     def to_mapping(self) -> dict[str, Any]:
@@ -186,6 +202,9 @@ class Policy:
             out["evidence"] = dict(self.evidence)
         if self.nodes != NodeSelector():
             out["nodes"] = self.nodes.to_mapping()
+        if self.min_precision > 0:
+            out["min_precision"] = self.min_precision
+            out["min_samples"] = self.min_samples
         return out
 
 

@@ -81,6 +81,7 @@ from gpuwarden.remediation.clock import SYSTEM, Clock
 from gpuwarden.remediation.engine import Engine, EngineClosedError
 from gpuwarden.remediation.identity import RETURN_KINDS, Keyring, Principal
 from gpuwarden.remediation.model import ActionKind
+from gpuwarden.remediation.outcomes import UNDO_REASONS
 from gpuwarden.remediation.replay import ReplayError, SignatureMemory
 
 log = logging.getLogger(__name__)
@@ -549,9 +550,26 @@ class Endpoint:
                        [({"status": str(k)}, v) for k, v in sorted(refused.items())]),
                 Metric.one("gpuwarden_engine_plans_pending",
                            "plans waiting for approval or for room", len(self.engine.pending())),
+                *self._precision_metrics(),
             ]
         )  # fmt: skip
         return HTTPStatus.OK, body, content_type
+
+    def _precision_metrics(self) -> list[Metric]:
+        """Each policy's outcomes over ``[outcomes] window_s``, its precision (where it has a
+        decided outcome) and whether it is demoted (:mod:`remediation.outcomes`)."""
+        rows = self.engine.precision()
+        return [
+            Metric("gpuwarden_policy_outcomes", "outcomes in the window, by policy and verdict",
+                   "gauge", [({"policy": r["policy"], "verdict": v}, r[v]) for r in rows
+                             for v in ("confirmed", "refuted", "unknown")]),
+            Metric("gpuwarden_policy_precision",
+                   "confirmed / (confirmed + refuted) in the window, by policy", "gauge",
+                   [({"policy": r["policy"]}, r["precision"]) for r in rows
+                    if r["precision"] is not None]),
+            Metric("gpuwarden_policy_demoted", "1 while the policy is demoted to notify",
+                   "gauge", [({"policy": r["policy"]}, int(r["demoted"])) for r in rows]),
+        ]  # fmt: skip
 
     def _count(self, method: str, path: str, status: HTTPStatus, message: str) -> None:
         with self._lock:
@@ -583,8 +601,12 @@ class Endpoint:
             self.authorize(principal, "operator", "undo")
             data = self._json(body or b"{}")
             force = isinstance(data, dict) and data.get("force", False) is True
+            reason = data.get("reason", "") if isinstance(data, dict) else ""
+            if not isinstance(reason, str) or (reason and reason not in UNDO_REASONS):
+                allowed = sorted(UNDO_REASONS)
+                raise RequestError(HTTPStatus.BAD_REQUEST, f"reason must be one of {allowed}")
             try:
-                d = self.engine.undo(m.group(1), by=by, force=force)
+                d = self.engine.undo(m.group(1), by=by, force=force, reason=reason)
             except BadNameError as exc:
                 raise RequestError(HTTPStatus.BAD_REQUEST, str(exc)) from None
             except KeyError as exc:

@@ -9,10 +9,11 @@ cut down to a notification is the guards' call (:mod:`.guard`), not this module'
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gpuwarden.core.finding import Finding
 from gpuwarden.remediation.model import Action, ActionKind, NodeFacts
+from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import Policy, first_match
 
 
@@ -61,6 +62,8 @@ class EngineSettings:
     checkpoint_adapter: str = "slurm"
     node_adapter: str = "slurm"
     workers: int = 4
+    outcomes: OutcomeSettings = field(default_factory=OutcomeSettings)
+    """When each removal's outcome is decided; precision's window (:mod:`remediation.outcomes`)."""
 
 
 @dataclass(frozen=True)
@@ -68,6 +71,7 @@ class Decision:
     finding_id: str
     verdict: str
     """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
+    ``demoted`` (the policy's precision fell below its ``min_precision``: notify only),
     ``unchecked`` (a return to service without the passing check it needs: notify only),
     ``approval``, ``lemon`` (a node taken out too often waits for an operator to return it),
     ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""

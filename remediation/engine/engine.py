@@ -42,6 +42,7 @@ from gpuwarden.remediation.model import (
     Outcome,
     Status,
 )
+from gpuwarden.remediation.outcomes import UNDO_REASONS, Outcomes
 from gpuwarden.remediation.policy import Policy
 
 log = logging.getLogger("gpuwarden.remediation.engine")
@@ -63,6 +64,7 @@ class Engine:
         *,
         clock: Clock | Callable[[], float] = SYSTEM,
         on_action: OnAction | None = None,
+        on_outcome: Callable[[dict[str, Any]], None] | None = None,
     ) -> None:
         self.policies = list(policies)
         self.adapters = dict(adapters)
@@ -99,6 +101,10 @@ class Engine:
         self._facts: dict[str, tuple[float, NodeFacts | None]] = {}
         for p in self.memory.waiting:
             self._restore_waiting(p)
+        self.outcomes = Outcomes(
+            audit, self.policies, clock, self.settings.outcomes, on_outcome=on_outcome
+        )
+        self._absorb()
 
     def _node_facts(self, node: str) -> NodeFacts | None:
         """A node's partitions, features and labels from the node adapter, kept for
@@ -125,6 +131,7 @@ class Engine:
         received = self.clock.now()
         with self._lock:
             self._require_open()
+            self._absorb()
             self.stats.findings += 1
             if finding.id in self.memory.seen_findings:
                 same = self.memory.finding_digests.get(finding.id) == finding.digest
@@ -160,6 +167,15 @@ class Engine:
             if planned is None:
                 return self._decide(finding, Decision(finding.id, "no_policy"), received)
             policy, actions = planned
+            if (demoted := self.outcomes.demoted.get(policy.name)) is not None and any(
+                a.kind in REMOVING for a in actions
+            ):
+                notify = tuple(a for a in actions if a.kind is ActionKind.NOTIFY) or (
+                    action_for(ActionKind.NOTIFY, finding, self.settings),
+                )
+                why = f"policy {policy.name} is demoted to notify: {demoted}"
+                d = Decision(finding.id, "demoted", policy.name, notify, why)
+                return self._decide(finding, d, received)
             missing = sorted({a.adapter for a in actions} - set(self.adapters))
             if missing:
                 why = f"no adapter configured for {missing}"
@@ -198,7 +214,7 @@ class Engine:
         if d.verdict != "queue_full":  # not queued: the same finding sent again is decided again
             self.memory.saw(finding.id, self.clock.wall())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
-        if d.verdict in ("act", "dry_run", "cooldown", "not_ours"):
+        if d.verdict in ("act", "dry_run", "cooldown", "not_ours", "demoted"):
             reserved = self.guards.started(d, node)
             dry_run = d.verdict == "dry_run"
             # after a real drain the scheduler's own view shows the node out; a dry run keeps
@@ -229,6 +245,11 @@ class Engine:
 
     # -- operators ----------------------------------------------------------------------------
 
+    def precision(self) -> list[dict[str, Any]]:
+        """Each policy's outcomes and precision now (:meth:`.outcomes.Outcomes.table`)."""
+        with self._lock:
+            return self.outcomes.table()
+
     def pending(self) -> list[dict[str, Any]]:
         with self._lock:
             return self.waiting.listing()
@@ -242,10 +263,16 @@ class Engine:
             d = self.guards.check(pending.finding, pending.decision, approved=True)
             return self._decide(pending.finding, d, pending.received, approved=True)
 
-    def undo(self, node: str, by: str = "operator", *, force: bool = False) -> Decision:
+    def undo(
+        self, node: str, by: str = "operator", *, force: bool = False, reason: str = ""
+    ) -> Decision:
         """Put a node gpuwarden took out back in service (``force``: one it did not take out).
-        A ``node`` that is not a node name is a :class:`core.names.BadNameError`."""
+        A ``node`` that is not a node name is a :class:`core.names.BadNameError`. ``reason``:
+        ``false_alarm`` (its removal was not needed: refuted), ``repaired`` or ``rma`` (it
+        was: confirmed), or ``""`` (says nothing; :mod:`remediation.outcomes`)."""
         node = NodeName(node)
+        if reason and reason not in UNDO_REASONS:
+            raise ValueError(f"undo reason must be one of {sorted(UNDO_REASONS)}, not {reason!r}")
         with self._lock:
             self._require_open()
             if node not in self.memory.taken_out and not self.guards.reserved[node] and not force:
@@ -260,7 +287,10 @@ class Engine:
                 bucket_s=1,
             )
             action = action_for(ActionKind.UNCORDON, finding, self.settings)
-            self.audit.append("undo", self.clock.wall(), finding_id=finding.id, node=node, by=by)
+            said = {"reason": reason} if reason else {}
+            self.audit.append("undo", self.clock.wall(), finding_id=finding.id, node=node, by=by,
+                              **said)  # fmt: skip
+            self._absorb()
             d = Decision(
                 finding.id, "dry_run" if self.settings.dry_run else "act", "undo", (action,)
             )
@@ -286,6 +316,17 @@ class Engine:
         return Outcome(Status.FAILED, f"return check failed (exit {done.returncode}): "
                        + " | ".join(said)[:400])  # fmt: skip
 
+    def _absorb(self) -> None:
+        """Decide the outcomes the journal now shows (:mod:`remediation.outcomes`); a policy
+        demoted or promoted is recorded as a finding and a person is told."""
+        for finding in self.outcomes.update():
+            log.warning("%s", finding.summary)
+            self.submit(finding, via="engine")
+            if self.settings.notify_adapter in self.adapters:
+                action = action_for(ActionKind.NOTIFY, finding, self.settings)
+                d = Decision(finding.id, "escalate", "", (action,))
+                self.executor.start(d, self.clock.now(), dry_run=False)
+
     def _release_spare(self, node: str) -> object:
         return self.spares.release_for(node)
 
@@ -299,6 +340,7 @@ class Engine:
         released = []
         with self._lock:
             self._require_open()
+            self._absorb()
             self._expire_waiting()
             self._forget_old()
             self.guards.forget_inventory()  # each tick looks afresh: room may have freed
