@@ -61,10 +61,13 @@ def xid_point(
     pid: int | None = None,
     job: JobInfo = NO_JOB,
     episodes: Episodes | None = None,
+    device: str = "",
 ) -> Point:
     """The ``gpu_event`` point of an XID, and the fast-path finding if it is fatal. With
     ``episodes``, one code repeating on one GPU is one episode: the finding goes out at its
-    first XID only (every XID's point is still written)."""
+    first XID only (every XID's point is still written). ``device`` names the GPU where
+    neither its index nor its UUID is known (the kernel log's PCI address), so two GPUs
+    nobody mapped are still two episodes."""
     severity, resolution, fatal = policy.describe(xid)
     fields: dict[str, Any] = {
         "xid_code": xid,
@@ -86,7 +89,7 @@ def xid_point(
         fields=fields,
     )
     if fatal and episodes is not None:
-        fatal = episodes.event((xid, gpu, uuid), now_ns) is not None
+        fatal = episodes.event((xid, gpu, uuid, device), now_ns) is not None
     if fatal:
         where = gpu if gpu is not None else uuid or "(not identified)"
         evidence = {"xid": xid, "gpu_uuid": uuid, "message": message, "resolution": resolution}

@@ -247,6 +247,7 @@ class KmsgXidSource:
                     pid=parsed.pid,
                     job=job,
                     episodes=self.xid_episodes,
+                    device=parsed.pci,
                 )
             )
         if self.journal is not None:
