@@ -87,6 +87,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # one XID code repeating on one GPU is one episode (one fast-path finding) until the GPU
         # has been quiet of that code this long (kernel log and NVML alike)
         "xid_recovery_s": 300.0,
+        # ... and while it goes on, its finding is sent again this often (one lost or refused
+        # finding is not the last word on a GPU that keeps failing); 0 = never
+        "xid_resend_s": 600.0,
         "os_rules": True,
         "os_recovery_s": 300.0,
         # with [agent] kernel_journal: where the last record read is kept across restarts
@@ -141,7 +144,13 @@ class AgentConfig:
         settings = dict(self.sections.get(name, {}))
         if name == "nvml":
             xid = self.sections["xid"]
-            for key in ("fatal_xids", "extra_fatal_xids", "not_fatal_xids", "xid_recovery_s"):
+            for key in (
+                "fatal_xids",
+                "extra_fatal_xids",
+                "not_fatal_xids",
+                "xid_recovery_s",
+                "xid_resend_s",
+            ):
                 settings[key] = xid[key]
         return settings
 

@@ -34,13 +34,24 @@ class Episode:
     last_ns: int
     count: int = 0
     said: bool = False
+    said_ns: int = 0
     recent: deque[int] = field(default_factory=deque)
 
 
 class Episodes:
-    def __init__(self, *, threshold: int = 1, window_s: float = 600.0, recovery_s: float = 600.0):
-        if threshold < 1 or window_s <= 0 or recovery_s <= 0:
+    def __init__(
+        self,
+        *,
+        threshold: int = 1,
+        window_s: float = 600.0,
+        recovery_s: float = 600.0,
+        resend_s: float = 0.0,
+    ):
+        """``resend_s`` > 0: an episode still going on is due again every ``resend_s`` (a
+        finding lost on its way, or a plan that expired, is not the last word on a storm)."""
+        if threshold < 1 or window_s <= 0 or recovery_s <= 0 or resend_s < 0:
             raise ValueError("threshold must be at least 1, window_s and recovery_s positive")
+        self.resend_ns = int(resend_s * NS)
         self.threshold = threshold
         self.window_ns = int(window_s * NS)
         self.recovery_ns = int(recovery_s * NS)
@@ -56,12 +67,15 @@ class Episodes:
         ep.last_ns = now_ns
         ep.count += n
         if ep.said:  # told already: a storm (an XID 100,000 times) keeps a count, no times
+            if self.resend_ns and now_ns - ep.said_ns >= self.resend_ns:
+                ep.said_ns = now_ns
+                return ep
             return None
         ep.recent.extend([now_ns] * n)
         while ep.recent and now_ns - ep.recent[0] > self.window_ns:
             ep.recent.popleft()
         if not ep.said and len(ep.recent) >= self.threshold:
-            ep.said = True
+            ep.said, ep.said_ns = True, now_ns
             return ep
         return None
 

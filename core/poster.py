@@ -140,18 +140,22 @@ class FindingPoster:
             self._closing.wait(self.retry.delay(tries))
 
     def _try(self, body: bytes) -> tuple[str, str]:
-        """One round: each engine once, from the one that answered last, until one takes the
-        finding: ``delivered``, ``refused`` (for good), ``conflict`` (a 409 for content the
-        engine does not hold) or ``retry`` (none answered), and what happened."""
-        start = self.urls.index(self.url)
-        verdict, detail = "retry", ""
-        for url in self.urls[start:] + self.urls[:start]:
-            verdict, detail = self._try_one(url, body)
-            if verdict != "retry":
-                if url != self.url:
-                    log.warning("remediation engine %s answers; posting there from now on", url)
-                    self.url = url
-                break
+        """One round: the engine that answered last, then the others in order, until one takes
+        the finding: ``delivered``, ``refused`` (for good), ``conflict`` (a 409 for content the
+        engine does not hold) or ``retry``, and what happened. Another engine in the list
+        becomes the one posted to only by taking a finding: its refusal (a stale address now
+        serving something else, a 404, a 401) is not believed over the engine posted to."""
+        verdict, detail = self._try_one(self.url, body)
+        if verdict != "retry":
+            return verdict, detail
+        for url in [u for u in self.urls if u != self.url]:
+            other, said = self._try_one(url, body)
+            if other == "delivered":
+                log.warning("remediation engine %s took a finding; posting there from now on",
+                            url)  # fmt: skip
+                self.url = url
+                return other, said
+            detail = f"{detail}; {url}: {said or other}"
         return verdict, detail
 
     def _try_one(self, url: str, body: bytes) -> tuple[str, str]:
@@ -198,6 +202,9 @@ def engine_urls(setting: str) -> list[str]:
     for u in urls:
         if not u.startswith(("http://", "https://")):
             raise ConfigError(f"remediation engine URL {u!r}: not http:// or https://")
+    if len({u.split(":", 1)[0] for u in urls}) > 1:  # a failover must not drop to cleartext
+        raise ConfigError(f"remediation engine URLs mix http and https: {urls}; the token and "
+                          "signed findings would go in clear to the http ones")  # fmt: skip
     return urls
 
 

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from gpuwarden.remediation.clock import SYSTEM
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.identity import Keyring
-from gpuwarden.remediation.lease import PostgresLease
+from gpuwarden.remediation.lease import LEASE_LOST_EXIT, LeaseLostError, PostgresLease
 from gpuwarden.remediation.model import Action, AdapterError, Outcome
 from gpuwarden.remediation.outcomes import Outcomes
 from gpuwarden.remediation.replay import SignatureMemory
@@ -117,8 +117,12 @@ def precision_table(path: str, config: RemediationConfig, as_json: bool) -> int:
 
 
 def build_engine(
-    config: RemediationConfig, seen_retention_s: float = 0.0
+    config: RemediationConfig,
+    seen_retention_s: float = 0.0,
+    fence: Callable[[], None] | None = None,
 ) -> tuple[Engine, InfluxSink | None]:
+    """The engine and its InfluxDB sink; ``fence`` guards every audit record from the first
+    (:meth:`remediation.lease.PostgresLease.fence`)."""
     adapters = {}
     for name in config.adapter_names():
         try:
@@ -147,10 +151,12 @@ def build_engine(
         if sink is not None:
             sink.write_points([outcome_point(record)])
 
+    audit = AuditLog(config["engine"]["audit_log"], exclusive=True)  # one engine per log
+    audit.fence = fence
     engine = Engine(
         config.policies,
         adapters,
-        AuditLog(config["engine"]["audit_log"], exclusive=True),  # one engine per audit log
+        audit,
         dataclasses.replace(config.settings, seen_retention_s=seen_retention_s),
         on_action=on_action,
         on_outcome=on_outcome,
@@ -167,16 +173,24 @@ def serve(config: RemediationConfig) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    acting, lease = standby(config, stop)
-    if not acting:
-        return 0  # stopped while a standby: nothing was opened
-    # a finding re-sent past this is refused as stale by the endpoint: its id need not be kept
-    engine, sink = build_engine(config, e["max_finding_age_s"] + e["max_clock_skew_s"] + 60.0)
-    if lease is not None:
-        engine.audit.fence = lease.fence  # no record (so no action) without a confirmed lease
-        lease.watch()
-        engine.audit.append("lease", time.time(), lease=lease.name, holder=holder_name(),
-                            tries=lease.tries)  # fmt: skip
+    try:
+        acting, lease = standby(config, stop)
+        if not acting:
+            return 0  # stopped while a standby: nothing was opened
+        # a finding re-sent past this is refused as stale by the endpoint: its id need not be
+        # kept. With a lease, no record (so no action) without a confirmed hold, from the
+        # first record the engine writes on start
+        engine, sink = build_engine(
+            config,
+            e["max_finding_age_s"] + e["max_clock_skew_s"] + 60.0,
+            fence=lease.fence if lease is not None else None,
+        )
+        if lease is not None:
+            engine.audit.append("lease", time.time(), lease=lease.name, holder=holder_name(),
+                                tries=lease.tries)  # fmt: skip
+    except LeaseLostError as exc:
+        log.critical("%s: exiting so that the engine holding the lease acts alone", exc)
+        return LEASE_LOST_EXIT
     keyring = Keyring(config.identities)
     if not keyring:
         log.warning("no identities configured: one shared token%s serves every caller (the "
@@ -254,7 +268,17 @@ def standby(config: RemediationConfig, stop: threading.Event) -> tuple[bool, Pos
     log.info("standby: waiting for the lease %r (%s)", le["name"], holder_name())
     if not lease.acquire(stop):
         return False, None
-    log.warning("holding the lease %r: this engine acts (%s)", le["name"], holder_name())
+    lease.watch()  # confirmed every check_s from now: the start (a long replay) is covered
+    # the engine that held it before may not know yet (its session ended on the server's
+    # side: its last confirmation lets it write for up to lost_after_s / 2): wait that out
+    # before the first record, so that two engines never act at once
+    quiet = lease.lost_after_s / 2 + lease.check_s
+    log.warning("took the lease %r (%s); acting in %.1f s, once any engine before has stopped",
+                le["name"], holder_name(), quiet)  # fmt: skip
+    if stop.wait(quiet):
+        lease.release()
+        return False, None
+    lease.fence()  # (raises when the hold was lost meanwhile)
     return True, lease
 
 

@@ -14,7 +14,8 @@ at once. A host that vanishes (power, network) is noticed by the server's TCP ke
 which this session sets short (``tcp_keepalives_*``, ``tcp_user_timeout``: ``lost_after_s``).
 
 The acting engine must stop acting *before* the server could give the lock to another one.
-It confirms its session every ``check_s`` (``SELECT 1``, with a statement timeout); if a check
+It confirms its hold every ``check_s`` (its session still holds an advisory lock in
+``pg_locks``, with a statement timeout); if a check
 fails, or gets no answer within ``lost_after_s / 2``, it exits at once (exit status 75: its
 journal is written for a SIGKILL at any instant, and systemd restarts it as a standby). Every
 audit record is fenced too (:meth:`PostgresLease.fence`): an engine whose last confirmation is
@@ -23,6 +24,15 @@ do, an action while the server may already have given the lease away. The server
 silent session only after ``lost_after_s`` without an answer, twice that margin. The fence
 reads ``CLOCK_BOOTTIME``, which also counts time the machine was suspended: a host that
 wakes after the server freed its lease refuses its next record.
+
+A new holder waits ``lost_after_s / 2 + check_s`` after taking the lease before it writes
+anything: the engine before it may have confirmed its hold just before its session was ended
+on the server's side (an operator's ``pg_terminate_backend``, a PostgreSQL restart), and its
+fence lets it write until then. Each action is fenced again just before it is done. A server
+in recovery (a replica) is refused: it would grant a lock of its own. Do not put a pooler in
+transaction mode between the engines and PostgreSQL (the lock lives in one session), and use
+``sslmode=verify-full`` for a server across a network (else whoever answers in its place
+grants every engine the lease).
 
 What the lease does not cover: the audit log must be one file both hosts reach (NFS, a shared
 block device), and the local ``flock`` (:class:`remediation.audit.AuditLog`) keeps two
@@ -46,12 +56,22 @@ from gpuwarden.remediation.errors import RemediationError
 
 log = logging.getLogger(__name__)
 
+#: does this session hold an advisory lock? (the lease is the only one an engine takes)
+HELD = (
+    "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' "
+    "AND pid = pg_backend_pid() AND granted)"
+)
+
 #: the exit status of an engine that lost its lease (EX_TEMPFAIL: restart me, I will wait)
 LEASE_LOST_EXIT = 75
 
 
 class LeaseError(RemediationError):
     pass
+
+
+class NotPrimaryError(Exception):
+    """The connection reached a server in recovery (a replica): tried again, not held."""
 
 
 class LeaseLostError(JournalError):
@@ -119,6 +139,11 @@ class PostgresLease:
         conn.execute(f"SET tcp_keepalives_count = {max(1, int(self.lost_after_s / 2))}")
         conn.execute(f"SET tcp_user_timeout = {lost_ms}")
         conn.execute(f"SET statement_timeout = {int(self.check_s * 1000)}")
+        row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        if row and row[0]:  # a replica grants advisory locks of its own: two holders
+            conn.close()
+            raise NotPrimaryError("the DSN reached a replica (pg_is_in_recovery); the lease is "
+                                  "taken on the primary only")  # fmt: skip
         return conn
 
     def acquire(self, stop: threading.Event) -> bool:
@@ -171,7 +196,11 @@ class PostgresLease:
 
         def check() -> None:
             try:
-                self._conn.execute("SELECT 1").fetchone()
+                # this very session still holds an advisory lock (not merely "a server
+                # answers": through a pooler the answer may come from another session)
+                row = self._conn.execute(HELD).fetchone()
+                if not (row and row[0]):
+                    failed.append("this session no longer holds the lease")
             except Exception as exc:  # any failure: the hold is unproven
                 failed.append(f"{type(exc).__name__}: {exc}")
             done.set()

@@ -228,6 +228,7 @@ class Outcomes:
                 kind == "node_healthy"
                 and o.passed_mono is None
                 and mono - o.removed_mono <= self.settings.quick_pass_s
+                and _passed_after(evidence, o.removed_wall)
             ):
                 o.passed_mono = mono
 
@@ -356,3 +357,16 @@ class Outcomes:
             source="gpuwarden-remediation",
             bucket_s=1,
         )
+
+
+def _passed_after(evidence: Mapping[str, Any], removed_wall: float) -> bool:
+    """A ``node_healthy`` counts as "passed its check" only with a check that passed after
+    the removal (``check: pass``, ``checked_ns``), as the return guard asks: a node's agent
+    that only says it is healthy (no ``[check]`` configured, or a forged finding) refutes
+    nothing, so it cannot talk a policy into demotion."""
+    checked = evidence.get("checked_ns")
+    return (
+        evidence.get("check") == "pass"
+        and isinstance(checked, int | float)
+        and checked / 1e9 >= removed_wall
+    )

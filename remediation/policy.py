@@ -291,7 +291,10 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "name": "gpu-app-xid-repeats",
         "kinds": ["gpu_app_xid_repeats"],
         "min_severity": "warning",
-        "actions": ["notify", "cordon"],
+        # notify only: the jobs it counts are job ids, which one user can multiply (three
+        # small jobs pinned to a node) to have an innocent node taken out; add "cordon" where
+        # jobs are attested (Slurm's cgroups) and few users share a node
+        "actions": ["notify"],
     },
     # A hung job: no step for longer than its own patience, its GPUs still held. When its GPUs
     # spin in a collective and one node holds every rank that is behind or idle, take that

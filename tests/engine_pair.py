@@ -211,7 +211,10 @@ class EnginePair:
         other = next(s for s in self.slots if s is not dead)
         dead.start(self.crash_point())  # the new standby: it waits for the lease
         if other.alive():
-            poll(lambda: other.up() or other.died_at is not None, 60, f"{other.name} to act")
+            # the standby takes over (or the engine just started in the dead one's place, when
+            # it reaches the lease first): whichever serves first
+            poll(lambda: other.died_at is not None or any(s.up() for s in self.slots), 60,
+                 "an engine to act")  # fmt: skip
             if other.died_at is None:
                 self.report.failovers_s.append(time.monotonic() - died_at)
                 return

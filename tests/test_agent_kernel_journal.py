@@ -75,6 +75,8 @@ def append(root: Path, records: list[dict[str, str | bytes]]) -> None:
     """Appends ``records`` to the host's journal below ``root`` with the real tool."""
     folder = root / "var/log/journal" / MACHINE
     folder.mkdir(parents=True, exist_ok=True)
+    (root / "etc").mkdir(exist_ok=True)
+    (root / "etc/machine-id").write_text(MACHINE + "\n")  # the host's, as mounted
     done = subprocess.run(
         [JOURNAL_REMOTE, f"--output={folder}/system.journal", "-"],
         input=b"".join(export(r) for r in records),
@@ -230,11 +232,47 @@ def test_the_agent_raises_the_kernels_xid_from_the_journal_and_no_users(
 def test_a_source_without_the_journal_fails_with_its_reason(tmp_path: Path) -> None:
     """The folder holds no journal (a mount missing, or the setting names the journal folder
     itself): the source fails every cycle and says what it wants, and the agent goes on."""
-    (tmp_path / "journal").mkdir()
+    (tmp_path / "journal/etc").mkdir(parents=True)
+    (tmp_path / "journal/etc/machine-id").write_text(MACHINE + "\n")
     context = SourceContext("c", "n", kernel_journal=str(tmp_path / "journal"))
     source = KmsgXidSource(context, {"follow_s": 0, "journal_cursor_file": ""})
     try:
         with pytest.raises(SourceError, match="neither var/log/journal nor run/log/journal"):
+            source.collect(time.time_ns())
+    finally:
+        source.close()
+
+
+def test_only_this_hosts_journal_counts(tmp_path: Path) -> None:
+    """The journal folders also hold other machines' journals: ``remote/`` (what
+    systemd-journal-remote received from other hosts) and containers' (``--link-journal``),
+    whose writers set any field. A kernel XID there, with another machine id, raises nothing
+    (before: journalctl --merge read it as this node's, and the fast path drained it). With
+    no machine id to tell them apart the source fails and says why."""
+    root = tmp_path / "host"
+    now_us = time.time_ns() // 1000
+    append(root, [kernel("usb 1-1: new high-speed USB device number 2", now_us - 5_000_000)])
+    remote = root / "var/log/journal/remote"
+    remote.mkdir(parents=True)
+    foreign = kernel(XID.format(pci="0000:3b:00"), now_us - 1_000_000,
+                     _MACHINE_ID="99999999999999999999999999999999",
+                     _HOSTNAME="some-other-host")  # fmt: skip
+    done = subprocess.run([JOURNAL_REMOTE, f"--output={remote}/remote-10.0.0.9.journal", "-"],
+                          input=export(foreign), capture_output=True, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr.decode()
+    emitted: list[object] = []
+    context = SourceContext("c", "n", kernel_journal=str(root), emit_finding=emitted.append)
+    source = KmsgXidSource(context, {"follow_s": 0, "journal_cursor_file": "", "lookback_s": 60})
+    try:
+        points = source.collect(time.time_ns())
+        assert [p for p in points if p.measurement == "gpu_event"] == []
+        assert emitted == []
+    finally:
+        source.close()
+    (root / "etc/machine-id").unlink()
+    source = KmsgXidSource(context, {"follow_s": 0, "journal_cursor_file": ""})
+    try:
+        with pytest.raises(SourceError, match="no etc/machine-id"):
             source.collect(time.time_ns())
     finally:
         source.close()

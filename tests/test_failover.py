@@ -20,6 +20,8 @@ import pytest
 from gpuwarden.core.config import ConfigError
 from gpuwarden.core.poster import FindingPoster, engine_urls
 from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.cli import standby
+from gpuwarden.remediation.config import load_config
 from gpuwarden.remediation.lease import LeaseLostError, PostgresLease
 from testbed.influxd import free_port
 from testbed.postgres import LocalPostgres, postgres_available
@@ -188,12 +190,54 @@ def test_a_holder_cut_off_silently_stops_writing_before_the_server_frees_its_lea
     proxy.close()
 
 
+def test_a_new_holder_acts_only_once_the_one_before_cannot(
+    pg: LocalPostgres, tmp_path: Path
+) -> None:
+    """The holder's session is ended on the server's side (pg_terminate_backend; a PostgreSQL
+    restart ends every session): the standby gets the lease at once, while the old holder
+    learns it only at its next check and its fence still passes until then. The new holder
+    must not act before the old one's fence refuses (before: it acted within milliseconds,
+    up to check_s before the old one stopped)."""
+    old = PostgresLease(pg.dsn, "gpuwarden-engine", check_s=0.9, lost_after_s=4.0,
+                        on_lost=lambda why: None)  # fmt: skip
+    assert old.acquire(threading.Event())
+    old.watch()
+    time.sleep(0.3)
+    dsn = tmp_path / "dsn"
+    dsn.write_text(pg.dsn)
+    dsn.chmod(0o600)
+    config_file = tmp_path / "r.toml"
+    config_file.write_text(f'[engine]\naudit_log = "{tmp_path}/audit.jsonl"\n'
+                           f'[lease]\ndsn_file = "{dsn}"\nretry_s = 0.02\ncheck_s = 0.9\n'
+                           'lost_after_s = 4.0\n')  # fmt: skip
+    refused: list[float] = []
+
+    def watch_fence() -> None:
+        while not refused:
+            try:
+                old.fence()
+            except LeaseLostError:
+                refused.append(time.monotonic())
+            time.sleep(0.005)
+
+    threading.Thread(target=watch_fence, daemon=True).start()
+    admin = PostgresLease(pg.dsn, "t-admin")._connect()
+    admin.execute("SELECT pg_terminate_backend(%s)", (old._conn.info.backend_pid,))
+    acting, new = standby(load_config(config_file), threading.Event())
+    acts_at = time.monotonic()
+    assert acting and new is not None
+    assert refused and refused[0] < acts_at, "both engines could write"
+    new.release()
+    old.release()
+    admin.close()
+
+
 def test_senders_list_engines_and_post_to_the_one_that_answers() -> None:
     assert engine_urls("http://a:1/v1/findings, http://b:2/v1/findings") == [
         "http://a:1/v1/findings",
         "http://b:2/v1/findings",
     ]
-    for bad in ("", " , ", "http://a/ ftp://b/"):
+    for bad in ("", " , ", "http://a/ ftp://b/", "https://a/v1/findings http://b/v1/findings"):
         with pytest.raises(ConfigError):
             engine_urls(bad)
     nobody = f"http://127.0.0.1:{free_port()}/v1/findings"  # a standby does not listen
@@ -205,6 +249,23 @@ def test_senders_list_engines_and_post_to_the_one_that_answers() -> None:
         assert poster.posted == 2 and poster.failed == 0
         assert poster.url == f"{srv.url}/v1/findings"  # kept: the second went straight there
         assert len(srv.requests) == 2
+
+
+def test_a_refusal_from_another_address_does_not_take_the_findings() -> None:
+    """The engine posted to is down for a moment and another address in the list answers 404
+    (a stale address, now some other web server): that refusal is not believed over the
+    engine, and once the engine is back, the findings go to it (before: the 404 became the
+    address posted to, and every finding after was refused there for good)."""
+    with ScriptedServer([], default=Reply(404, "not here")) as stray:
+        port = free_port()
+        engine_url = f"http://127.0.0.1:{port}/v1/findings"
+        poster = FindingPoster(f"{engine_url} {stray.url}/v1/findings")
+        assert poster._try(b"{}")[0] == "retry"  # the engine is down; the stray says 404
+        assert poster.url == engine_url
+        with ScriptedServer([], default=Reply(202, "{}"), port=port) as engine:
+            poster.post(risk("gpu01"))
+            poster.close(timeout_s=10)
+            assert poster.posted == 1 and len(engine.requests) == 1
 
 
 def test_a_standby_does_not_listen_and_stops_cleanly(pg: LocalPostgres, tmp_path: Path) -> None:

@@ -97,8 +97,11 @@ def xid(node: str) -> Finding:
     return finding("gpu_xid", node, xid=79)
 
 
-def healthy(node: str) -> Finding:
-    return finding("node_healthy", node, Severity.INFO, check="pass")
+def healthy(node: str, clock: HandClock | None = None, **evidence: Any) -> Finding:
+    """The node's agent: its check passed (at the engine's ``clock``, after the removal)."""
+    if not evidence:
+        evidence = {"check": "pass", "checked_ns": int((clock.wall() if clock else T0) * 1e9)}
+    return finding("node_healthy", node, Severity.INFO, **evidence)
 
 
 def records(tmp: Path, event: str) -> list[dict[str, Any]]:
@@ -118,7 +121,7 @@ def test_a_quick_pass_and_a_clean_window_refute_the_drain(tmp_path: Path) -> Non
     engine, sched = make_engine(tmp_path, clock)
     plan = drained(engine, "gpu01")
     clock.advance(600.0)  # passes its check 10 min later (< quick_pass_s)
-    assert engine.submit(healthy("gpu01")).verdict == "act"
+    assert engine.submit(healthy("gpu01", clock)).verdict == "act"
     assert engine.wait(10)
     assert "gpu01" not in sched.out
     clock.advance(DAY - 1.0)
@@ -135,12 +138,32 @@ def test_a_quick_pass_and_a_clean_window_refute_the_drain(tmp_path: Path) -> Non
     engine.close()
 
 
+def test_a_healthy_node_with_no_check_refutes_nothing(tmp_path: Path) -> None:
+    """A node_healthy without a passed check after the removal (no [check] on the node, or a
+    node's own identity forging one) does not count as "passed its check": else a node could
+    refute its own drains and talk a policy into demotion (an attacker's review)."""
+    clock = HandClock()
+    engine, _ = make_engine(tmp_path, clock)
+    drained(engine, "gpu01")
+    clock.advance(600.0)
+    engine.submit(healthy("gpu01", clock, state="healthy"))  # no check at all
+    engine.wait(10)
+    clock.advance(600.0)
+    stale = int((clock.wall() - 7200.0) * 1e9)  # a check from before the removal
+    engine.submit(healthy("gpu01", clock, check="pass", checked_ns=stale))
+    engine.wait(10)
+    clock.advance(8 * DAY)
+    engine.tick()
+    assert [o["verdict"] for o in records(tmp_path, "outcome")] == ["unknown"]
+    engine.close()
+
+
 def test_a_fault_again_after_the_return_confirms_the_drain(tmp_path: Path) -> None:
     clock = HandClock()
     engine, _ = make_engine(tmp_path, clock)
     plan = drained(engine, "gpu02")
     clock.advance(2 * HOUR)  # repaired and checked later than quick_pass_s
-    engine.submit(healthy("gpu02"))
+    engine.submit(healthy("gpu02", clock))
     assert engine.wait(10)
     clock.advance(3 * HOUR)
     engine.submit(xid("gpu02"))  # within clean_window_s of the return
@@ -161,7 +184,7 @@ def test_a_fault_after_the_clean_window_is_a_new_story(tmp_path: Path) -> None:
     engine, _ = make_engine(tmp_path, clock)
     plan = drained(engine, "gpu02")
     clock.advance(2 * HOUR)
-    engine.submit(healthy("gpu02"))
+    engine.submit(healthy("gpu02", clock))
     assert engine.wait(10)
     clock.advance(DAY + 1.0)
     engine.tick()
@@ -227,7 +250,7 @@ def test_outcomes_survive_restarts_and_are_never_recorded_twice(tmp_path: Path) 
     engine, _ = make_engine(tmp_path, clock)
     plan = drained(engine, "gpu01")
     clock.advance(600.0)
-    engine.submit(healthy("gpu01"))
+    engine.submit(healthy("gpu01", clock))
     assert engine.wait(10)
     confirmed = drained(engine, "gpu02")
     engine.undo("gpu02", by="bob", reason="repaired")

@@ -53,7 +53,8 @@ from gpuwarden.core.checkpoint import read_json, write_json_atomic
 
 log = logging.getLogger(__name__)
 
-FIELDS = "MESSAGE,_TRANSPORT,SYSLOG_FACILITY"
+FIELDS = "MESSAGE,_TRANSPORT,SYSLOG_FACILITY,_MACHINE_ID"
+MACHINE_ID_RE = re.compile(r"[0-9a-f]{32}")
 MATCHES = ("_TRANSPORT=kernel", "SYSLOG_FACILITY=0")
 # a journal cursor: ``s=<hex>;i=<hex>;b=<hex>;m=<hex>;t=<hex>;x=<hex>``
 CURSOR_RE = re.compile(r"[a-z]=[0-9a-f]{1,64}(?:;[a-z]=[0-9a-f]{1,64}){0,15}")
@@ -84,10 +85,14 @@ def _bytes(value: Any) -> bytes | None:
     return None
 
 
-def kernel_record(record: dict[str, Any]) -> tuple[str, int | None] | None:
-    """``(message, time_ns)`` of a journal record the kernel wrote, else None (pure): its
-    ``_TRANSPORT`` is ``kernel`` and its ``SYSLOG_FACILITY`` the kernel's, 0 (what user space
-    writes to ``/dev/kmsg`` has another). The message is escaped as ``/dev/kmsg`` gives it."""
+def kernel_record(record: dict[str, Any], machine_id: str = "") -> tuple[str, int | None] | None:
+    """``(message, time_ns)`` of a journal record this host's kernel wrote, else None (pure):
+    its ``_TRANSPORT`` is ``kernel``, its ``SYSLOG_FACILITY`` the kernel's, 0 (what user space
+    writes to ``/dev/kmsg`` has another), and, with ``machine_id``, its ``_MACHINE_ID`` this
+    host's (the same folders hold other machines' journals: ``remote/``, containers').
+    The message is escaped as ``/dev/kmsg`` gives it."""
+    if machine_id and _bytes(record.get("_MACHINE_ID")) != machine_id.encode():
+        return None
     if _bytes(record.get("_TRANSPORT")) != b"kernel":
         return None
     if _bytes(record.get("SYSLOG_FACILITY")) != b"0":
@@ -114,6 +119,7 @@ class JournalFollower:
         journalctl: str = "journalctl",
     ) -> None:
         self.root = root
+        self.machine_id = _machine_id(root)
         self.cursor_file = cursor_file
         self.lookback_s = lookback_s
         self.journalctl = journalctl
@@ -234,9 +240,13 @@ class JournalFollower:
             argv.append(f"--after-cursor={self._cursor}")
         elif self.lookback_s > 0:
             argv.append(f"--since=@{time.time() - self.lookback_s:.6f}")
-        return argv + list(MATCHES)
+        return argv + list(MATCHES) + [f"_MACHINE_ID={self.machine_id}"]
 
     def _missing(self) -> str:
+        if not self.machine_id:
+            return ("no etc/machine-id below it: without the host's machine id its kernel's "
+                    "records cannot be told from other machines' in the same folders (remote/, "
+                    "containers'); mount the host's /etc/machine-id there")  # fmt: skip
         here = [d for d in ("var/log/journal", "run/log/journal")
                 if os.path.isdir(os.path.join(self.root, d))]  # fmt: skip
         if here:
@@ -331,7 +341,7 @@ class JournalFollower:
             self.skipped += 1
             return False
         cursor = record["__CURSOR"]
-        kernel = kernel_record(record)
+        kernel = kernel_record(record, self.machine_id)
         with self._lock:
             while len(self._pending) >= MAX_PENDING and not self._stop.is_set():
                 self._lock.wait(0.5)  # the reader waits (journalctl with it), nothing is lost
@@ -354,3 +364,13 @@ def _drain(stream: IO[bytes] | None, into: deque[str]) -> None:
             text = raw.decode("utf-8", "replace").strip()
             if text:
                 into.append(text[:300])
+
+
+def _machine_id(root: str) -> str:
+    """The host's machine id (``<root>/etc/machine-id``), or "" when it cannot be read."""
+    try:
+        with open(os.path.join(root, "etc/machine-id"), encoding="ascii") as fh:
+            text = fh.read(64).strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
+    return text if MACHINE_ID_RE.fullmatch(text) else ""

@@ -101,7 +101,10 @@ class KmsgXidSource:
         self.os_rules = bool(settings.get("os_rules", True))
         self.episodes = Episodes(recovery_s=float(settings.get("os_recovery_s", 300.0)))
         # one XID code repeating on one GPU: one fast-path finding per episode
-        self.xid_episodes = Episodes(recovery_s=float(settings.get("xid_recovery_s", 300.0)))
+        self.xid_episodes = Episodes(
+            recovery_s=float(settings.get("xid_recovery_s", 300.0)),
+            resend_s=float(settings.get("xid_resend_s", 600.0)),
+        )
         self.follow_s = float(settings.get("follow_s", 0.1))
         if self.follow_s < 0:
             raise SourceError(f"xid.follow_s must be 0 or more, got {self.follow_s}")

@@ -118,6 +118,9 @@ class Executor:
                         action.node,
                     )
                     break
+        except JournalError as exc:  # the lease no longer confirmed, or shutting down
+            log.error("plan for %s stopped: %s (its intents are reconciled on the next start, "
+                      "by whichever engine then acts)", d.finding_id, exc)  # fmt: skip
         finally:
             if done is not None:
                 done()
@@ -143,6 +146,11 @@ class Executor:
             refused = None
             if action.kind is ActionKind.UNCORDON and self.before_uncordon is not None:
                 refused = self.before_uncordon(action)  # the return check, where configured
+            if refused is None and action.kind in MUTATING and self.audit.fence is not None:
+                # the intent went to disk under a confirmed lease; confirm it again just before
+                # acting (a pause since, and the standby may hold it now): if not, nothing is
+                # done here and the intent is reconciled by whoever holds the lease
+                self.audit.fence()
             try:
                 outcome = refused or adapter.perform(action)
             except AdapterError as exc:

@@ -69,7 +69,10 @@ class NvmlSource:
         self._reader: Reader | None = None
         self.xids = XidEvents(
             context, self.policy, self.events, self._warn,
-            Episodes(recovery_s=float(settings.get("xid_recovery_s", 300.0))),
+            Episodes(
+            recovery_s=float(settings.get("xid_recovery_s", 300.0)),
+            resend_s=float(settings.get("xid_resend_s", 600.0)),
+        ),
         )  # fmt: skip
 
     # -- set-up ---------------------------------------------------------------------------
