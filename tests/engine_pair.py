@@ -73,7 +73,8 @@ class Slot:
         if crash_at:
             env["GPUWARDEN_TEST_CRASH_AT"] = crash_at
         self.starts += 1
-        out = (self.work / f"engine-{self.name}-{self.starts}.log").open("wb")
+        self.log = self.work / f"engine-{self.name}-{self.starts}.log"
+        out = self.log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(self.config),
              "serve"],
@@ -89,6 +90,11 @@ class Slot:
                 self.died_at = time.monotonic()
 
         threading.Thread(target=reap, daemon=True).start()
+
+    def acted(self) -> bool:
+        """Whether the process now (or last) in this slot served as the acting engine."""
+        log = getattr(self, "log", None)
+        return log is not None and b"remediation engine on http" in log.read_bytes()
 
     def up(self) -> bool:
         try:
@@ -125,6 +131,8 @@ class Report:
     killed_between: int = 0
     """Kills by the harness after the round's plan was done (the point lay beyond it)."""
     rounds: int = 0
+    standby_deaths: int = 0
+    """Deaths of an engine that had not begun to act (its point came before it served)."""
     both_down: int = 0
     """Deaths while the other engine was down too (no takeover to time)."""
     findings: list[str] = field(default_factory=list)
@@ -209,7 +217,11 @@ class EnginePair:
         died_at = dead.died_at
         assert died_at is not None
         other = next(s for s in self.slots if s is not dead)
+        acted = dead.acted()
         dead.start(self.crash_point())  # the new standby: it waits for the lease
+        if not acted:  # a standby died (before, or while, taking the lease): no failover
+            self.report.standby_deaths += 1
+            return
         if other.alive():
             # the standby takes over (or the engine just started in the dead one's place, when
             # it reaches the lease first): whichever serves first
