@@ -57,7 +57,6 @@ from gpuwarden.collector.sources.infiniband import discover
 from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding, Severity
-from gpuwarden.core.poster import FindingPoster
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink
 
@@ -392,13 +391,8 @@ def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -
     done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
     a = config["agent"]
     finding = check_finding(cluster, node, results, now_ns)
-    if a["remediation_url"]:
-        poster = FindingPoster(
-            a["remediation_url"], a["remediation_token_file"],
-            secret_file=a["remediation_hmac_secret_file"], identity=a["remediation_identity"],
-            ca_file=a["remediation_ca_file"],
-            cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
-        )  # fmt: skip
+    poster = config.fast_path_poster(node)
+    if poster is not None:
         poster.post(finding)
         poster.close(timeout_s=15.0)
         done.append(f"{finding.kind} posted to {a['remediation_url']}")

@@ -88,19 +88,7 @@ def build_agent(
         source_timeout_s=a["source_timeout_s"],
         sink_stats=sink_stats,
     )
-    poster = (
-        FindingPoster(
-            a["remediation_url"],
-            a["remediation_token_file"],
-            secret_file=a["remediation_hmac_secret_file"],
-            identity=a["remediation_identity"],
-            ca_file=a["remediation_ca_file"],
-            cert_file=a["remediation_cert_file"],
-            key_file=a["remediation_key_file"],
-        )
-        if a["remediation_url"]
-        else None
-    )
+    poster = config.fast_path_poster(context.node)
     h = config["health"]
     if h["healthy_after_s"] < 0 or h["expected_gpus"] < 0:
         raise ConfigError("[health] healthy_after_s and expected_gpus must be 0 or more")

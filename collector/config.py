@@ -15,6 +15,7 @@ from typing import Any
 
 from gpuwarden.core.config import ConfigError, merge_config
 from gpuwarden.core.names import BadNameError, ClusterName, NodeName
+from gpuwarden.core.poster import FindingPoster
 from gpuwarden.core.store.sink import SinkConfig
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS
 
@@ -38,7 +39,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "remediation_url": "",
         "remediation_token_file": "",
         # the fast path signs what it posts as remediation_identity (this node's identity at
-        # the engine) with the key in remediation_hmac_secret_file (legacy: the shared secret)
+        # the engine; "{node}" in it is this node's name, e.g. "agents/{node}") with the key
+        # in remediation_hmac_secret_file (legacy: the shared secret)
         "remediation_identity": "",
         "remediation_hmac_secret_file": "",
         # an https remediation_url: the CA that signed the engine's certificate ("" = system
@@ -153,6 +155,22 @@ class AgentConfig:
             ):
                 settings[key] = xid[key]
         return settings
+
+    def fast_path_poster(self, node: str) -> FindingPoster | None:
+        """The poster of findings to the engine (``[agent] remediation_url``; ``None``: off),
+        signing as ``remediation_identity`` with ``{node}`` in it replaced by ``node``, so one
+        configuration serves every node of a family (``"agents/{node}"``, as the shipped
+        DaemonSet's ConfigMap has it) while each node signs with its own derived key."""
+        a = self.sections["agent"]
+        if not a["remediation_url"]:
+            return None
+        return FindingPoster(
+            a["remediation_url"], a["remediation_token_file"],
+            secret_file=a["remediation_hmac_secret_file"],
+            identity=a["remediation_identity"].replace("{node}", node),
+            ca_file=a["remediation_ca_file"],
+            cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
+        )  # fmt: skip
 
 
 def load_config(

@@ -239,3 +239,137 @@ def test_no_host_device_goes_into_an_unprivileged_container() -> None:
         inside = m["mountPath"] + journal[len(host[m["name"]]) :]
         assert inside == root.rstrip("/") + journal, (inside, root)
     assert "SYSLOG" not in agent["securityContext"]["capabilities"].get("add", [])
+
+
+def _configmap(docs: list[dict[str, Any]], name: str, key: str) -> str:
+    cm = next(d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name)
+    return str(cm["data"][key])
+
+
+def test_the_shipped_manifests_give_every_sender_its_own_identity() -> None:
+    """Issue 38: the manifests used the legacy mode by default: one bearer token in one Secret,
+    mounted by every agent and the engine, so one node's token could report, approve and undo
+    for every node. Now the engine's configuration names an identity per sender (an agent
+    family, each node signing with its own derived key; the analyze service; an operator) and
+    no token or shared secret; every agent signs as ``agents/<its node>`` with a key that only
+    its host holds (a hostPath file, not a Secret every node mounts)."""
+    docs = documents()
+    engine = tomllib.loads(_configmap(docs, "gpuwarden-remediate", "remediation.toml"))
+    assert not engine["engine"].get("token_file") and not engine["engine"].get("hmac_secret_file")
+    kinds = {i["kind"]: i for i in engine["identity"]}
+    assert set(kinds) == {"agent", "analytics", "operator"}
+    assert kinds["agent"]["node"] == "*"
+    agent = tomllib.loads(_configmap(docs, "gpuwarden-agent", "agent.toml"))["agent"]
+    assert not agent.get("remediation_token_file")
+    assert agent["remediation_identity"] == kinds["agent"]["name"] + "/{node}"
+    ds = next(d for d in docs if d["kind"] == "DaemonSet")
+    spec = ds["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    key_mount = next(m for m in container["volumeMounts"]
+                     if m["mountPath"] == agent["remediation_hmac_secret_file"])  # fmt: skip
+    volume = next(v for v in spec["volumes"] if v["name"] == key_mount["name"])
+    assert volume["hostPath"]["type"] == "File", volume
+    assert not [v for v in spec["volumes"] if "secret" in v], "every node mounts one Secret"
+    recipe = (FOLDER / "00-namespace.yaml").read_text()
+    assert f"agent-key {kinds['agent']['name']} NODE" in recipe
+    assert volume["hostPath"]["path"] in recipe
+
+
+def test_a_node_agent_configured_as_shipped_speaks_for_its_own_node_only(tmp_path: Path) -> None:
+    """The shipped engine configuration, started for real (``gpuwarden remediate serve``, the
+    Kubernetes fake for the API server), and the shipped agent configuration's fast path with
+    the key the recipe derives (``gpuwarden remediate agent-key agents NODE``): node-001's
+    agent reports node-001 and is heard, and cannot report node-002. Only the key folder, the
+    listen address, the audit log and the API server differ from the manifests. Every finding
+    is CONSTRUCTED."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from gpuwarden.core.finding import Finding, Severity
+    from gpuwarden.remediation.audit import read_records
+    from testbed.influxd import free_port
+    from testbed.k8s import FakeKubernetes
+    from tests.remediation_util import poll
+
+    docs = documents()
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("agents", "analyze", "admin"):
+        (keys / name).write_text(f"a test key for {name}, CONSTRUCTED\n")
+        (keys / name).chmod(0o400)
+    config = tmp_path / "remediation.toml"
+    config.write_text(_configmap(docs, "gpuwarden-remediate", "remediation.toml")
+                      .replace("/var/run/secrets/gpuwarden/keys/", f"{keys}/"))  # fmt: skip
+    fake = FakeKubernetes(token="k").start()
+    for node in ("node-001", "node-002"):
+        fake.add_node(node)
+    (tmp_path / "k8s").write_text("k")
+    port = free_port()
+    env = {
+        **os.environ,
+        "GPUWARDEN_ENGINE_LISTEN": f"127.0.0.1:{port}",
+        "GPUWARDEN_ENGINE_AUDIT_LOG": str(tmp_path / "audit.jsonl"),
+        "GPUWARDEN_KUBERNETES_IN_CLUSTER": "false",
+        "GPUWARDEN_KUBERNETES_API_URL": fake.url,
+        "GPUWARDEN_KUBERNETES_TOKEN_FILE": str(tmp_path / "k8s"),
+    }
+    cmd = [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config)]
+    derived = subprocess.run([*cmd, "agent-key", "agents", "node-001"], env=env, cwd=ROOT,
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    (tmp_path / "agent.key").write_text(derived.stdout)
+    log = (tmp_path / "engine.log").open("w")
+    engine = subprocess.Popen([*cmd, "serve"], env=env, cwd=ROOT, stdout=log,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    try:
+        agent_toml = tmp_path / "agent.toml"
+        agent_toml.write_text(_configmap(docs, "gpuwarden-agent", "agent.toml"))
+        agent = load_agent_config(str(agent_toml), {
+            "GPUWARDEN_AGENT_REMEDIATION_URL": f"http://127.0.0.1:{port}/v1/findings",
+            "GPUWARDEN_AGENT_REMEDIATION_HMAC_SECRET_FILE": str(tmp_path / "agent.key"),
+        })  # fmt: skip
+
+        def xid(node: str) -> Finding:
+            return Finding(
+                kind="gpu_xid", severity=Severity.CRITICAL, source="agent",
+                subject={"cluster": "prod", "node": node, "gpu": "0"},
+                summary="XID 79 (CONSTRUCTED)", evidence={"xid": 79},
+                time_ns=time.time_ns(),
+            )  # fmt: skip
+
+        def heard(node: str) -> bool:
+            records = read_records(tmp_path / "audit.jsonl")
+            return any(r.get("event") == "finding" and r["subject"]["node"] == node
+                       for r in records)  # fmt: skip
+
+        def posted(node: str) -> tuple[int, int]:
+            poster = agent.fast_path_poster("node-001")
+            assert poster is not None
+            poll(lambda: engine.poll() is not None or _answers(port), 60, "the engine")
+            assert engine.poll() is None, (tmp_path / "engine.log").read_text()
+            poster.post(xid(node))
+            poster.close(timeout_s=30.0)
+            return poster.posted, poster.failed
+
+        assert posted("node-002") == (0, 1)
+        assert posted("node-001") == (1, 0)
+        assert heard("node-001") and not heard("node-002")
+    finally:
+        engine.terminate()
+        engine.wait(30)
+        log.close()
+        fake.stop()
+
+
+def _answers(port: int) -> bool:
+    import http.client
+
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/healthz")
+        ok = conn.getresponse().status == 200
+        conn.close()
+        return ok
+    except OSError:
+        return False
