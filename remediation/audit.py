@@ -211,6 +211,10 @@ class Memory:
     """Plans decided ``act``/``dry_run`` whose actions had not all been recorded (replay)."""
     waiting: list[PlanRecord] = field(default_factory=list)
     """Plans still waiting (approval, blast radius, rate limit, lemon) at the last stop."""
+    approved: dict[str, str] = field(default_factory=dict)
+    """Waiting plans an operator approved (plan id: who) whose decision after the approval is
+    not on disk: the engine stopped between the ``approval`` record and acting on it. The
+    approval was journalled, so it holds: :meth:`Engine.resume` runs them as approved."""
 
     def saw(self, finding_id: str, t: float) -> None:
         """``finding_id`` was decided at ``t``: a re-send of it is a duplicate (and does not
@@ -273,14 +277,19 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
     findings: dict[str, dict[str, Any]] = {}
     latest: dict[str, PlanRecord] = {}
     outcomes: dict[str, str] = {}
+    approvals: dict[str, str] = {}
     for record in read_records(path, memory.torn_lines):
         event = record.get("event")
         fid = str(record.get("finding_id", ""))
-        if event == "finding" and fid:
+        if event == "approval" and fid:
+            approvals[fid] = str(record.get("by", ""))
+        elif event == "finding" and fid:
             findings[fid] = record
             if record.get("digest"):
                 memory.finding_digests[fid] = str(record["digest"])
         elif event == "decision" and fid:
+            if record.get("verdict") != "duplicate":
+                approvals.pop(fid, None)  # decided since: the approval took effect
             if record.get("verdict") != "queue_full":  # (not queued: a re-send is decided)
                 memory.saw(fid, float(record.get("t", 0.0)))  # decided, durably: a duplicate
             if record.get("verdict") != "duplicate":
@@ -297,6 +306,9 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
         verdict = p.decision.get("verdict")
         if verdict in WAITING_VERDICTS:
             memory.waiting.append(p)
+            fid = str(p.decision.get("finding_id", ""))
+            if verdict == "approval" and fid in approvals:
+                memory.approved[fid] = approvals[fid]
         elif verdict in RUNNING_VERDICTS and not _finished(p.decision, outcomes):
             memory.unfinished.append(p)
     return memory

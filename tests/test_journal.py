@@ -203,6 +203,37 @@ def test_a_waiting_plan_survives_a_restart_and_expires(tmp_path: Path) -> None:
     assert replay(audit).waiting == []  # and it stays expired after another restart
 
 
+def test_an_approval_on_disk_holds_after_a_restart(tmp_path: Path) -> None:
+    """Issue 38: an operator's approval is journalled before it is acted on, and it holds. The
+    log of an engine killed right after the ``approval`` record (before the approved plan was
+    decided again) used to bring the plan back as waiting for approval: the operator had been
+    told nothing, and the drain they approved waited for a second approval. Now the next
+    engine runs it as approved, once."""
+    adapter = RecordingAdapter("slurm", NODES)
+    audit = tmp_path / "audit.jsonl"
+    first = engine_on(audit, adapter, approval=("drain",))
+    finding = xid("gpu07")
+    assert first.submit(finding).verdict == "approval"
+    assert first.approve(finding.id, by="alice").verdict == "act"
+    assert first.wait(30)
+    first.close()
+    records = list(read_records(audit))
+    cut = next(i for i, r in enumerate(records) if r["event"] == "approval")
+    audit.write_text("".join(json.dumps(r) + "\n" for r in records[: cut + 1]))
+    assert replay(audit).approved == {finding.id: "alice"}
+
+    world = RecordingAdapter("slurm", NODES)
+    second = engine_on(audit, world, approval=("drain",))
+    assert [d.verdict for d in second.resume()] == ["act"]
+    assert second.wait(30)
+    assert drains(world) == ["gpu07"]
+    assert second.pending() == []
+    second.close()
+    # and once: a third start finds the plan decided and done, nothing approved or waiting
+    memory = replay(audit)
+    assert memory.approved == {} and memory.waiting == [] and memory.unfinished == []
+
+
 def test_one_engine_per_audit_log(tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     first = AuditLog(audit, exclusive=True)

@@ -19,7 +19,7 @@ from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
-from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, PendingPlans
+from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
     EngineSettings,
@@ -260,8 +260,11 @@ class Engine:
             self._require_open()
             pending = self.waiting.take(plan_id)
             self.audit.append("approval", self.clock.wall(), finding_id=plan_id, by=by)
-            d = self.guards.check(pending.finding, pending.decision, approved=True)
-            return self._decide(pending.finding, d, pending.received, approved=True)
+            return self._approved(pending)
+
+    def _approved(self, pending: Pending) -> Decision:
+        d = self.guards.check(pending.finding, pending.decision, approved=True)
+        return self._decide(pending.finding, d, pending.received, approved=True)
 
     def undo(
         self, node: str, by: str = "operator", *, force: bool = False, reason: str = ""
@@ -428,6 +431,16 @@ class Engine:
                     d, self._restored(p.received), dry_run=dry_run, done=done, resume=True
                 )
                 resumed.append(d)
+            # approvals on disk whose plan was not decided again before the stop: they hold
+            for plan_id, by in self.memory.approved.items():
+                try:
+                    approved = self.waiting.take(plan_id)
+                except KeyError:
+                    continue  # not restored (its record could not be read)
+                log.warning("plan %s was approved by %s before a restart; running it", plan_id,
+                            by or "-")  # fmt: skip
+                resumed.append(self._approved(approved))
+            self.memory.approved = {}
         return resumed
 
     # -- lifetime -----------------------------------------------------------------------------
