@@ -179,6 +179,9 @@ def engine_process(tmp: Path, nodes: int) -> Iterator[tuple[subprocess.Popen[byt
     (tmp / "remediation.toml").write_text(
         f'[engine]\nlisten = "127.0.0.1:{port}"\naudit_log = "{tmp}/audit.jsonl"\n'
         f"dry_run = true\nworkers = {WORKERS}\nmax_connections = {MAX_CONNECTIONS}\n"
+        # attackers and agents alike are 127.0.0.1 here: the cap per peer is left out, so the
+        # bounds are those of the total cap (tests/security/test_limits.py shows the per-peer one)
+        f"max_connections_per_peer = {MAX_CONNECTIONS}\n"
         'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
         f"max_findings_per_request = 10\n[guards]\nmax_nodes_out = {nodes}\n"
         "max_fraction_out = 1.0\nactions_per_minute = 100000\ncooldown_s = 0.0\n"

@@ -149,6 +149,9 @@ def engine_storm(args: argparse.Namespace, tmp: Path) -> tuple[Storm, int, int, 
     config.write_text(
         f'[engine]\nlisten = "127.0.0.1:{port}"\ntoken_file = "{tmp}/token"\n'
         f'audit_log = "{tmp}/audit.jsonl"\ndry_run = true\n'
+        # every simulated agent is 127.0.0.1: one peer, which the per-peer cap would hold to
+        # a quarter of the places; in a cluster each node is an address of its own
+        "max_connections_per_peer = 128\n"
         'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
         f"max_findings_per_request = 10\n[guards]\nmax_nodes_out = {MAX_NODES_OUT}\n"
         "max_fraction_out = 1.0\nactions_per_minute = 100000\n"

@@ -265,19 +265,17 @@ class ReporterRelay:
                 else:
                     self._answer(status)
 
+        # every caller of a node's relay is that node (loopback, or one socket): no cap per peer
         cap, deadline = MAX_CONNECTIONS, REQUEST_DEADLINE_S
         if self.listen:
-            server = http_server(
-                self.address, Handler, self.tls, max_connections=cap, request_deadline_s=deadline
-            )
+            server = http_server(self.address, Handler, self.tls, max_connections=cap,
+                                 max_per_peer=cap, request_deadline_s=deadline)  # fmt: skip
             self.address = server.server_address[:2]  # type: ignore[assignment]
             self._servers.append(server)
         if self.socket_path:
-            self._servers.append(
-                unix_http_server(
-                    self.socket_path, Handler, max_connections=cap, request_deadline_s=deadline
-                )
-            )
+            unix = unix_http_server(self.socket_path, Handler, max_connections=cap,
+                                    max_per_peer=cap, request_deadline_s=deadline)  # fmt: skip
+            self._servers.append(unix)
             self._socket_inode = os.lstat(self.socket_path).st_ino
         for s in self._servers:
             threading.Thread(target=s.serve_forever, daemon=True, name="relay").start()

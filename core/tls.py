@@ -10,6 +10,9 @@ client certificate) costs that connection only and is logged at debug level.
 Limits (issue 38): a server serves at most ``max_connections`` connections at once; one more
 is answered ``503`` with ``Retry-After: 1`` (plain HTTP; over TLS it is closed) from the
 accepting thread, so a flood of idle clients holds at most that many threads and descriptors.
+One peer (an IP address; on a Unix socket, a user id) holds at most ``max_per_peer`` of them
+(default a quarter), and is answered the same way past it, so one host's flood leaves room for
+every other sender.
 Each request, from its first byte (or the TLS handshake, or the wait for the next request on
 a kept-alive connection) until its body has been read, has ``request_deadline_s`` in all:
 a client that trickles a byte at a time, within every per-read timeout, is cut off at the
@@ -72,6 +75,7 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
     request_queue_size = 1024
     daemon_threads = True
     max_connections = 128
+    max_per_peer = 0  # 0: a quarter of max_connections (at least 1)
     request_deadline_s = 15.0
     _BUSY = (
         b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: 1\r\nContent-Type: text/plain\r\n"
@@ -83,6 +87,8 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         self.refused_busy = 0  # connections turned away at the cap
         self.cut_slow = 0  # connections shut down at their request deadline
         self._slots = threading.BoundedSemaphore(self.max_connections)
+        self._per_peer = self.max_per_peer or max(1, self.max_connections // 4)
+        self._peers: dict[object, int] = {}  # connections served per peer (only those > 0)
         self._armed: dict[socket.socket, float] = {}
         self._active = 0  # connections being served
         self._guard = threading.Lock()
@@ -123,9 +129,15 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
             self._served.wait()
 
     def process_request(self, request: Any, client_address: Any) -> None:
-        if not self._slots.acquire(blocking=False):
-            with self._guard:
+        peer = _peer(request, client_address)
+        with self._guard:
+            held = self._peers.get(peer, 0)
+            room = held < self._per_peer and self._slots.acquire(blocking=False)
+            if room:
+                self._peers[peer] = held + 1
+            else:
                 self.refused_busy += 1
+        if not room:
             if not isinstance(request, ssl.SSLSocket):
                 try:
                     request.settimeout(0.5)
@@ -137,10 +149,18 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         try:
             super().process_request(request, client_address)
         except BaseException:
-            self._slots.release()
+            self._release(peer)
             raise
 
+    def _release(self, peer: object) -> None:
+        with self._guard:
+            left = self._peers.pop(peer, 1) - 1
+            if left > 0:
+                self._peers[peer] = left
+        self._slots.release()
+
     def process_request_thread(self, request: Any, client_address: Any) -> None:
+        peer = _peer(request, client_address)
         self.arm(request)  # the TLS handshake and the first request
         with self._guard:
             self._active += 1
@@ -150,7 +170,7 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
             self.disarm(request)
             with self._guard:
                 self._active -= 1
-            self._slots.release()
+            self._release(peer)
 
     def busy(self) -> bool:
         """More than three quarters of the places are taken."""
@@ -273,14 +293,14 @@ def http_server(
     context: ssl.SSLContext | None = None,
     *,
     max_connections: int = 128,
+    max_per_peer: int = 0,
     request_deadline_s: float = 15.0,
 ) -> ThreadingHTTPServer:
     """A threading HTTP server for ``handler``; HTTPS when ``context`` is given; at most
-    ``max_connections`` at once, each request read within ``request_deadline_s``."""
-    if max_connections < 1 or request_deadline_s <= 0:
-        raise ValueError("max_connections must be >= 1 and request_deadline_s > 0")
+    ``max_connections`` at once (``max_per_peer`` of them from one address; 0: a quarter),
+    each request read within ``request_deadline_s``."""
+    limits = _limits(max_connections, max_per_peer, request_deadline_s)
     cls = _Server if context is None else _TLSServer
-    limits = {"max_connections": max_connections, "request_deadline_s": request_deadline_s}
     server: ThreadingHTTPServer = type(cls.__name__, (cls,), limits)(address, handler)
     if context is not None:
         server.context = context  # type: ignore[attr-defined]
@@ -294,6 +314,7 @@ def unix_http_server(
     *,
     mode: int = 0o666,
     max_connections: int = 128,
+    max_per_peer: int = 0,
     request_deadline_s: float = 15.0,
 ) -> socketserver.ThreadingUnixStreamServer:
     """An HTTP server on the Unix socket ``path`` (a stale socket file there is replaced; any
@@ -304,12 +325,35 @@ def unix_http_server(
         if not os.path.exists(path) or not _is_socket(path):
             raise OSError(f"{path} exists and is not a socket; not replacing it")
         os.unlink(path)
-    limits = {"max_connections": max_connections, "request_deadline_s": request_deadline_s}
+    limits = _limits(max_connections, max_per_peer, request_deadline_s)
     server: socketserver.ThreadingUnixStreamServer = type("_UnixServer", (_UnixServer,), limits)(
         path, handler
     )
     os.chmod(path, mode)
     return server
+
+
+def _limits(max_connections: int, max_per_peer: int, deadline_s: float) -> dict[str, Any]:
+    if max_connections < 1 or max_per_peer < 0 or deadline_s <= 0:
+        raise ValueError("max_connections must be >= 1, max_per_peer >= 0 and "
+                         "request_deadline_s > 0")  # fmt: skip
+    return {"max_connections": max_connections, "max_per_peer": max_per_peer,
+            "request_deadline_s": deadline_s}  # fmt: skip
+
+
+def _peer(request: Any, client_address: Any) -> object:
+    """Who is at the other end, for the per-peer cap: the IP address, or on a Unix socket the
+    user id the kernel gives (``SO_PEERCRED``)."""
+    if getattr(request, "family", None) == socket.AF_UNIX:
+        try:
+            creds = request.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                       struct.calcsize("3i"))  # fmt: skip
+        except OSError:
+            return ("unix", -1)
+        return ("unix", struct.unpack("3i", creds)[1])
+    if isinstance(client_address, tuple) and client_address:
+        return client_address[0]
+    return client_address
 
 
 def _is_socket(path: str) -> bool:

@@ -224,6 +224,7 @@ def serve(config: RemediationConfig) -> int:
         int(port),
         tls,
         max_connections=e["max_connections"],
+        max_connections_per_peer=e["max_connections_per_peer"],
         request_deadline_s=e["request_deadline_s"],
     )
     threading.Thread(target=server.serve_forever, daemon=True, name="http").start()

@@ -64,6 +64,7 @@ ENGINE = {
     "max_clock_skew_s": 300.0,
     "alerts_unsigned": False,
     "max_connections": 128,
+    "max_connections_per_peer": 0,
     "request_deadline_s": 15.0,
     "quota_agent_per_min": 60.0,
     "quota_analytics_per_min": 6000.0,

@@ -745,16 +745,19 @@ def make_server(
     tls: ssl.SSLContext | None = None,
     *,
     max_connections: int = 128,
+    max_connections_per_peer: int = 0,
     request_deadline_s: float = 15.0,
 ) -> ThreadingHTTPServer:
     """The endpoint's HTTP server (HTTPS with ``tls``: :func:`core.tls.server_context`), at
-    most ``max_connections`` at once, each request read within ``request_deadline_s``."""
+    most ``max_connections`` at once (``max_connections_per_peer`` from one address; 0: a
+    quarter of them), each request read within ``request_deadline_s``."""
     handler = type("Handler", (_Handler,), {"endpoint": endpoint})
     server = http_server(
         (host, port),
         handler,
         tls,
         max_connections=max_connections,
+        max_per_peer=max_connections_per_peer,
         request_deadline_s=request_deadline_s,
     )
     endpoint.server = server

@@ -30,7 +30,8 @@ def engine(tmp_path: Path) -> Iterator[IdentityEngine]:
     e = IdentityEngine(
         tmp_path,
         engine_keys=(
-            f"max_connections = {CAP}\nrequest_deadline_s = {DEADLINE_S}\n"
+            f"max_connections = {CAP}\nmax_connections_per_peer = {CAP}\n"
+            f"request_deadline_s = {DEADLINE_S}\n"
             'quota_agent_per_min = 10.0\napproval = ["drain"]\n'
         ),
         guard_keys="max_pending_per_node = 2\n",
@@ -180,3 +181,51 @@ def test_an_agent_cannot_send_the_analyze_services_kinds(engine: IdentityEngine)
     status, reply = engine.post("node-001", "/v1/findings", advice)
     assert status == 403 and "analyze service's kind" in reply["error"], reply
     assert finding_ids(engine, "node-001") == []
+
+
+def test_one_peer_holds_a_quarter_of_the_places_and_the_others_are_served(
+    tmp_path: Path,
+) -> None:
+    """One host (an IP address) that opens connections and trickles holds at most
+    ``max_connections_per_peer`` of the engine's places (default: a quarter), and is turned
+    away with 503 past it, while another host is served. Before: one address could hold every
+    place, and every other sender got 503 until its deadline cut it."""
+    cap = 8
+    engine = IdentityEngine(tmp_path, engine_keys=f"max_connections = {cap}\n"
+                            f"request_deadline_s = {DEADLINE_S}\n")  # fmt: skip
+    held: list[socket.socket] = []
+    try:
+
+        def knock(source: str) -> int:
+            conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=10,
+                                              source_address=(source, 0))  # fmt: skip
+            try:
+                conn.request("GET", "/healthz")
+                return conn.getresponse().status
+            except OSError:
+                return 0
+            finally:
+                conn.close()
+
+        # the trickling host takes every place it is given (a quarter: 2)
+        for _ in range(cap // 4):
+            s = socket.create_connection(("127.0.0.1", engine.port), timeout=5,
+                                         source_address=("127.0.0.1", 0))  # fmt: skip
+            s.sendall(b"POST /v1/findings HTTP/1.1\r\nHost: x\r\n")
+            held.append(s)
+        assert engine.proc is not None
+        poll(lambda: knock("127.0.0.1") == 503, DEADLINE_S, "the trickling host turned away")
+        # another host is served meanwhile: node-002's agent, from 127.0.0.2
+        body = json.dumps(xid("node-002")).encode()
+        headers = engine.signed("node-002", "POST", "/v1/findings", body)
+        conn = http.client.HTTPConnection("127.0.0.1", engine.port, timeout=10,
+                                          source_address=("127.0.0.2", 0))  # fmt: skip
+        conn.request("POST", "/v1/findings", body=body, headers=headers)
+        resp = conn.getresponse()
+        assert resp.status == 202, resp.read()
+        conn.close()
+        assert finding_ids(engine, "node-002")
+    finally:
+        for s in held:
+            s.close()
+        engine.close()
