@@ -262,6 +262,7 @@ def _hang_finding(job: JobResult, end_ns: int) -> Finding | None:
         "idle_ranks": h.idle,
         "outside_ranks": h.outside,
         "suspect_nodes": h.suspect_nodes,
+        **({"unconfirmed_nodes": h.unconfirmed_nodes} if h.unconfirmed_nodes else {}),
     }
     return Finding(
         kind="job_hang",

@@ -97,6 +97,9 @@ class Hang:
     outside: list[str] = field(default_factory=list)
     """Ranks between steps while most ranks wait inside one."""
     suspect_nodes: list[str] = field(default_factory=list)
+    unconfirmed_nodes: list[str] = field(default_factory=list)
+    """Nodes only the job's own points name (its steps' or heartbeats' ``node`` tags) where the
+    agents' GPU data for the job shows none of its GPUs: never a suspect (issue 38)."""
 
     @property
     def spinning(self) -> bool:
@@ -261,7 +264,7 @@ def find_hang(
         behind=sorted(behind["rank"].to_list(), key=_natural),
     )
     if hang.behind:
-        return replace(hang, suspect_nodes=_nodes(behind))
+        return _confirmed(replace(hang, suspect_nodes=_nodes(behind)), per_gpu)
     if hang.gpus and hang.spinning:  # GPUs idle while most spin: not in the collective
         idle = per_gpu.filter(pl.col("gpu_util_pct") < cfg.busy_pct)
         if idle.height:
@@ -270,8 +273,23 @@ def find_hang(
     if hang._most_in_step:  # between steps while the others wait inside one
         between = per_beat.filter(~pl.col("in_step_active"))
         ranks = sorted(between["rank"].to_list(), key=_natural)
-        return replace(hang, outside=ranks, suspect_nodes=_nodes(between))
+        return _confirmed(replace(hang, outside=ranks, suspect_nodes=_nodes(between)), per_gpu)
     return hang
+
+
+def _confirmed(hang: Hang, per_gpu: pl.DataFrame) -> Hang:
+    """Suspects named by the job's own points (a rank's ``node`` tag) count only on nodes where
+    the agents saw the job's GPUs, when they saw any: a job's points are its writer's word, and
+    a rank tagged with another node must not get that node drained (issue 38). A job with no
+    GPU data at all (a CPU job; the agents not yet reporting) keeps its reporters' word."""
+    held = {n for n in per_gpu["node"].to_list() if n}
+    if not held:
+        return hang
+    return replace(
+        hang,
+        suspect_nodes=[n for n in hang.suspect_nodes if n in held],
+        unconfirmed_nodes=[n for n in hang.suspect_nodes if n not in held],
+    )
 
 
 def _nodes(frame: pl.DataFrame) -> list[str]:

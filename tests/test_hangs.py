@@ -262,3 +262,29 @@ def test_a_real_torchrun_job_that_hangs_is_found_and_its_stuck_rank_named(
     assert f.subject == {"cluster": "test", "job": "hang-real", "node": "host-1"}
     policy = first_match(load_policies(DEFAULT_POLICIES), f)
     assert policy is not None and policy.name == "job-hang-culprit"
+
+
+def test_a_rank_tagged_with_a_node_the_agents_never_saw_the_job_on_is_not_named():
+    """Issue 38: a rank's ``node`` tag is its writer's word. A job writing straight to the
+    store tagged its lagging rank ``node=node-z``, a node where no agent saw any of the job's
+    GPUs; before, the hang analysis named node-z the culprit and the default policy drained
+    it. Now the suspects are only nodes where the agents saw the job's GPUs; node-z is kept in
+    the evidence as unconfirmed, and nobody is named. Every point is CONSTRUCTED."""
+    cfg = HangConfig()
+    steps = _steps([4.0 * i for i in range(100)])
+    forged = steps.with_columns(
+        pl.when(pl.col("rank") == "3").then(pl.lit("node-z")).otherwise(pl.col("node"))
+        .alias("node")
+    )  # fmt: skip
+    behind = forged.filter(~((pl.col("rank") == "3") & (pl.col("step_index") >= 98)))
+    last = _last(behind)
+    quiet = silence(last, behind, int(1200 * S), cfg)
+    assert quiet is not None
+    hang = find_hang("7", quiet, last, _gpus({r: 100 for r in "0123"}, 1190), NO_BEATS, cfg)
+    assert hang is not None and hang.behind == ["3"]
+    assert hang.culprit_node == "" and hang.unconfirmed_nodes == ["node-z"]
+    # the same rank on a node the agents saw the job on is named, as before
+    honest = steps.filter(~((pl.col("rank") == "3") & (pl.col("step_index") >= 98)))
+    named = find_hang("7", quiet, _last(honest), _gpus({r: 100 for r in "0123"}, 1190),
+                      NO_BEATS, cfg)  # fmt: skip
+    assert named is not None and named.culprit_node == "node-1"
