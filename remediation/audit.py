@@ -215,6 +215,10 @@ class Memory:
     """Waiting plans an operator approved (plan id: who) whose decision after the approval is
     not on disk: the engine stopped between the ``approval`` record and acting on it. The
     approval was journalled, so it holds: :meth:`Engine.resume` runs them as approved."""
+    approved_plans: set[str] = field(default_factory=set)
+    """Every plan with an ``approval`` record: one the blast radius or the rate limit held
+    after its approval waits as approved after a restart (released, it skips the guards an
+    approval skips) instead of needing a second approval."""
 
     def saw(self, finding_id: str, t: float) -> None:
         """``finding_id`` was decided at ``t``: a re-send of it is a duplicate (and does not
@@ -283,6 +287,7 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
         fid = str(record.get("finding_id", ""))
         if event == "approval" and fid:
             approvals[fid] = str(record.get("by", ""))
+            memory.approved_plans.add(fid)
         elif event == "finding" and fid:
             findings[fid] = record
             if record.get("digest"):

@@ -234,6 +234,35 @@ def test_an_approval_on_disk_holds_after_a_restart(tmp_path: Path) -> None:
     assert memory.approved == {} and memory.waiting == [] and memory.unfinished == []
 
 
+def test_an_approved_plan_the_blast_radius_held_stays_approved_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    """docs/SECURITY.md's hole 7: an operator approved a drain, the blast radius then held it,
+    and the engine restarted. Before: the plan came back waiting as if never approved, and
+    when room freed up it met the approval guard again and waited for a second approval. Now
+    it is released as approved, and drained once."""
+    adapter = RecordingAdapter("slurm", NODES)
+    adapter.out = {"gpu01", "gpu02"}  # someone else's drains fill the blast radius
+    audit = tmp_path / "audit.jsonl"
+    s = EngineSettings(dry_run=False, max_nodes_out=2, max_fraction_out=1.0,
+                       approval=("drain",))  # fmt: skip
+    policies = load_policies(DEFAULT_POLICIES)
+    adapters = {"slurm": adapter, "webhook": RecordingAdapter("webhook")}
+    first = Engine(policies, adapters, AuditLog(audit), s)
+    finding = xid("gpu08")
+    assert first.submit(finding).verdict == "approval"
+    assert first.approve(finding.id, by="alice").verdict == "blast_radius"
+    first.close()
+
+    second = Engine(policies, adapters, AuditLog(audit), s)
+    assert [p["plan_id"] for p in second.pending()] == [finding.id]
+    adapter.out.clear()  # room frees up
+    assert [d.verdict for d in second.tick()] == ["act"]
+    assert second.wait(30)
+    assert drains(adapter) == ["gpu08"]
+    second.close()
+
+
 def test_one_engine_per_audit_log(tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     first = AuditLog(audit, exclusive=True)

@@ -397,7 +397,8 @@ class Engine:
         except (KeyError, TypeError, ValueError) as exc:
             log.warning("cannot restore waiting plan %s: %s", p.decision.get("finding_id"), exc)
             return
-        self.waiting.add(finding, d, self._restored(p.received))
+        approved = d.plan_id in self.memory.approved_plans
+        self.waiting.add(finding, d, self._restored(p.received), approved)
 
     def _restored(self, t: float) -> Instant:
         """A journal record's wall time ``t`` as a moment of this process (its monotonic
