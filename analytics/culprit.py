@@ -19,6 +19,7 @@ another source reported, a node that vanished, a rank that died first.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,11 +79,15 @@ def find_stop(
     start_ns: int,
     end_ns: int,
     cfg: StopConfig,
+    held: Collection[str] = (),
 ) -> Stop | None:
     """``ranks``: each rank's last sign of life, ``rank, node, time`` (its last step or
     heartbeat, whichever is later), with ``step_index`` of its last step; ``found``: critical
     findings on the job's nodes, ``time, node, kind``. Only a stop that began in the window
-    ``[start_ns, end_ns)`` is reported (not the same one every window after)."""
+    ``[start_ns, end_ns)`` is reported (not the same one every window after). ``held``: the
+    nodes where the agents saw the job's GPUs; when given, only they can be named (a rank's
+    ``node`` tag is its writer's word: issue 38), and the others are listed as
+    ``unconfirmed_nodes``."""
     if ranks.is_empty():
         return None
     ranks = ranks.with_columns(_ns(ranks).alias("t")).drop_nulls("t")
@@ -93,6 +98,12 @@ def find_stop(
     last_step = int(ranks["step_index"].max()) if "step_index" in ranks.columns else -1  # type: ignore[arg-type]
     nodes = sorted(set(ranks["node"].drop_nulls()))
     base: dict[str, Any] = {"ranks": ranks.height, "nodes": nodes}
+    if held:
+        unconfirmed = [n for n in nodes if n not in held]
+        if unconfirmed:
+            base["unconfirmed_nodes"] = unconfirmed
+            nodes = [n for n in nodes if n in held]
+            ranks = ranks.filter(pl.col("node").is_in(nodes))
     if found.height:
         near = (
             found.with_columns(_ns(found).alias("t"))

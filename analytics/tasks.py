@@ -177,7 +177,9 @@ def _stop(
         tags=["node", "kind"],
         where={**_where(cfg), "severity": "critical"},
     ).drop_nulls("node")
-    return find_stop(job, ranks, found, start_ns, end_ns, sc)
+    # the nodes the agents saw the job's GPUs on: a rank's node tag alone names no culprit
+    held = set(_job_gpus(reader, cfg, job, since, end_ns)["node"].to_list())
+    return find_stop(job, ranks, found, start_ns, end_ns, sc, held)
 
 
 def _hang(

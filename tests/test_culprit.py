@@ -69,6 +69,23 @@ def test_the_node_that_went_silent_first_is_named() -> None:
     assert find_stop("j", ranks(two), found([]), T0, END, CFG) is None
 
 
+def test_a_node_only_the_jobs_own_tags_name_is_never_the_culprit() -> None:
+    """Issue 38: a rank's ``node`` tag is its writer's word. A job tagged two ranks
+    ``node=victim`` and made them go silent first (or put a critical finding of the victim's
+    near its stop); where the agents saw the job's GPUs on n0-n3 only, the victim is listed as
+    unconfirmed and never named. Before, it was named and the default policy drained it."""
+    forged = {**EIGHT, "8": ("victim", 200.0), "9": ("victim", 210.0)}
+    held = {"n0", "n1", "n2", "n3"}
+    assert find_stop("j", ranks(forged), found([]), T0, END, CFG, held) is None
+    s = find_stop("j", ranks(forged), found([("victim", 295.0, "gpu_lost")]), T0, END, CFG, held)
+    assert s is None
+    # the same stop seen by the agents on the victim too names it, as before
+    named = find_stop("j", ranks(forged), found([]), T0, END, CFG, held | {"victim"})
+    assert named is not None and named.node == "victim"
+    # what the tags alone would name, before: the victim
+    assert (find_stop("j", ranks(forged), found([]), T0, END, CFG) or named).node == "victim"
+
+
 def test_no_finding_for_a_job_that_ended_runs_or_stopped_before_the_window() -> None:
     assert find_stop("j", ranks(EIGHT), found([]), T0, END, CFG) is None  # all together
     running = {r: (n, 590.0) for r, (n, _) in EIGHT.items()}  # 10 s ago: still going
