@@ -212,6 +212,9 @@ class JobHistory:
         self.max_changes = max_changes
         self._gpus: dict[int, list[tuple[int, JobInfo]]] = {}  # (since, job), oldest first
         self._pids: dict[int, tuple[int, JobInfo]] = {}  # pid -> (last seen, job), oldest first
+        # a pod's cgroup job (pod-<uid>) -> its <namespace>/<pod>, where the kubelet named the
+        # pod holding a GPU that pod's processes used (last seen, name), oldest first
+        self._pods: dict[str, tuple[int, str]] = {}
         self._last_ns: int | None = None
         self._lock = threading.Lock()
 
@@ -236,6 +239,26 @@ class JobHistory:
                 len(self._pids) > self.max_pids or next(iter(self._pids.values()))[0] < horizon
             ):
                 del self._pids[next(iter(self._pids))]
+
+    def named_pod(self, now_ns: int, uid_job: str, name: str) -> None:
+        """The kubelet named ``name`` the one pod holding a GPU whose process's cgroup is the
+        pod ``uid_job`` (``pod-<uid>``): that pod's reports over the relay's socket are
+        ``name``'s, and no other job's. Kept for ``keep_s`` after the last sighting."""
+        horizon = now_ns - self.keep_ns
+        with self._lock:
+            self._pods.pop(uid_job, None)
+            self._pods[uid_job] = (now_ns, name)
+            while self._pods and (
+                len(self._pods) > self.max_pids or next(iter(self._pods.values()))[0] < horizon
+            ):
+                del self._pods[next(iter(self._pods))]
+
+    def pods_named(self) -> dict[str, str]:
+        """Each pod (``pod-<uid>``) seen on this node's GPUs within the kept window, and the
+        ``<namespace>/<pod>`` the kubelet named it (:meth:`named_pod`)."""
+        with self._lock:
+            horizon = (self._last_ns or 0) - self.keep_ns
+            return {uid: name for uid, (t, name) in self._pods.items() if t >= horizon}
 
     def jobs_seen(self) -> set[str]:
         """Every job a GPU or a GPU process of this node had within the kept window (the

@@ -211,6 +211,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             tls = server_context(a["reporter_tls_cert_file"], a["reporter_tls_key_file"])
         # the jobs on this node's GPUs, as the NVML source attributes them (none: any job)
         jobs_here = context.inventory.jobs.jobs_seen if "nvml" in a["sources"] else None
+        pods_named = context.inventory.jobs.pods_named if "nvml" in a["sources"] else None
         relay = ReporterRelay(
             a["reporter_listen"],
             influx,
@@ -220,6 +221,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             socket_path=a["reporter_socket"],
             procfs=a["procfs"],
             jobs_here=jobs_here,
+            pods_named=pods_named,
         )
         relay.start()
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))

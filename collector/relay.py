@@ -188,8 +188,11 @@ class ReporterRelay:
       connection is accepted), and its cgroup names its job where Slurm set one (``job_<id>``;
       :func:`collector.attribution.parse_cgroup`): a point of another job is refused (403),
       and a point without one gets it. A caller whose cgroup cannot be read is refused (403).
-      A pod's cgroup names only its UID, while its reporter names ``<namespace>/<pod>`` (or
-      ``GPUWARDEN_JOB``): a pod's points follow the rule below;
+      A pod's cgroup names only its UID, while its reporter names ``<namespace>/<pod>``: with
+      ``pods_named`` (each pod UID the agent saw on this node's GPUs, and the name the kubelet
+      gave the pod holding them), a pod seen so is held to that name as a Slurm job is to its
+      id (403 for another), and a pod not seen yet may not claim a name another pod was
+      seen as (403); then the rule below;
     * otherwise (TCP, or a caller in no job's cgroup), with ``jobs_here`` set (the jobs the
       agent saw on this node's GPUs lately), a point of a job holding none of them is refused
       with 503 and ``Retry-After`` (a job's first report can come before the agent's next look
@@ -207,6 +210,7 @@ class ReporterRelay:
         socket_path: str = "",
         procfs: str = "/proc",
         jobs_here: Callable[[], set[str]] | None = None,
+        pods_named: Callable[[], dict[str, str]] | None = None,
     ) -> None:
         self.tls = tls
         self.address: tuple[str, int] = ("", 0)
@@ -217,6 +221,7 @@ class ReporterRelay:
         self.socket_path = socket_path
         self.procfs = procfs
         self.jobs_here = jobs_here
+        self.pods_named = pods_named
         self.stamp = {k: v for k, v in (("cluster", cluster), ("node", node)) if v}
         self.sink = sink
         self.accepted = 0  # lines
@@ -304,7 +309,21 @@ class ReporterRelay:
                 lambda job: (403, "the caller's cgroup cannot be read: its job is unknown")
             ), stamp
         # a Slurm job's cgroup names the job the reporter names; a pod's names its UID, while
-        # the reporter names <namespace>/<pod> (or GPUWARDEN_JOB): those fall to the rule below
+        # the reporter names <namespace>/<pod>: the name the agent saw that pod's GPUs under
+        pods = self.pods_named() if self.pods_named is not None else {}
+        is_pod = bool(system_job) and system_job.startswith(POD_UID_PREFIX)
+        if is_pod and system_job in pods:
+            system_job = pods[system_job]
+        elif is_pod:
+            others = set(pods.values())
+            base = self._on_this_node()
+
+            def not_another_pods(job: str) -> tuple[int, str] | None:
+                if job in others:
+                    return 403, f"job {job!r} is another pod's (its GPUs' processes say so)"
+                return base(job) if base is not None else None
+
+            return not_another_pods, stamp
         if system_job and not system_job.startswith(POD_UID_PREFIX):
             stamp["job"] = system_job
 
@@ -314,8 +333,12 @@ class ReporterRelay:
                 return None
 
             return own_job, stamp
+        return self._on_this_node(), stamp
+
+    def _on_this_node(self) -> JobRule | None:
+        """A job holding some of this node's GPUs lately, or 503 (None: any job)."""
         if self.jobs_here is None:
-            return None, stamp
+            return None
         here = self.jobs_here()
 
         def on_this_node(job: str) -> tuple[int, str] | None:
@@ -326,7 +349,7 @@ class ReporterRelay:
                 )
             return None
 
-        return on_this_node, stamp
+        return on_this_node
 
     def _post(self, request: BaseHTTPRequestHandler) -> tuple[int, str]:
         """Reads, checks and keeps one request's lines: ``(204, "")`` or an error status and

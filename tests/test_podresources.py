@@ -180,6 +180,8 @@ def test_gpus_are_tagged_with_the_pod_that_holds_them(node):
     assert gpu[2] == "train/llama-0"  # held by the pod, no process yet
     assert gpu[3] == ""
     assert jobs(points, "gpu_process") == {0: "train/llama-0", 1: "train/llama-0"}
+    # the pod UID is remembered under that name: the relay holds the pod's reports to it
+    assert nvml.context.inventory.jobs.pods_named() == {f"pod-{POD_UID}": "train/llama-0"}
     rank = next(p for p in points if p.measurement == "gpu" and p.tags["gpu"] == "1")
     assert (rank.tags["rank"], rank.tags["local_rank"]) == ("9", "1")
 

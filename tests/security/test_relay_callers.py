@@ -130,8 +130,11 @@ def test_the_reporter_posts_over_the_socket(relay: tuple[ReporterRelay, Lines]) 
     assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
 
 
-def _relay_with(tmp_path: Path, cgroup: str | None, here: set[str]) -> ReporterRelay:
-    """A relay whose procfs gives this process ``cgroup`` (None: no readable cgroup)."""
+def _relay_with(
+    tmp_path: Path, cgroup: str | None, here: set[str], pods: dict[str, str] | None = None
+) -> ReporterRelay:
+    """A relay whose procfs gives this process ``cgroup`` (None: no readable cgroup);
+    ``pods``: the pod UIDs the agent saw on this node's GPUs, and their names."""
     proc = tmp_path / "p"
     (proc / str(os.getpid())).mkdir(parents=True)
     if cgroup is not None:
@@ -139,6 +142,7 @@ def _relay_with(tmp_path: Path, cgroup: str | None, here: set[str]) -> ReporterR
     r = ReporterRelay(
         "", Lines(), cluster="c", node="node-a", socket_path=str(tmp_path / "r.sock"),
         procfs=str(proc), jobs_here=lambda: here,
+        pods_named=(lambda: pods) if pods is not None else None,
     )  # fmt: skip
     r.start()
     return r
@@ -170,6 +174,35 @@ def test_a_pods_reporter_names_its_job_as_the_agent_does(tmp_path: Path) -> None
     finally:
         r.close()
     assert (ok, other) == (204, 503)
+
+
+POD = "12345678-1234-1234-1234-123456789abc"
+POD_CGROUP = f"0::/kubepods/burstable/pod{POD}/c0ffee\n"
+
+
+def test_a_pod_writes_only_the_job_its_gpus_were_seen_under(tmp_path: Path) -> None:
+    """docs/SECURITY.md's hole 6: two pods of different jobs on one node, both holding its
+    GPUs. Before, over the socket a pod's points were checked as over TCP (a job holding this
+    node's GPUs), so pod A wrote pod B's steps and they were kept. Now the agent remembers the
+    name the kubelet gave each pod UID it saw on a GPU, and a pod seen so writes that job only
+    (403 for another); a pod not seen yet may not claim a name another pod was seen as."""
+    here = {"ml/trainer-0", "ml/other"}
+    seen = _relay_with(tmp_path / "a", POD_CGROUP, here, {f"pod-{POD}": "ml/trainer-0"})
+    try:
+        own, _, _ = post(_Unix(str(seen.socket_path)), STEP.format(job="ml/trainer-0", node="x"))
+        other, text, _ = post(_Unix(str(seen.socket_path)), STEP.format(job="ml/other", node="x"))
+    finally:
+        seen.close()
+    assert (own, other) == (204, 403), text
+    assert "not the caller's" in text
+    unseen = _relay_with(tmp_path / "b", POD_CGROUP, here, {"pod-another": "ml/other"})
+    try:
+        taken, text, _ = post(_Unix(str(unseen.socket_path)), STEP.format(job="ml/other", node="x"))
+        free, _, _ = post(_Unix(str(unseen.socket_path)), STEP.format(job="ml/trainer-0", node="x"))
+    finally:
+        unseen.close()
+    assert (taken, free) == (403, 204), text
+    assert "another pod's" in text
 
 
 def test_the_agent_removes_only_its_own_socket(tmp_path: Path) -> None:

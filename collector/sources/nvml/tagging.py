@@ -10,6 +10,7 @@ the thousands of jobs a node sees over months leave nothing behind.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from gpuwarden.collector.attribution import NO_JOB, POD_UID_PREFIX, JobInfo, JobResolver
@@ -71,6 +72,8 @@ class JobTagger:
         holders = self.pods.holders(dev.uuid, dev.index)
         if not holders or any(h.job != holders[0].job for h in holders):
             return info
+        if info.job:  # this pod UID is that pod: the relay takes its socket reports as such
+            self.context.inventory.jobs.named_pod(time.time_ns(), info.job, holders[0].job)
         return JobInfo(holders[0].job, info.rank, info.local_rank)
 
     def tag_set(self, dev: Device, job: JobInfo) -> TagSet:
