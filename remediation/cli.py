@@ -211,7 +211,7 @@ def serve(config: RemediationConfig) -> int:
         max_clock_skew_s=e["max_clock_skew_s"],
         alerts_unsigned=e["alerts_unsigned"],
         quotas_per_min={
-            kind: e[f"quota_{kind}_per_min"] for kind in ("agent", "analytics", "alerts")
+            kind: e[f"quota_{kind}_per_min"] for kind in ("agent", "analytics", "alerts", "shared")
         },
     )
     host, _, port = e["listen"].rpartition(":")

@@ -69,6 +69,7 @@ ENGINE = {
     "quota_agent_per_min": 60.0,
     "quota_analytics_per_min": 6000.0,
     "quota_alerts_per_min": 600.0,
+    "quota_shared_per_min": 6000.0,
     "tls_cert_file": "",
     "tls_key_file": "",
     "tls_client_ca_file": "",

@@ -114,7 +114,8 @@ class Quotas:
     absent: no quota): a token bucket per principal that holds a minute's worth, so a burst of
     up to that many passes at once and the rate holds over any minute. A family's members
     (``agents/<node>``) each have their own bucket: one node's flood costs only that node. The
-    legacy shared credential and operators have none. Buckets exist only for principals that
+    legacy shared credential has one bucket for the whole fleet (``quota_shared_per_min``);
+    operators have none. Buckets exist only for principals that
     proved who they are, so their number is bounded by the nodes and identities configured."""
 
     def __init__(self, per_min: Mapping[str, float], clock: Clock = SYSTEM) -> None:

@@ -36,7 +36,13 @@ SECRET = b"hmac-secret"
 
 
 class Running:
-    def __init__(self, tmp: Path, secret: bytes = b"", alerts_unsigned: bool = False) -> None:
+    def __init__(
+        self,
+        tmp: Path,
+        secret: bytes = b"",
+        alerts_unsigned: bool = False,
+        quotas: dict[str, float] | None = None,
+    ) -> None:
         self.sched = RecordingAdapter("slurm", {f"gpu0{i}": "gpu" for i in range(1, 9)})
         self.notes = RecordingAdapter("webhook")
         self.audit = AuditLog(tmp / "audit.jsonl")
@@ -53,6 +59,7 @@ class Running:
             secret=secret,
             max_body_bytes=64 * 1024,
             alerts_unsigned=alerts_unsigned,
+            quotas_per_min=quotas,
         )
         self.server = make_server(self.endpoint, "127.0.0.1", 0)
         self.port = self.server.server_address[1]
@@ -97,6 +104,22 @@ def test_a_good_finding_is_accepted_and_acted_on(running: Running) -> None:
     status, data = running.post("/v1/findings", risk("gpu02").to_json())
     assert status == 202 and data["results"][0]["verdict"] == "act"
     assert [r["action"] for r in running.acted()] == ["notify", "checkpoint", "drain", "requeue"]
+
+
+def test_the_legacy_shared_credential_has_a_quota(tmp_path: Path) -> None:
+    """Issue 38: without identities, the one shared token had no quota at all (every sender
+    holds it, so one leaked copy could post without bound). Now it has the fleet's
+    (``quota_shared_per_min``, default 6,000): past it, 429 with Retry-After and nothing of
+    the request is acted on."""
+    r = Running(tmp_path, quotas={"shared": 3.0})
+    try:
+        answers = [r.post("/v1/findings", risk(f"gpu0{i}").to_json())[0] for i in range(1, 6)]
+    finally:
+        r.close()
+    assert answers == [202, 202, 202, 429, 429]
+    decided = [x for x in read_records(tmp_path / "audit.jsonl") if x["event"] == "finding"]
+    assert len(decided) == 3
+    assert defaults()["engine"]["quota_shared_per_min"] == 6000.0
 
 
 def test_a_finding_sent_while_the_engine_shuts_down_is_refused_and_not_lost(
