@@ -38,3 +38,30 @@ def poll(check: Callable[[], T | None], timeout_s: float, what: str, every_s: fl
             return value
         time.sleep(every_s)
     raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+class HandClock:
+    """Wall and monotonic time, driven by hand: :meth:`advance` lets time pass (both move),
+    :meth:`step` steps the wall clock only (an operator, or NTP without slewing)."""
+
+    def __init__(self, wall: float = 1_800_000_000.0, mono: float = 1_000.0) -> None:
+        self.wall_s, self.mono_s = wall, mono
+
+    def wall(self) -> float:
+        return self.wall_s
+
+    def mono(self) -> float:
+        return self.mono_s
+
+    def advance(self, s: float) -> None:
+        self.wall_s += s
+        self.mono_s += s
+
+    def step(self, s: float) -> None:
+        self.wall_s += s
+
+    def restart(self, down_s: float, step_s: float = 0.0) -> None:
+        """The engine is down ``down_s`` (the wall clock stepped by ``step_s`` meanwhile) and a
+        new process starts: its monotonic clock has another origin."""
+        self.wall_s += down_s + step_s
+        self.mono_s = 7.0

@@ -25,7 +25,7 @@ from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from gpuwarden.remediation.server import Endpoint
-from tests.remediation_util import RecordingAdapter
+from tests.remediation_util import HandClock, RecordingAdapter
 
 NODES = {f"gpu{i:02d}": "a" for i in range(8)}
 POLICIES = load_policies(DEFAULT_POLICIES)
@@ -35,40 +35,13 @@ SECRET = b"hmac-secret"
 T0 = 1_800_000_000.0  # the true time when each test starts
 
 
-class SteppedClock:
-    """Wall and monotonic time, driven by hand: :meth:`advance` lets time pass (both move),
-    :meth:`step` steps the wall clock only (an operator, or NTP without slewing)."""
-
-    def __init__(self, wall: float = T0, mono: float = 1_000.0) -> None:
-        self.wall_s, self.mono_s = wall, mono
-
-    def wall(self) -> float:
-        return self.wall_s
-
-    def mono(self) -> float:
-        return self.mono_s
-
-    def advance(self, s: float) -> None:
-        self.wall_s += s
-        self.mono_s += s
-
-    def step(self, s: float) -> None:
-        self.wall_s += s
-
-    def restart(self, down_s: float, step_s: float = 0.0) -> None:
-        """The engine is down ``down_s`` (the wall clock stepped by ``step_s`` meanwhile) and a
-        new process starts: its monotonic clock has another origin."""
-        self.wall_s += down_s + step_s
-        self.mono_s = 7.0
-
-
-def engine_clock(clock: SteppedClock) -> Clock:
+def engine_clock(clock: HandClock) -> Clock:
     """What the engine is given (the code before this change took one callable: the wall)."""
     return Clock(wall=clock.wall, mono=clock.mono)
 
 
 def make_engine(
-    tmp: Path, clock: SteppedClock, **overrides: object
+    tmp: Path, clock: HandClock, **overrides: object
 ) -> tuple[Engine, RecordingAdapter]:
     sched = RecordingAdapter("slurm", NODES)
     base = {"dry_run": False, "cooldown_s": 0.0, "actions_per_minute": 10_000,
@@ -117,7 +90,7 @@ def test_a_cooldown_lasts_its_setting_whatever_the_wall_clock_does(
 ) -> None:
     """Before: forward, the cooldown ended an hour early (a second drain 10 s after the
     first); back, it lasted an hour longer."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"
     assert engine.wait(10)
@@ -140,7 +113,7 @@ def test_the_rate_limit_holds_for_a_minute_whatever_the_wall_clock_does(
     tmp_path: Path, step_s: float
 ) -> None:
     """Before: forward, the minute's actions were forgotten at once; back, for an hour."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock, actions_per_minute=3)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"  # checkpoint, drain, requeue: 3
     assert engine.wait(10)
@@ -158,7 +131,7 @@ def test_the_rate_limit_holds_for_a_minute_whatever_the_wall_clock_does(
 @pytest.mark.parametrize("step_s", [HOUR, -HOUR], ids=["forward", "back"])
 def test_the_lemon_window_is_monotonic(tmp_path: Path, step_s: float) -> None:
     """A node taken out 3 times in ``lemon_window_s`` stays a lemon for exactly that long."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, sched = make_engine(tmp_path, clock, lemon_count=3, lemon_window_s=86400.0)
     for n in range(1, 4):
         assert engine.submit(xid("gpu04", n)).verdict == "act"
@@ -180,7 +153,7 @@ def test_the_lemon_window_is_monotonic(tmp_path: Path, step_s: float) -> None:
 def test_a_waiting_plan_expires_after_its_setting_in_monotonic_time(
     tmp_path: Path, step_s: float
 ) -> None:
-    clock = SteppedClock()
+    clock = HandClock()
     engine, sched = make_engine(tmp_path, clock, max_nodes_out=1, pending_expire_s=HOUR)
     sched.out = {"gpu07"}  # someone else's drain fills the blast radius
     assert engine.submit(xid("gpu01", 1)).verdict == "blast_radius"
@@ -196,7 +169,7 @@ def test_a_waiting_plan_expires_after_its_setting_in_monotonic_time(
 def test_record_durations_are_monotonic(tmp_path: Path) -> None:
     """An action's ``duration_s`` and ``since_finding_s`` come from the monotonic clock (a
     step between two readings made them an hour long, or negative); its ``t`` is wall time."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, sched = make_engine(tmp_path, clock)
     original = sched.perform
 
@@ -222,7 +195,7 @@ def test_record_durations_are_monotonic(tmp_path: Path) -> None:
 def test_a_step_after_the_restart_moves_no_timer(tmp_path: Path) -> None:
     """The journal's wall times are placed on the monotonic clock once, at start: a step
     afterwards does not end a cooldown restored from the journal early."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"
     assert engine.wait(10)
@@ -246,7 +219,7 @@ def test_a_step_forward_while_the_engine_is_down_counts_as_time_passed(
     """The documented residual: across a restart only wall time exists, so an hour the wall
     clock was stepped forward while the engine was down is an hour of cooldown spent (with no
     step, the cooldown restored from the journal still holds after a minute down)."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"
     assert engine.wait(10)
@@ -262,7 +235,7 @@ def test_a_record_from_the_future_counts_from_the_restart(tmp_path: Path) -> Non
     """A clock stepped back while the engine was down puts the journal's records in the
     future: each is placed at the restart (clamped), so its cooldown runs whole from there,
     not an hour longer (before: the cooldown read the wall clock and lasted the hour more)."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock, cooldown_s=1800.0)
     assert engine.submit(xid("gpu01", 1)).verdict == "act"
     assert engine.wait(10)
@@ -314,7 +287,7 @@ def test_findings_are_refused_while_the_engines_clock_is_off_and_accepted_once_c
     signed (the signature's timestamp is an hour off), 422 when not (the finding an hour in
     the future, or an hour older than ``max_finding_age_s`` allows). Once the engine's clock
     is corrected, the sender's retry (signed afresh) is accepted and decided."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock)
     endpoint = Endpoint(engine, TOKEN, secret=SECRET if signed else b"", clock=engine_clock(clock))
     made = clock.wall() - 60.0
@@ -339,7 +312,7 @@ def test_a_node_300_s_ahead_is_accepted_and_301_s_ahead_refused(tmp_path: Path) 
     either way its requests are accepted; beyond, refused and counted (401 signed, 422 for an
     unsigned finding's time). The engine's timers are not involved: this is two hosts'
     clocks compared, and the fix is the node's clock (chrony)."""
-    clock = SteppedClock()
+    clock = HandClock()
     engine, _ = make_engine(tmp_path, clock)
     signed = Endpoint(engine, TOKEN, secret=SECRET, clock=engine_clock(clock))
     unsigned = Endpoint(engine, TOKEN, clock=engine_clock(clock))

@@ -29,33 +29,12 @@ from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, load_policies
 from gpuwarden.remediation.server import Endpoint, make_server
-from tests.remediation_util import RecordingAdapter
+from tests.remediation_util import HandClock, RecordingAdapter
 
 NODES = {f"gpu{i:02d}": "a" for i in range(8)}
 T0 = 1_800_000_000.0
 HOUR, DAY = 3600.0, 86400.0
 WINDOWS = OutcomeSettings(quick_pass_s=HOUR, clean_window_s=DAY, window_s=30 * DAY)
-
-
-class HandClock:
-    """Wall and monotonic time, moved by hand; :meth:`restart` gives a new process's origin."""
-
-    def __init__(self) -> None:
-        self.wall_s, self.mono_s = T0, 1_000.0
-
-    def wall(self) -> float:
-        return self.wall_s
-
-    def mono(self) -> float:
-        return self.mono_s
-
-    def advance(self, s: float) -> None:
-        self.wall_s += s
-        self.mono_s += s
-
-    def restart(self, down_s: float) -> None:
-        self.wall_s += down_s
-        self.mono_s = 7.0
 
 
 def make_engine(
