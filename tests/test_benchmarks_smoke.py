@@ -30,6 +30,7 @@ SMOKE: dict[str, list[str]] = {
     "exhaustion": ["--agents", "3", "--slow", "5", "--stalled", "2", "--seconds", "5"],
     "failover": ["--plans", "2"],
     "goodput": ["--seeds", "1"],
+    "goodput_scale": ["--job-nodes", "128", "--days", "2", "--seeds", "1", "--measure-seeds", "1"],
     "ingest": ["--seconds", "60", "--nodes", "1", "--rounds", "1"],
     "live_loop": ["--runs", "follow", "--smoke"],
     "node_check": [],
