@@ -5,7 +5,9 @@ and analysed end to end by the production runner (``analytics.runner.analyse``):
 
 * the analytics benchmark's scenario (:mod:`benchmarks.analytics`: 128 nodes x 8 GPUs for an
   hour at 1 Hz, a slow GPU on node 5 and a congested ToR over node 40);
-* a mix with every slowdown fault type at once, on ``--seeds`` (default 1-5), 32 nodes x 8 GPUs
+* a mix with every slowdown fault type at once, on ``--seeds`` (default 1-5: DEVELOPMENT seeds,
+  the misattributions they showed were fixed on them; fresh seeds 7001-7005 were drawn once for
+  a result, issue 40), 32 nodes x 8 GPUs
   for 20 minutes: a slow GPU, a thermally throttled GPU, a PCIe link trained down, a slow
   pipeline stage, a congested ToR with a slow GPU under it, and a node whose power brake
   holds all its GPUs back right beside a node with a slow GPU. The seed places them.

@@ -33,6 +33,7 @@ SMOKE: dict[str, list[str]] = {
     "goodput_scale": ["--job-nodes", "128", "--days", "2", "--seeds", "1", "--measure-seeds", "1"],
     "ingest": ["--seconds", "60", "--nodes", "1", "--rounds", "1"],
     "live_loop": ["--runs", "follow", "--smoke"],
+    "live_model": ["--seeds", "1"],
     "node_check": [],
     "nvml_calls": ["--reps", "2"],
     "nvml_real": ["--recording", GOLDEN_H200, "--cycles", "5", "--blocks", "2"],
