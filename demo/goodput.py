@@ -196,7 +196,10 @@ class _Day:
         return max(0.0, self.s.cost_s - self.s.snapshot_s) if self.levers.async_save else 0.0
 
     def broken(self, node: str, t: float) -> Outage | None:
-        return next((o for o in self.of_node.get(node, ()) if o.at_s <= t < o.until_s), None)
+        for o in self.of_node.get(node, ()):
+            if o.at_s <= t < o.until_s:
+                return o
+        return None
 
     def drained(self, node: str, t: float) -> bool:
         return self.out_until.get(node, -math.inf) > t
@@ -237,7 +240,9 @@ class _Day:
     def place(self, t: float) -> tuple[list[str], float]:
         """The first usable nodes in pool order at ``t``, waiting for nodes if too few."""
         while True:
-            nodes = [n for n in self.s.pool if self.usable(n, t)][: self.s.job_nodes]
+            odd = self.of_node.keys() | self.by_hand.keys() | self.out_until.keys()
+            nodes = [n for n in self.s.pool if n not in odd or self.usable(n, t)]
+            nodes = nodes[: self.s.job_nodes]
             if len(nodes) == self.s.job_nodes or t >= self.s.day_s:
                 return nodes, t
             later = [o.until_s for o in self.outages if o.until_s > t]
@@ -300,7 +305,7 @@ class _Day:
             tau = self.interval(t, len(nodes))
             b.intervals.append(tau)
             on = set(nodes)
-            dead = [o for n in nodes if (o := self.broken(n, t)) is not None]
+            dead = [o for n in nodes if n in self.of_node and (o := self.broken(n, t)) is not None]
             if dead:  # landed on a node that is still broken: fails as it starts
                 b.failed_starts += 1
                 stop, alert = t, None
