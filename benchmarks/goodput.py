@@ -22,9 +22,10 @@ minute before every fatal fault, taken from the scenario's ground truth), to tel
 the gap to the targets is the predictor's and how much the levers' own.
 
 Default seeds 200-219: development seeds (re-run and published while the levers were changed,
-issue 40; fresh seeds are needed for a result). The levers model was built and checked on
-seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10 and 11); the predictor was trained on
-predictor-day seeds 1-8.
+issue 40). Fresh seeds 7001-7020 were drawn once for a result, reported in
+docs/BENCHMARKS.md; nothing may be tuned on them (a change made after them needs new ones).
+The levers model was built and checked on seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10
+and 11); the predictor was trained on predictor-day seeds 1-8.
 
     uv run python -m benchmarks.goodput [--seeds 200-219] [--cache DIR]
 

@@ -174,6 +174,9 @@ class _Day:
         self, outages: Sequence[Outage], alerts: Sequence[Alert], s: Setup, levers: Levers
     ) -> None:
         self.outages = sorted(outages, key=lambda o: o.at_s)
+        self.of_node: dict[str, list[Outage]] = {}  # the same, by node (pools of thousands)
+        for o in self.outages:
+            self.of_node.setdefault(o.node, []).append(o)
         self.alerts = sorted(alerts, key=lambda a: a.at_s) if levers.prediction else []
         self.s, self.levers = s, levers
         self.out_until: dict[str, float] = {}  # drained by gpuwarden, until then (inf: lemon)
@@ -193,7 +196,10 @@ class _Day:
         return max(0.0, self.s.cost_s - self.s.snapshot_s) if self.levers.async_save else 0.0
 
     def broken(self, node: str, t: float) -> Outage | None:
-        return next((o for o in self.outages if o.node == node and o.at_s <= t < o.until_s), None)
+        for o in self.of_node.get(node, ()):
+            if o.at_s <= t < o.until_s:
+                return o
+        return None
 
     def drained(self, node: str, t: float) -> bool:
         return self.out_until.get(node, -math.inf) > t
@@ -234,7 +240,9 @@ class _Day:
     def place(self, t: float) -> tuple[list[str], float]:
         """The first usable nodes in pool order at ``t``, waiting for nodes if too few."""
         while True:
-            nodes = [n for n in self.s.pool if self.usable(n, t)][: self.s.job_nodes]
+            odd = self.of_node.keys() | self.by_hand.keys() | self.out_until.keys()
+            nodes = [n for n in self.s.pool if n not in odd or self.usable(n, t)]
+            nodes = nodes[: self.s.job_nodes]
             if len(nodes) == self.s.job_nodes or t >= self.s.day_s:
                 return nodes, t
             later = [o.until_s for o in self.outages if o.until_s > t]
@@ -296,20 +304,21 @@ class _Day:
         while t < s.day_s:
             tau = self.interval(t, len(nodes))
             b.intervals.append(tau)
-            dead = [o for n in nodes if (o := self.broken(n, t)) is not None]
+            on = set(nodes)
+            dead = [o for n in nodes if n in self.of_node and (o := self.broken(n, t)) is not None]
             if dead:  # landed on a node that is still broken: fails as it starts
                 b.failed_starts += 1
                 stop, alert = t, None
             else:
                 stop = min(
-                    (o.at_s for o in self.outages if o.node in nodes and o.at_s > t),
+                    (o.at_s for o in self.outages if o.node in on and o.at_s > t),
                     default=s.day_s,
                 )
                 alert = next(
                     (
                         a
                         for a in self.alerts
-                        if a.node in nodes and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
+                        if a.node in on and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
                     ),
                     None,
                 )
@@ -348,7 +357,7 @@ class _Day:
                     b.stops += 1
                     if not self.levers.isolation and math.isfinite(s.operator_s):
                         for o in self.outages:
-                            if o.node in nodes and o.at_s == end and not o.slurm_sees:
+                            if o.node in on and o.at_s == end and not o.slurm_sees:
                                 self.by_hand[o.node] = (end + s.operator_s, o.until_s)
                 b.recompute_s += end - last_save
                 lost_from, down_at = end, end + self.detect_s(nodes, end)
