@@ -23,7 +23,8 @@ by the agent's parser (``parse_message``) and turned into points and fast-path f
 the agent's own XID source (``XidSource``: its XID policy, storm episodes and OS rules) and
 InfiniBand flap episodes (``InfinibandSource``); the points (and each job's ``gpu`` points)
 go into a REAL influxd, where the analyze service's job-or-hardware rule
-(:func:`analytics.jobfaults.find_app_faults`, one window per simulated day) and its emitter
+(:func:`analytics.jobfaults.find_app_faults`, on the service's hour-long windows, one every
+half hour) and its emitter
 (:func:`analytics.emit.findings`) find the job-wide faults. Every finding then meets the
 shipped DEFAULT policies by **policy evaluation** (``first_match``, as the engine's decide
 step does; the engine's guards, which delay or hold removals but never add one, are not run):
@@ -345,24 +346,36 @@ def job_points(week: Week, lines: list[Line]) -> list[Point]:
     return list(out.values())
 
 
-def analysed(influx: Influx, db: str, days: float) -> list[Finding]:
-    """The analyze service's job-or-hardware rule and emitter, one window per simulated day."""
-    cfg = with_overrides(
-        load_config(None, environ={}), influxdb={"url": influx.url, "database": db}
-    )
-    out: list[Finding] = []
+def analysed(influx: Influx, db: str, days: float, xids_at: list[float]) -> list[Finding]:
+    """The analyze service's job-or-hardware rule and emitter, as ``analyze run --every``
+    runs them: windows of ``[analysis] window_s`` (an hour), here one every half of it (the
+    service's windows overlap more; a fault is stamped at its first XID, so the overlapping
+    windows give it one id, and it is kept once). A window with no application XID from
+    ``job_window_s`` before it to its end (``xids_at``: seconds) is skipped: both rules report
+    only what begins in the window, so it would find nothing."""
+    cfg = with_overrides(load_config(None, environ={}),
+                         influxdb={"url": influx.url, "database": db})  # fmt: skip
+    window = int(float(cfg["analysis"]["window_s"]) * S)
+    out: dict[str, Finding] = {}
     reader = InfluxReader(**cfg.reader_kwargs())
     try:
-        for d in range(int(np.ceil(days))):
-            lo = START_NS + d * int(DAY) * S
-            hi = START_NS + min(days * DAY, (d + 1) * DAY) * S
-            a = Analysis(lo, int(hi), "local")
-            a.app_faults = find_app_faults(reader, cfg.jobfaults, lo, int(hi))
+        end, last = START_NS + window // 2, START_NS + int(days * DAY * S) + window // 2
+        times = np.sort(np.asarray(xids_at, dtype=float))
+        lead = cfg.jobfaults.job_window_s
+        while end <= last:
+            lo_s, hi_s = (end - window - START_NS) / S - lead, (end - START_NS) / S
+            if np.searchsorted(times, hi_s) == np.searchsorted(times, lo_s):
+                end += window // 2
+                continue
+            a = Analysis(end - window, end, "local")
+            a.app_faults = find_app_faults(reader, cfg.jobfaults, end - window, end)
             a.repeat_window_s = cfg.jobfaults.repeat_window_s
-            out += analytics_findings(a)
+            for f in analytics_findings(a):
+                out.setdefault(f.id, f)
+            end += window // 2
     finally:
         reader.close()
-    return out
+    return list(out.values())
 
 
 def write(influx: Influx, db: str, points: list[Point]) -> None:
@@ -506,7 +519,9 @@ def run_seed(week: Week, influx: Influx, db_prefix: str, seed: int) -> dict[str,
         db = f"{db_prefix}_{seed}_{arm.replace('-', '_')}"
         influx.create_database(db)
         write(influx, db, points + job_points(week, week.lines))
-        found = fast + analysed(influx, db, week.duration_s / DAY)
+        app = [x.t_s for x in week.lines if (p := parse_message(x.text, None)) is not None
+               and isinstance(p, XidLine) and p.xid in APP_XIDS]  # fmt: skip
+        found = fast + analysed(influx, db, week.duration_s / DAY, app)
         removals, matched = decide(found, cooldown)
         out[arm] = score(week, removals, found, matched, cooldown)
         if arm == "shipped":
