@@ -35,8 +35,8 @@ Ground truth (here only): a removal is *right* if the node had a hardware fault 
 scenario active (onset - 60 s to its repair + 60 s), *wrong* otherwise. A fault the twin calls
 fatal should be removed within 10 minutes of its onset; one that is not is *missed*. The
 missed are printed by type: the product deliberately only notifies for an InfiniBand port
-that flaps (``link_flap``) and for a node that goes silent, so the StepFun cable and NIC
-faults and whole-node faults count as missed in every arm.
+that flaps (``link_flap``), so the StepFun cable and NIC faults count as missed in every arm.
+A whole node down (:data:`AGENT_BLIND`) leaves no agent to see it and is counted apart.
 
 Three arms, each from its own agents and analysis of the same events:
 
