@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from demo.live import LiveLoop, Settings, twin_scenario
+from demo.live_report import outcome_lines
 from testbed.influxd import LocalInfluxd
 
 FAULTS = [
@@ -44,7 +45,10 @@ RUNS = {"follow": 0.1, "cycle": 0.0}
 SMOKE_FAULTS = [{"type": "xid79", "at_s": 20, "duration_s": 10, "node": 0, "gpu": 2}]
 
 
-def one_run(name: str, follow_s: float, work: Path, smoke: bool = False) -> list[tuple[str, float]]:
+def one_run(
+    name: str, follow_s: float, work: Path, smoke: bool = False
+) -> tuple[list[tuple[str, float]], list[str]]:
+    """Each XID's seconds to DRAIN, and each cordon's and drain's outcome (issue 41)."""
     t0 = time.monotonic()
 
     def say(msg: str) -> None:
@@ -59,7 +63,7 @@ def one_run(name: str, follow_s: float, work: Path, smoke: bool = False) -> list
     loop = LiveLoop(scenario, 1, work, settings, say)
     with LocalInfluxd(work / "influxd") as influxd:
         result = loop.run_arm("proactive", influxd)
-    return result.xid_to_drain_s()
+    return result.xid_to_drain_s(), outcome_lines(result)
 
 
 def main() -> None:
@@ -68,9 +72,14 @@ def main() -> None:
     ap.add_argument("--smoke", action="store_true", help="one fault in 45 s: runs, no figure")
     args = ap.parse_args()
     measured: dict[str, list[tuple[str, float]]] = {}
+    outcomes: dict[str, list[str]] = {}
     with tempfile.TemporaryDirectory(prefix="gw-xid-") as tmp:
         for name in args.runs.split(","):
-            measured[name] = one_run(name, RUNS[name], Path(tmp) / name, args.smoke)
+            measured[name], outcomes[name] = one_run(name, RUNS[name], Path(tmp) / name,
+                                                     args.smoke)  # fmt: skip
+    for name, lines in outcomes.items():
+        print(f"{name}: each removal's outcome (confirmed, refuted, unknown, or pending)")
+        print("\n".join(lines))
     print("XID line -> Slurm DRAIN, agents at interval_s = 10 (seconds, per fault)")
     print(f"{'agent':<34}{'faults':>7}{'p50':>8}{'p95':>8}{'max':>8}  per node")
     labels = {"follow": "as it is (follow_s = 0.1)", "cycle": "before (log read at each cycle)"}

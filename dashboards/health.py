@@ -107,6 +107,30 @@ def build() -> model.Dashboard:
             alias="$tag_action",
             points=True,
         ),
+        graph(
+            "Action outcomes",
+            "Each node the engine took out, once its verdict is known: confirmed (it failed its "
+            "check, faulted again, or was repaired), refuted (it passed its check at once and ran "
+            "clean, or an operator called it a false alarm) or unknown, per policy",
+            S(
+                "remediation_outcome",
+                Agg("count", "finding_id", "outcomes"),
+                group_tags=("policy", "verdict"),
+            ),
+            unit="none",
+            alias="$tag_policy $tag_verdict",
+            bars=True,
+        ),
+        grid(
+            "Outcomes and their evidence",
+            "Per plan that took a node out: its verdict and what decided it, newest first",
+            S.latest(
+                "remediation_outcome",
+                ("node", "policy", "kind", "verdict", "after_removal_s", "message", "finding_id"),
+                limit=500,
+            ),
+            w=12,
+        ),
         grid(
             "Audit trail",
             "Finding -> action -> outcome, newest first (the engine's audit log, as events)",

@@ -8,6 +8,7 @@ import html
 import math
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,94 @@ def predicted(r: ArmResult) -> list[dict[str, Any]]:
     return [a for a in r.audit if a["event"] == "finding" and a["kind"] == "failure_risk"]
 
 
+REMOVING = ("cordon", "drain")
+
+
+@dataclass(frozen=True)
+class ActionOutcome:
+    """One cordon or drain the engine did, and its outcome (issue 41): ``confirmed``,
+    ``refuted`` or ``unknown`` from the engine's ``outcome`` record, or ``pending`` while no
+    record has come (its windows, ``[outcomes] quick_pass_s`` and ``clean_window_s``, have
+    not run out); ``evidence`` is the record's, or what the audit log shows so far."""
+
+    t: float
+    action: str
+    node: str
+    policy: str
+    kind: str
+    verdict: str
+    evidence: str
+
+    def line(self, started_at: float) -> str:
+        return (f"{self.action} {self.node} at {self.t - started_at:.1f} s ({self.policy}, "
+                f"{self.kind or '?'}): {self.verdict}: {self.evidence}")  # fmt: skip
+
+
+def _words(evidence: Any) -> str:
+    if not isinstance(evidence, dict):
+        return str(evidence)
+    out = str(evidence.get("why", ""))
+    extra = {k: v for k, v in evidence.items() if k != "why"}
+    return out + (" " + ", ".join(f"{k} {v}" for k, v in extra.items()) if extra else "")
+
+
+def action_outcomes(
+    audit: Sequence[dict[str, Any]], started_at: float = 0.0
+) -> list[ActionOutcome]:
+    """Each cordon and drain done for real in ``audit`` (the engine's records, as
+    :func:`gpuwarden.remediation.audit.read_records` gives them), with its outcome."""
+    policy_of = {
+        str(r.get("finding_id")): str(r.get("policy", ""))
+        for r in audit
+        if r.get("event") == "decision"
+    }
+    verdicts = [r for r in audit if r.get("event") == "outcome"]
+    out = []
+    for i, r in enumerate(audit):
+        if (r.get("event") != "action" or r.get("action") not in REMOVING
+                or r.get("outcome") != "ok" or r.get("dry_run")):  # fmt: skip
+            continue
+        plan, node, t = str(r.get("finding_id", "")), str(r.get("node", "")), float(r["t"])
+        known = next(
+            (o for o in verdicts
+             if o.get("plan_id") == plan or r.get("action_id") in (o.get("action_ids") or ())),
+            None,
+        )  # fmt: skip
+        if known is not None:
+            verdict, evidence = str(known.get("verdict", "")), _words(known.get("evidence"))
+            kind = str(known.get("kind", ""))
+        else:
+            verdict, evidence, kind = "pending", _so_far(audit[i + 1 :], node, started_at), ""
+        if not kind:
+            kind = next((str(d.get("kind", "")) for d in audit
+                         if d.get("event") == "finding" and d.get("finding_id") == plan),
+                        "")  # fmt: skip
+        out.append(ActionOutcome(t, str(r["action"]), node, policy_of.get(plan, ""), kind,
+                                 verdict, evidence))  # fmt: skip
+    return out
+
+
+def _so_far(later: Sequence[dict[str, Any]], node: str, started_at: float) -> str:
+    """What the audit log shows of a removed node since: its checks, its return, an undo."""
+    seen = []
+    for r in later:
+        at = f"{float(r.get('t', 0.0)) - started_at:.1f} s"
+        event = r.get("event")
+        subject = r.get("subject") or {}
+        if event == "finding" and subject.get("node") == node:
+            kind, check = r.get("kind"), (r.get("evidence") or {}).get("check")
+            if kind == "node_check_failed" or (kind == "node_healthy" and check == "fail"):
+                seen.append(f"failed its check at {at}")
+            elif kind == "node_healthy" and check == "pass":
+                seen.append(f"passed its check at {at}")
+        elif event == "action" and r.get("node") == node and r.get("action") == "uncordon":
+            if r.get("outcome") == "ok":
+                seen.append(f"returned at {at}")
+        elif event == "undo" and r.get("node") == node:
+            seen.append(f"undone by {r.get('by', '?')} ({r.get('reason', '')}) at {at}")
+    return "no verdict yet; " + ("; ".join(seen) if seen else "not returned")
+
+
 def p95(values: Sequence[float]) -> float:
     return float(np.percentile(values, 95)) if values else math.nan
 
@@ -81,12 +170,23 @@ def arm_lines(r: ArmResult) -> list[str]:
         f"  engine actions (ok)              "
         f"{', '.join(f'{k} {v}' for k, v in sorted(act.items())) or 'none'}",
         f"  Slurm drains (sinfo)             {', '.join(drains) or 'none'}",
+        *outcome_lines(r),
         f"  job (its step log)               {len(lost.runs)} runs, {lost.steps_done} steps; "
         f"{len(lost.stops)} stops: {lost.recomputed} steps recomputed, "
         f"{lost.idle_s:.0f} s not stepping; {lost.saves_s:.1f} s held by saves",
         f"  work lost                        {lost.gpu_h:.3f} GPU-h ({lost.lost_s:.0f} s of "
         f"{r.gpus} GPUs)",
     ]
+
+
+def outcome_lines(r: ArmResult) -> list[str]:
+    """The report's lines on each removal's outcome (one line each, or one saying none)."""
+    found = action_outcomes(r.audit, r.started_at)
+    if not found:
+        return ["  outcomes of cordons and drains  none taken"]
+    head = "  outcomes of cordons and drains  "
+    return [(head if i == 0 else " " * len(head)) + o.line(r.started_at)
+            for i, o in enumerate(found)]  # fmt: skip
 
 
 def summary(spec: ScenarioSpec, results: Sequence[ArmResult]) -> list[str]:
@@ -221,6 +321,14 @@ def write_report(
         ]  # fmt: skip
         parts.append("<h3>Engine actions</h3>")
         parts.append(_table(acted, ["t (s)", "action", "node", "outcome", "message"]))
+        verdicts = [
+            (f"{rel(r, o.t):.1f}", o.action, o.node, o.policy, o.kind, o.verdict, o.evidence[:200])
+            for o in action_outcomes(r.audit, r.started_at)
+        ]
+        parts.append("<h3>Each cordon and drain: its outcome (confirmed, refuted, unknown, or "
+                     "pending), with its evidence</h3>")  # fmt: skip
+        parts.append(_table(verdicts, ["t (s)", "action", "node", "policy", "finding",
+                                       "outcome", "evidence"]))  # fmt: skip
         runs = [
             (i + 1, f"{rel(r, run.started):.1f}", run.resumed_from, run.checkpoint or "-",
              run.nodes, run.last_step)

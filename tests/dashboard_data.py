@@ -14,7 +14,11 @@ writes, each part from the path that really produces it.
 * the failure predictor (trained on this same hour: plumbing, not a model to trust) scoring
   every GPU every 5 minutes: ``failure_risk`` and its findings;
 * the remediation engine (dry-run, the Kubernetes adapter against the project's fake API
-  server) over all those findings: ``remediation_action``.
+  server) over all those findings: ``remediation_action``;
+* outcomes (``remediation_outcome``, issue 41): a second engine, acting for real on an
+  in-memory scheduler with the windows shortened and its clock moved by hand, takes out two of
+  the scenario's nodes on CONSTRUCTED findings near the hour's end: one fails its check
+  (confirmed), an operator puts the other back as a false alarm (refuted).
 """
 
 from __future__ import annotations
@@ -37,19 +41,22 @@ from gpuwarden.collector.jobside.reporter import Reporter
 from gpuwarden.collector.sources.base import SourceContext
 from gpuwarden.collector.sources.infiniband import COUNTERS
 from gpuwarden.core.catalogue import check_point
-from gpuwarden.core.finding import Finding
+from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
 from gpuwarden.remediation.adapters.webhook import WebhookAdapter
 from gpuwarden.remediation.audit import AuditLog
-from gpuwarden.remediation.cli import action_point
+from gpuwarden.remediation.cli import action_point, outcome_point
+from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.model import Action, Adapter, Outcome
+from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from gpuwarden.simulation.generator import TAGS, ScenarioGenerator
 from gpuwarden.simulation.spec import MEASUREMENTS, load_spec
 from testbed.influxd import LocalInfluxd
 from testbed.k8s import FakeKubernetes
+from tests.remediation_util import RecordingAdapter
 from tests.test_golden import GOLDEN, materialise
 
 AGENT_NODE = "node-h100"
@@ -212,6 +219,54 @@ def _remediate(
     return written[0]
 
 
+def _outcomes(nodes: list[str], end_s: float, tmp: Path, sink: InfluxSink, cluster: str) -> int:
+    """Two outcomes from a real engine (not a dry run; an in-memory scheduler), its clock moved
+    by hand within the scenario's last 20 minutes: a drain confirmed by a failed check, a
+    cordon refuted by an operator's ``undo --false-alarm``."""
+    wall = [end_s - 1200.0]
+    written = [0]
+
+    def on_outcome(record: dict[str, Any]) -> None:
+        sink.write_points([outcome_point(record)])
+        written[0] += 1
+
+    settings = EngineSettings(
+        dry_run=False, cooldown_s=0.0, max_nodes_out=8, max_fraction_out=1.0,
+        return_requires="none", lemon_count=0,
+        outcomes=OutcomeSettings(quick_pass_s=600.0, clean_window_s=600.0),
+    )  # fmt: skip
+    engine = Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"slurm": RecordingAdapter("slurm", dict.fromkeys(nodes, "gpu")),
+         "webhook": RecordingAdapter("webhook")},
+        AuditLog(tmp / "outcomes-audit.jsonl"),
+        settings,
+        clock=Clock(wall=lambda: wall[0], mono=lambda: wall[0]),
+        on_outcome=on_outcome,
+    )  # fmt: skip
+
+    def found(kind: str, node: str, **evidence: Any) -> Finding:
+        return Finding(kind=kind, subject={"cluster": cluster, "node": node},
+                       severity=Severity.CRITICAL, time_ns=int(wall[0] * 1e9),
+                       evidence=evidence, confidence=1.0, summary=f"{kind} on {node}",
+                       source="agent")  # fmt: skip
+
+    first, second = nodes[0], nodes[1]
+    for f in (found("gpu_xid", first, xid=79), found("fabric_unregistered", second)):
+        assert engine.submit(f).verdict == "act"
+        assert engine.wait(30)
+        wall[0] += 60.0
+    engine.submit(found("node_check_failed", first))
+    assert engine.wait(30)
+    wall[0] += 60.0
+    engine.undo(second, "dashboards-test", reason="false_alarm")
+    assert engine.wait(30)
+    wall[0] += 60.0
+    engine.tick()
+    engine.close()
+    return written[0]
+
+
 def _risk_model(cfg: AnalyticsConfig, start_ns: int, end_ns: int) -> RiskModel:
     """The failure predictor trained on this same hour (one ECC failure with a precursor, one
     XID 79): a plumbing model, so failure_risk comes from the real scorer -- its numbers mean
@@ -266,5 +321,6 @@ def load(influxd: LocalInfluxd, database: str, tmp: Path) -> Dataset:
         out.write_points(points(a, found))
         remediate.append((spec.start_ns + (w + 1) * step, found))
     assert _remediate(remediate, nodes, tmp, out) > 0
+    assert _outcomes(gen.node_names, end_ns / 1e9, tmp, out, cluster) == 2
     assert out.close(timeout_s=120)
     return Dataset(database, spec.start_ns // 10**6, end_ns // 10**6, cluster)

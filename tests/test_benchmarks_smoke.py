@@ -44,6 +44,7 @@ SMOKE: dict[str, list[str]] = {
     "scenario": ["--seconds", "10", "--nodes", "64"],  # its faults name node 60
     "serving": ["--agents", "10", "--window-s", "1"],
     "spares": ["--filler-s", "1"],
+    "verdicts": ["--smoke"],
 }
 #: they measure the real NVIDIA library: without a driver they say so and stop (they run on the
 #: lent GPU machine, docs/NVML-REAL.md)

@@ -454,3 +454,40 @@ def test_fatal_event_panels_count_events_without_an_xid(
     finally:
         client.close()
     assert len(counted) == 2 and all(n == 1 for n in counted.values()), counted
+
+
+def test_the_outcome_panels_show_what_a_real_engine_decided(
+    influxd: LocalInfluxd, influx_db: str, tmp_path: Path
+) -> None:
+    """Issue 41: the health board's outcome panels query what the engine writes. Two outcomes
+    from a real engine (tests/dashboard_data.py ``_outcomes``: a drain confirmed by a failed
+    check, a cordon refuted by an operator) go through the sink into a database of their own;
+    each outcome panel's query returns them, by verdict. (The whole data set, with the same
+    two outcomes, is what test_every_query_of_every_dashboard_returns_data runs against.)"""
+    from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+    from tests.dashboard_data import _outcomes
+
+    end_s = 1_767_574_800.0
+    sink = InfluxSink(SinkConfig(url=influxd.url, database=influx_db,
+                                 spool_dir=str(tmp_path / "spool")))  # fmt: skip
+    assert _outcomes(["node-000", "node-001"], end_s, tmp_path, sink, "twin") == 2
+    assert sink.close(timeout_s=60)
+    board = generate()["health"]
+    ds = Dataset(influx_db, int((end_s - 3600) * 1000), int(end_s * 1000), "twin")
+    ctx = _context(board, ds)
+    panels = {"'Action outcomes'", "'Outcomes and their evidence'"}
+    ran = 0
+    client = InfluxQLClient(influxd.url, influx_db)
+    try:
+        for where, query, _ in queries(board):
+            if not any(p in where for p in panels):
+                continue
+            series = client.series(interpolate(query, ctx))
+            ran += 1
+            assert sum(s.non_null() for s in series) > 0, where
+            text = json.dumps([s.values for s in series]) + json.dumps([s.tags for s in series])
+            if "evidence" in where:
+                assert "confirmed" in text and "refuted" in text and "false_alarm" in text
+    finally:
+        client.close()
+    assert ran == 2
