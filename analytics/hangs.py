@@ -29,7 +29,7 @@ loading, a Python deadlock) or in an unusually long checkpoint, and it is a ``wa
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -225,9 +225,12 @@ def find_hang(
     gpus: pl.DataFrame,
     beats: pl.DataFrame,
     cfg: HangConfig,
+    held: Collection[str] | None = None,
 ) -> Hang | None:
     """Whether a job that has been ``quiet`` is hung: it is, if it is still there -- its GPUs
-    report with its tag, or its ranks' reporters still beat. ``last`` as for :func:`silence`;
+    report with its tag, or its ranks' reporters still beat. ``held``: the nodes the agents saw
+    the job's GPUs on over the whole lookback (None: those of ``gpus``); a node whose agent
+    went silent with it (it died, NVML hung) is still one of them. ``last`` as for :func:`silence`;
     ``gpus``: the job's ``gpu`` points of the last ``alive_s`` (``node, gpu, rank,
     gpu_util_pct``); ``beats``: its ``job_heartbeat`` points of the same stretch (``time,
     node, rank, in_step_active``)."""
@@ -263,8 +266,9 @@ def find_hang(
         nodes=pl.concat([per_gpu["node"], per_beat["node"]]).drop_nulls().n_unique(),
         behind=sorted(behind["rank"].to_list(), key=_natural),
     )
+    seen = set(per_gpu["node"].to_list()) if held is None else set(held)
     if hang.behind:
-        return _confirmed(replace(hang, suspect_nodes=_nodes(behind)), per_gpu)
+        return _confirmed(replace(hang, suspect_nodes=_nodes(behind)), seen)
     if hang.gpus and hang.spinning:  # GPUs idle while most spin: not in the collective
         idle = per_gpu.filter(pl.col("gpu_util_pct") < cfg.busy_pct)
         if idle.height:
@@ -273,16 +277,19 @@ def find_hang(
     if hang._most_in_step:  # between steps while the others wait inside one
         between = per_beat.filter(~pl.col("in_step_active"))
         ranks = sorted(between["rank"].to_list(), key=_natural)
-        return _confirmed(replace(hang, outside=ranks, suspect_nodes=_nodes(between)), per_gpu)
+        return _confirmed(replace(hang, outside=ranks, suspect_nodes=_nodes(between)), seen)
     return hang
 
 
-def _confirmed(hang: Hang, per_gpu: pl.DataFrame) -> Hang:
+def _confirmed(hang: Hang, held: set[str]) -> Hang:
     """Suspects named by the job's own points (a rank's ``node`` tag) count only on nodes where
-    the agents saw the job's GPUs, when they saw any: a job's points are its writer's word, and
-    a rank tagged with another node must not get that node drained (issue 38). A job with no
-    GPU data at all (a CPU job; the agents not yet reporting) keeps its reporters' word."""
-    held = {n for n in per_gpu["node"].to_list() if n}
+    the agents saw the job's GPUs, when they saw any: a rank whose tag names another node (a
+    reporter in a container whose host name is not the node's, a job writing to the store
+    itself) must not get that node drained (issue 38). A job with no GPU data at all (a CPU
+    job; the agents not yet reporting) keeps its reporters' word. Not a boundary against a
+    writer holding the store's credentials, who can write the agents' points too
+    (docs/SECURITY.md)."""
+    held = {n for n in held if n}
     if not held:
         return hang
     return replace(

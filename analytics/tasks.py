@@ -213,7 +213,11 @@ def _hang(
         tags=["node", "rank"],
         where=_where(cfg, job=job),
     ).drop_nulls("in_step_active")
-    return find_hang(job, quiet, last, gpus, beats, hc)
+    # the nodes the agents saw the job's GPUs on over the lookback, not only the last alive_s:
+    # a node that died with its agent is silent now and must still be one of them
+    since = end_ns - int(hc.lookback_s * 1e9)
+    held = set(_job_gpus(reader, cfg, job, since, end_ns)["node"].to_list())
+    return find_hang(job, quiet, last, gpus, beats, hc, held)
 
 
 def read_steps(

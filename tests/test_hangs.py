@@ -288,3 +288,21 @@ def test_a_rank_tagged_with_a_node_the_agents_never_saw_the_job_on_is_not_named(
     named = find_hang("7", quiet, _last(honest), _gpus({r: 100 for r in "0123"}, 1190),
                       NO_BEATS, cfg)  # fmt: skip
     assert named is not None and named.culprit_node == "node-1"
+
+
+def test_a_node_whose_agent_died_with_it_is_still_named():
+    """Review of issue 38's check: the node that hangs a job is often dead, its agent with it,
+    so it has no GPU points in the last ``alive_s``; it is still a node the agents saw the
+    job on over the lookback (``held``), and is named. Every point is CONSTRUCTED."""
+    cfg = HangConfig()
+    steps = _steps([4.0 * i for i in range(100)], ranks=6)  # node-0, node-1, node-2
+    behind = steps.filter(~(pl.col("rank").is_in(["4", "5"]) & (pl.col("step_index") >= 98)))
+    last = _last(behind)
+    quiet = silence(last, behind, int(1200 * S), cfg)
+    assert quiet is not None
+    alive = _gpus({r: 100 for r in "0123"}, 1190)  # node-2's agent is silent now
+    hang = find_hang("7", quiet, last, alive, NO_BEATS, cfg, held={"node-0", "node-1", "node-2"})
+    assert hang is not None and hang.culprit_node == "node-2" and hang.unconfirmed_nodes == []
+    # only what the last few minutes show (the first version of the check): not named
+    narrow = find_hang("7", quiet, last, alive, NO_BEATS, cfg)
+    assert narrow is not None and narrow.culprit_node == ""
