@@ -476,7 +476,10 @@ class Endpoint:
             if method == "GET" and path == HEALTH_PATH:
                 return HTTPStatus.OK, {"status": "ok"}
             principal, key = self.who(headers, method, path)
-            wait_s = self.quotas.empty(principal) if method == "POST" else 0.0
+            # findings and alerts only: an operator's approve or undo is never held back, not
+            # even on the legacy shared credential the whole fleet spends
+            sends = method == "POST" and path.startswith(("/v1/findings", "/v1/alerts/"))
+            wait_s = self.quotas.empty(principal) if sends else 0.0
             if wait_s > 0:  # (the claimed identity's own bucket: a claim spends nothing)
                 raise RequestError(
                     HTTPStatus.TOO_MANY_REQUESTS,

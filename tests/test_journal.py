@@ -263,6 +263,67 @@ def test_an_approved_plan_the_blast_radius_held_stays_approved_after_a_restart(
     second.close()
 
 
+def test_an_approval_on_disk_past_its_plans_expiry_does_not_run(tmp_path: Path) -> None:
+    """Review: a plan approved just before a stop that lasted days ran on the next start,
+    although any plan waiting that long is expired (``pending_expire_s``). Now resume() expires
+    waiting plans first: the approved one gets its ``expired`` record and nothing is drained."""
+    adapter = RecordingAdapter("slurm", NODES)
+    audit = tmp_path / "audit.jsonl"
+    now = [time.time()]
+    s = EngineSettings(dry_run=False, max_nodes_out=5, max_fraction_out=1.0,
+                       approval=("drain",), pending_expire_s=3600.0)  # fmt: skip
+    policies = load_policies(DEFAULT_POLICIES)
+    adapters = {"slurm": adapter, "webhook": RecordingAdapter("webhook")}
+    first = Engine(policies, adapters, AuditLog(audit), s, clock=lambda: now[0])
+    finding = xid("gpu09")
+    assert first.submit(finding).verdict == "approval"
+    assert first.approve(finding.id, by="alice").verdict == "act"
+    assert first.wait(30)
+    first.close()
+    records = list(read_records(audit))
+    cut = next(i for i, r in enumerate(records) if r["event"] == "approval")
+    audit.write_text("".join(json.dumps(r) + "\n" for r in records[: cut + 1]))
+    now[0] += 3 * 86400.0  # the engine was down three days
+    world = RecordingAdapter("slurm", NODES)
+    second = Engine(policies, {"slurm": world, "webhook": RecordingAdapter("webhook")},
+                    AuditLog(audit), s, clock=lambda: now[0])  # fmt: skip
+    assert second.resume() == []
+    assert drains(world) == [] and second.pending() == []
+    assert [r["finding_id"] for r in read_records(audit) if r["event"] == "expired"] == [finding.id]
+    second.close()
+
+
+def test_an_approval_the_journal_refuses_leaves_the_plan_waiting(tmp_path: Path) -> None:
+    """Review: approve() took the plan out of the waiting list before its records were on
+    disk; when the decision record failed (a full disk) the operator was told to retry, the
+    retry got 'no pending plan', and the plan ran on the next restart. Now it waits again (as
+    approved, since that record is on disk), and the retry runs it once."""
+    from gpuwarden.remediation.audit import JournalError
+
+    adapter = RecordingAdapter("slurm", NODES)
+    audit = tmp_path / "audit.jsonl"
+    engine = engine_on(audit, adapter, approval=("drain",))
+    finding = xid("gpu10")
+    assert engine.submit(finding).verdict == "approval"
+    calls = [0]
+
+    def second_record_fails() -> None:
+        calls[0] += 1
+        if calls[0] == 2:  # the approval is written, the decision is not
+            raise JournalError("disk full (CONSTRUCTED)")
+
+    engine.audit.fence = second_record_fails
+    with pytest.raises(JournalError):
+        engine.approve(finding.id, by="alice")
+    engine.audit.fence = None
+    assert [p["plan_id"] for p in engine.pending()] == [finding.id]
+    assert drains(adapter) == []
+    assert engine.approve(finding.id, by="alice").verdict == "act"
+    assert engine.wait(30)
+    assert drains(adapter) == ["gpu10"]
+    engine.close()
+
+
 def test_one_engine_per_audit_log(tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     first = AuditLog(audit, exclusive=True)

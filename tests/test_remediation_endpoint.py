@@ -119,6 +119,16 @@ def test_the_legacy_shared_credential_has_a_quota(tmp_path: Path) -> None:
     assert answers == [202, 202, 202, 429, 429]
     decided = [x for x in read_records(tmp_path / "audit.jsonl") if x["event"] == "finding"]
     assert len(decided) == 3
+    # the fleet's bucket is spent: an operator's undo on the same credential still goes
+    # through (review: it got 429 and the operator was locked out)
+    r = Running(tmp_path / "again", quotas={"shared": 1.0})
+    try:
+        assert r.post("/v1/findings", risk("gpu02").to_json())[0] == 202
+        assert r.post("/v1/findings", risk("gpu03").to_json())[0] == 429
+        status, reply = r.post("/v1/undo/gpu02", {})
+    finally:
+        r.close()
+    assert status == 202, reply  # (before: 429, over the quota)
     assert defaults()["engine"]["quota_shared_per_min"] == 6000.0
 
 

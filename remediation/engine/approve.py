@@ -30,8 +30,8 @@ class Pending:
     approved: bool = False
     """An operator approved it (then the blast radius or the rate limit held it): released,
     it skips the guards an approval skips. Any other plan is checked by every guard again
-    when released (the node may have been taken out again, or acted on, meanwhile). Not
-    journalled: after a restart a waiting plan is checked by every guard."""
+    when released (the node may have been taken out again, or acted on, meanwhile). Its
+    ``approval`` record holds across a restart (:attr:`remediation.audit.Memory.approved_plans`)."""
 
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}

@@ -17,7 +17,7 @@ from typing import Any
 
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
-from gpuwarden.remediation.audit import AuditLog, Memory, PlanRecord, replay
+from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
@@ -259,8 +259,17 @@ class Engine:
         with self._lock:
             self._require_open()
             pending = self.waiting.take(plan_id)
-            self.audit.append("approval", self.clock.wall(), finding_id=plan_id, by=by)
-            return self._approved(pending)
+            approved = False
+            try:
+                self.audit.append("approval", self.clock.wall(), finding_id=plan_id, by=by)
+                approved = True
+                return self._approved(pending)
+            except JournalError:
+                # nothing was acted on: the plan waits again (approved, if that record is on
+                # disk, so that a restart and the retry agree), and the caller may retry
+                self.waiting.add(pending.finding, pending.decision, pending.received,
+                                 pending.approved or approved)  # fmt: skip
+                raise
 
     def _approved(self, pending: Pending) -> Decision:
         d = self.guards.check(pending.finding, pending.decision, approved=True)
@@ -432,7 +441,9 @@ class Engine:
                     d, self._restored(p.received), dry_run=dry_run, done=done, resume=True
                 )
                 resumed.append(d)
-            # approvals on disk whose plan was not decided again before the stop: they hold
+            # approvals on disk whose plan was not decided again before the stop: they hold,
+            # unless the plan has waited past pending_expire_s meanwhile (as any waiting plan)
+            self._expire_waiting()
             for plan_id, by in self.memory.approved.items():
                 try:
                     approved = self.waiting.take(plan_id)
