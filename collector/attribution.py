@@ -246,8 +246,14 @@ class JobHistory:
         ``name``'s, and no other job's. Kept for ``keep_s`` after the last sighting."""
         horizon = now_ns - self.keep_ns
         with self._lock:
-            self._pods.pop(uid_job, None)
-            self._pods[uid_job] = (now_ns, name)
+            before = self._pods.pop(uid_job, None)
+            if before is not None and before[1] != name and before[0] >= horizon:
+                # one pod UID seen under two pods' names (it ran on GPUs the kubelet gives to
+                # another pod): it is held to neither, and the relay's socket rule for an
+                # unknown pod applies to it
+                self._pods[uid_job] = (now_ns, "")
+            else:
+                self._pods[uid_job] = (now_ns, name)
             while self._pods and (
                 len(self._pods) > self.max_pids or next(iter(self._pods.values()))[0] < horizon
             ):
@@ -258,7 +264,7 @@ class JobHistory:
         ``<namespace>/<pod>`` the kubelet named it (:meth:`named_pod`)."""
         with self._lock:
             horizon = (self._last_ns or 0) - self.keep_ns
-            return {uid: name for uid, (t, name) in self._pods.items() if t >= horizon}
+            return {uid: name for uid, (t, name) in self._pods.items() if t >= horizon and name}
 
     def jobs_seen(self) -> set[str]:
         """Every job a GPU or a GPU process of this node had within the kept window (the

@@ -192,7 +192,8 @@ class ReporterRelay:
       ``pods_named`` (each pod UID the agent saw on this node's GPUs, and the name the kubelet
       gave the pod holding them), a pod seen so is held to that name as a Slurm job is to its
       id (403 for another), and a pod not seen yet may not claim a name another pod was
-      seen as (403); then the rule below;
+      seen as (503: a pod restarted under its name has a new UID until the agent sees it);
+      then the rule below;
     * otherwise (TCP, or a caller in no job's cgroup), with ``jobs_here`` set (the jobs the
       agent saw on this node's GPUs lately), a point of a job holding none of them is refused
       with 503 and ``Retry-After`` (a job's first report can come before the agent's next look
@@ -319,8 +320,10 @@ class ReporterRelay:
             base = self._on_this_node()
 
             def not_another_pods(job: str) -> tuple[int, str] | None:
-                if job in others:
-                    return 403, f"job {job!r} is another pod's (its GPUs' processes say so)"
+                if job in others:  # 503: a pod restarted under its name gets a new UID,
+                    # which the agent sees on its GPUs within a cycle or two; until then, retry
+                    return 503, (f"job {job!r} is another pod's (its GPUs' processes say so), "
+                                 "or this pod's GPUs are not seen yet")  # fmt: skip
                 return base(job) if base is not None else None
 
             return not_another_pods, stamp

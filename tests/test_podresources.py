@@ -198,6 +198,34 @@ def test_a_gpu_shared_by_two_pods_keeps_the_process_pod_uid(node):
     assert gpu[1] == "train/c"
 
 
+def test_a_pod_on_another_pods_gpu_is_not_named_as_that_pod(node, tmp_path):
+    """Review of issue 38's pod rule: a pod that sees every GPU (or a privileged one) runs on
+    the GPU the kubelet gave pod A. Its UID must not become A's name (it could then write A's
+    points over the relay's socket and not its own): with two pod UIDs on the GPU, neither is
+    named; a UID once named A and then seen on another pod's GPU is named neither."""
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100)  # pod POD_UID
+    other = "bbbbbbbb-cccc-dddd-eeee-ffffffffffff"
+    base = procfs / "4200"
+    base.mkdir(parents=True)
+    (base / "cgroup").write_text(
+        f"0::/kubepods.slice/kubepods-pod{other.replace('-', '_')}.slice/cri-containerd-cd.scope\n"
+    )
+    backend.on = {0: [[4100, 1 << 30], [4200, 1 << 20]]}
+    kubelet.allocate("train", "llama-0", [UUID[0]])
+    nvml.collect(1)
+    assert nvml.context.inventory.jobs.pods_named() == {}
+    # alone on A's GPU, then alone on B's: named A, then neither
+    backend.on = {0: [[4100, 1 << 30]]}
+    nvml.collect(2)
+    assert nvml.context.inventory.jobs.pods_named() == {f"pod-{POD_UID}": "train/llama-0"}
+    kubelet.allocate("train", "other-0", [UUID[1]])
+    pod_process(procfs, 4101)  # the same pod, a new process: the kubelet is asked again
+    backend.on = {1: [[4101, 1 << 30]]}
+    nvml.collect(3)
+    assert nvml.context.inventory.jobs.pods_named() == {}
+
+
 def test_the_kubelet_is_asked_when_processes_change_not_every_cycle(node):
     nvml, backend, kubelet, procfs = node
     kubelet.allocate("train", "old", [UUID[0]])

@@ -185,7 +185,8 @@ def test_a_pod_writes_only_the_job_its_gpus_were_seen_under(tmp_path: Path) -> N
     GPUs. Before, over the socket a pod's points were checked as over TCP (a job holding this
     node's GPUs), so pod A wrote pod B's steps and they were kept. Now the agent remembers the
     name the kubelet gave each pod UID it saw on a GPU, and a pod seen so writes that job only
-    (403 for another); a pod not seen yet may not claim a name another pod was seen as."""
+    (403 for another); a pod not seen yet may not claim a name another pod was seen as (503,
+    with Retry-After: a pod restarted under its name has a new UID the agent has not seen)."""
     here = {"ml/trainer-0", "ml/other"}
     seen = _relay_with(tmp_path / "a", POD_CGROUP, here, {f"pod-{POD}": "ml/trainer-0"})
     try:
@@ -201,7 +202,7 @@ def test_a_pod_writes_only_the_job_its_gpus_were_seen_under(tmp_path: Path) -> N
         free, _, _ = post(_Unix(str(unseen.socket_path)), STEP.format(job="ml/trainer-0", node="x"))
     finally:
         unseen.close()
-    assert (taken, free) == (403, 204), text
+    assert (taken, free) == (503, 204), text  # 503: a restarted pod's new UID, until seen
     assert "another pod's" in text
 
 

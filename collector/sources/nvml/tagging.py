@@ -52,13 +52,21 @@ class JobTagger:
         """The job of the process using the most memory on the GPU (a pod UID named by the
         kubelet where it can); for a GPU without one, the pod holding it, else the job map."""
         best, best_mem = NO_JOB, -1
+        pods = set()
         for pid, mem in procs:
             info = self.jobs.for_pid(pid)
             used = mem if isinstance(mem, int) else 0
             if info.job and used > best_mem:
                 best, best_mem = info, used
-        best = self.pod_named(dev, best)
-        return best if best.job else self.jobs.for_gpu(dev.index)
+            if info.job.startswith(POD_UID_PREFIX):
+                pods.add(info.job)
+        named = self.pod_named(dev, best)
+        if len(pods) == 1 and named.job != best.job:
+            # the one pod UID among the GPU's processes is the one pod the kubelet says holds
+            # it: the relay holds that pod's socket reports to this name. A second pod on the
+            # GPU (a privileged one, or one that sees every GPU) makes it ambiguous: no name
+            self.context.inventory.jobs.named_pod(time.time_ns(), best.job, named.job)
+        return named if named.job else self.jobs.for_gpu(dev.index)
 
     def process_job(self, dev: Device, pid: int) -> JobInfo:
         return self.pod_named(dev, self.jobs.for_pid(pid))
@@ -72,8 +80,6 @@ class JobTagger:
         holders = self.pods.holders(dev.uuid, dev.index)
         if not holders or any(h.job != holders[0].job for h in holders):
             return info
-        if info.job:  # this pod UID is that pod: the relay takes its socket reports as such
-            self.context.inventory.jobs.named_pod(time.time_ns(), info.job, holders[0].job)
         return JobInfo(holders[0].job, info.rank, info.local_rank)
 
     def tag_set(self, dev: Device, job: JobInfo) -> TagSet:
