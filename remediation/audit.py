@@ -295,6 +295,8 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
         elif event == "decision" and fid:
             if record.get("verdict") != "duplicate":
                 approvals.pop(fid, None)  # decided since: the approval took effect
+            if record.get("verdict") == "queue_full":  # dropped: a re-send starts afresh
+                memory.approved_plans.discard(fid)
             if record.get("verdict") != "queue_full":  # (not queued: a re-send is decided)
                 memory.saw(fid, float(record.get("t", 0.0)))  # decided, durably: a duplicate
             if record.get("verdict") != "duplicate":
@@ -302,6 +304,7 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
                 latest[fid] = PlanRecord(record, findings.get(fid), received)
         elif event == "expired" and fid:
             latest.pop(fid, None)
+            memory.approved_plans.discard(fid)
         elif event == "intent" and record.get("action_id"):
             memory.intents[str(record["action_id"])] = record
         elif event == "action" and record.get("action_id"):
@@ -316,6 +319,8 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
                 memory.approved[fid] = approvals[fid]
         elif verdict in RUNNING_VERDICTS and not _finished(p.decision, outcomes):
             memory.unfinished.append(p)
+    # only plans still waiting are restored with their approval: the rest are done with
+    memory.approved_plans &= {str(p.decision.get("finding_id", "")) for p in memory.waiting}
     return memory
 
 

@@ -324,6 +324,38 @@ def test_an_approval_the_journal_refuses_leaves_the_plan_waiting(tmp_path: Path)
     engine.close()
 
 
+def test_an_approval_is_spent_when_its_plan_is_dropped(tmp_path: Path) -> None:
+    """Review: replay kept every approved plan id for good, so a plan approved, then dropped
+    (``queue_full``, or ``expired``), then sent again and held by the blast radius came back
+    after a restart as approved, though nobody approved this one. Journal records written as
+    the engine writes them (CONSTRUCTED)."""
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    plan = [{"action_id": "a1", "action": "drain", "node": "gpu01"}]
+    t = time.time()
+    for event, fields in [
+        ("finding", {}),
+        ("decision", {"verdict": "approval", "plan": plan}),
+        ("approval", {"by": "alice"}),
+        ("decision", {"verdict": "queue_full"}),
+        ("finding", {}),
+        ("decision", {"verdict": "blast_radius", "plan": plan}),
+    ]:
+        audit.append(event, t, finding_id="f1", **fields)
+    memory = replay(audit.path)
+    assert [p.decision["verdict"] for p in memory.waiting] == ["blast_radius"]
+    assert memory.approved_plans == set() and memory.approved == {}
+    # without the drop, the approval holds for the plan held after it
+    audit2 = AuditLog(tmp_path / "audit2.jsonl")
+    for event, fields in [
+        ("finding", {}),
+        ("decision", {"verdict": "approval", "plan": plan}),
+        ("approval", {"by": "alice"}),
+        ("decision", {"verdict": "blast_radius", "plan": plan}),
+    ]:
+        audit2.append(event, t, finding_id="f1", **fields)
+    assert replay(audit2.path).approved_plans == {"f1"}
+
+
 def test_one_engine_per_audit_log(tmp_path: Path) -> None:
     audit = tmp_path / "audit.jsonl"
     first = AuditLog(audit, exclusive=True)
