@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -332,26 +333,28 @@ def test_an_approval_is_spent_when_its_plan_is_dropped(tmp_path: Path) -> None:
     audit = AuditLog(tmp_path / "audit.jsonl")
     plan = [{"action_id": "a1", "action": "drain", "node": "gpu01"}]
     t = time.time()
-    for event, fields in [
+    dropped: list[tuple[str, dict[str, Any]]] = [
         ("finding", {}),
         ("decision", {"verdict": "approval", "plan": plan}),
         ("approval", {"by": "alice"}),
         ("decision", {"verdict": "queue_full"}),
         ("finding", {}),
         ("decision", {"verdict": "blast_radius", "plan": plan}),
-    ]:
+    ]
+    for event, fields in dropped:
         audit.append(event, t, finding_id="f1", **fields)
     memory = replay(audit.path)
     assert [p.decision["verdict"] for p in memory.waiting] == ["blast_radius"]
     assert memory.approved_plans == set() and memory.approved == {}
     # without the drop, the approval holds for the plan held after it
     audit2 = AuditLog(tmp_path / "audit2.jsonl")
-    for event, fields in [
+    held: list[tuple[str, dict[str, Any]]] = [
         ("finding", {}),
         ("decision", {"verdict": "approval", "plan": plan}),
         ("approval", {"by": "alice"}),
         ("decision", {"verdict": "blast_radius", "plan": plan}),
-    ]:
+    ]
+    for event, fields in held:
         audit2.append(event, t, finding_id="f1", **fields)
     assert replay(audit2.path).approved_plans == {"f1"}
 
