@@ -122,6 +122,7 @@ def build_agent(
             healthy_after_s=float(h["healthy_after_s"]),
             expected_gpus=int(h["expected_gpus"]),
             check=check,
+            restart_on=list(h["restart_on"]),
         )
     hooks = [gate.cycle] if gate is not None else []
     if h["gpu_count_check"]:

@@ -113,6 +113,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "gpu_count_check": True,
         # the node check run before node_healthy is said ([] = say it without one)
         "check_probes": ["gpu_count", "infiniband", "disk"],
+        # finding kinds besides critical ones that start the healthy stretch again
+        "restart_on": ["link_flap"],
     },
     # gpuwarden check: the active node check (collector.check)
     "check": {

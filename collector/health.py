@@ -14,7 +14,13 @@ least that many GPUs reporting every cycle (a GPU that fell off the bus is not a
 event, it is just missing). The stretch starts when the agent starts, so a node that was
 drained, repaired and rebooted is announced ``healthy_after_s`` after its agent comes back.
 Each healthy stretch is announced once; a critical event, a GPU waiting for a repair or a
-missing GPU starts a new one. A healthy fleet therefore
+missing GPU starts a new one, and so does a finding of a kind in ``restart_on`` (by default
+``link_flap``): a warning a site's policy may take the node out for, which then comes back on
+its own once the port has been quiet for ``healthy_after_s`` and the check passes (a flap that
+heals is not a node kept out until someone clears it). With ``link_flap`` in it, every
+link-down of a port (its ``link_downed_total`` grows, or it leaves ACTIVE) starts the stretch
+again too: a port that keeps flapping within one episode raises one finding, and must not be
+called healed while it flaps. A healthy fleet therefore
 says it once per agent start, which the engine answers with ``not_ours`` and nothing else.
 
 Quiet is not proof. With ``[health] check_probes`` set (the default: gpu_count, infiniband,
@@ -80,11 +86,13 @@ class HealthGate:
         healthy_after_s: float = 1800.0,
         expected_gpus: int = 0,
         check: Callable[[int], Finding] | None = None,
+        restart_on: Sequence[str] = ("link_flap",),
     ) -> None:
         if healthy_after_s <= 0 or expected_gpus < 0:
             raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
         self.cluster, self.node, self.emit = cluster, node, emit
         self.expected_gpus = expected_gpus
+        self.restart_on = frozenset(restart_on)
         self.check = check
         """Runs the node check at a time (ns); its finding (node_healthy or
         node_check_failed)."""
@@ -94,13 +102,16 @@ class HealthGate:
         # second one within five minutes a "duplicate" the engine drops (a short healthy_after_s)
         self.bucket_s = min(MAX_BUCKET_S, max(1, int(healthy_after_s)))
         self._healthy = Stretch(int(healthy_after_s * NS))
+        self._ports: dict[tuple[str, str], tuple[object, object]] = {}  # (downs, state) last seen
         self._lock = threading.Lock()  # observe() runs on the sources' event threads too
 
     def observe(self, finding: Finding) -> None:
-        """Every finding the node's sources raise passes here; a critical one breaks the
-        stretch, which starts again with the next cycle (not at the event's own time: a kernel
-        log read back at start carries old times)."""
-        if finding.severity is Severity.CRITICAL and finding.kind != "node_healthy":
+        """Every finding the node's sources raise passes here; a critical one (or one of a
+        kind in ``restart_on``) breaks the stretch, which starts again with the next cycle (not
+        at the event's own time: a kernel log read back at start carries old times)."""
+        if finding.kind == "node_healthy":
+            return
+        if finding.severity is Severity.CRITICAL or finding.kind in self.restart_on:
             with self._lock:
                 self._healthy.end()
 
@@ -111,8 +122,9 @@ class HealthGate:
         waiting = any(
             p.fields.get(name) is bad for p in gpu_points for name, bad in UNHEALTHY_STATES.items()
         )
+        went_down = "link_flap" in self.restart_on and self._link_downs(points)
         with self._lock:
-            if gpus < self.expected_gpus or waiting:
+            if gpus < self.expected_gpus or waiting or went_down:
                 self._healthy.end()
                 return
             healthy_for = self._healthy.due(now_ns)
@@ -138,6 +150,25 @@ class HealthGate:
                 bucket_s=self.bucket_s,
             )
         )
+
+    def _link_downs(self, points: Sequence[Point]) -> bool:
+        """Whether a port went down since the last cycle: its ``link_downed_total`` grew (a
+        counter reset is not a flap), or it was ACTIVE (4) and is not now."""
+        down = False
+        for p in points:
+            if p.measurement != "ib_port":
+                continue
+            key = (p.tags.get("hca", ""), p.tags.get("port", ""))
+            downs, state = p.fields.get("link_downed_total"), p.fields.get("state_code")
+            before = self._ports.get(key)
+            if before is not None:
+                was_downs, was_state = before
+                if isinstance(downs, int) and isinstance(was_downs, int) and downs > was_downs:
+                    down = True
+                if was_state == 4 and state is not None and state != 4:
+                    down = True
+            self._ports[key] = (downs, state)
+        return down
 
     def _checked(self, now_ns: int) -> None:
         """The stretch is long enough: run the node check; say what it found (a failure is
