@@ -146,6 +146,16 @@ class AuditLog:
             self._maybe_crash("after", self._written)
         return entry
 
+    @contextlib.contextmanager
+    def rewriting(self) -> Iterator[Path]:
+        """Hold the writer's lock, the lease confirmed (``fence``), while the log is replaced
+        (:mod:`remediation.compact`): no record is appended meanwhile, and an append after it
+        opens the new file. :class:`JournalError` if the lease is not confirmed."""
+        with self._lock:
+            if self.fence is not None:
+                self.fence()
+            yield self.path
+
     def _maybe_crash(self, where: str, number: int) -> None:
         if self._crash is not None and self._crash == (where, number):
             os.kill(os.getpid(), signal.SIGKILL)

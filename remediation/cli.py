@@ -43,6 +43,7 @@ from gpuwarden.core.tls import client_context, server_context
 from gpuwarden.remediation.adapters import create
 from gpuwarden.remediation.audit import AuditLog, AuditLogBusyError, JournalError, read_records
 from gpuwarden.remediation.clock import SYSTEM
+from gpuwarden.remediation.compact import history
 from gpuwarden.remediation.config import RemediationConfig, load_config
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.identity import Keyring
@@ -322,9 +323,11 @@ def apply(config: RemediationConfig, path: str) -> int:
     return 1 if bad else 0
 
 
-def audit(path: str, node: str, finding: str, as_json: bool) -> int:
+def audit(path: str, node: str, finding: str, as_json: bool, everything: bool = False) -> int:
+    """Print the audit trail: the live log, or with ``everything`` its archives first
+    (:func:`remediation.compact.history`: each record once)."""
     torn: list[int] = []
-    for r in read_records(path, torn):
+    for r in history(Path(path)) if everything else read_records(path, torn):
         if node and r.get("node") != node:
             continue
         if finding and not str(r.get("finding_id", "")).startswith(finding):
@@ -418,6 +421,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     au.add_argument("--node", default="")
     au.add_argument("--finding", default="", help="a finding id or its prefix")
     au.add_argument("--json", action="store_true")
+    au.add_argument(
+        "--all", action="store_true", help="its archives too, oldest first, each record once"
+    )
     sub.add_parser("pending", help="plans waiting for approval or for room (running engine)")
     apr = sub.add_parser("approve", help="approve a waiting plan (running engine)")
     apr.add_argument("plan_id")
@@ -467,7 +473,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             log_path = args.log or config["engine"]["audit_log"]
             if not Path(log_path).is_file():  # before: printed nothing and exited 0
                 raise UsageError(f"no audit log at {log_path}")
-            return audit(log_path, args.node, args.finding, args.json)
+            return audit(log_path, args.node, args.finding, args.json, args.all)
         if args.command == "pending":
             return call(config, "GET", "/v1/pending")
         if args.command == "approve":

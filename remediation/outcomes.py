@@ -128,6 +128,16 @@ class Outcomes:
                 records.append(record)
         return records
 
+    @property
+    def offset(self) -> int:
+        """How far into the audit log this reader has read (bytes, a line boundary)."""
+        return self._offset
+
+    def moved(self, offset: int) -> None:
+        """The log was compacted (:mod:`remediation.compact`): what was read up to
+        :attr:`offset` now ends at ``offset`` of the new file."""
+        self._offset = offset
+
     def update(self, *, write: bool = True) -> list[Finding]:
         """Read what the journal gained, decide every outcome now known, and demote or
         promote policies; returns the ``policy_demoted``/``policy_promoted`` findings to

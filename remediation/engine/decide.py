@@ -47,6 +47,11 @@ class EngineSettings:
     sets it past the endpoint's ``max_finding_age_s`` plus ``max_clock_skew_s``: a re-send
     later than that is refused as stale before the engine sees it, so the id guards nothing.
     The Python API (a backtest, ``remediate apply``) keeps every id: it has no such check."""
+    journal_compact_bytes: int = 0
+    """Compact the audit log once it is this large and twice its size after the last
+    compaction (:mod:`remediation.compact`: archived whole, the live log keeps what the engine
+    still needs); 0 never. Needs ``seen_retention_s`` (without it every id is kept, and so
+    every record): ``gpuwarden remediate serve`` sets both."""
     approval: tuple[str, ...] = ()
     return_requires: str = "check"
     """What a node gpuwarden took out needs before it returns to service (``uncordon``):
@@ -64,6 +69,21 @@ class EngineSettings:
     workers: int = 4
     outcomes: OutcomeSettings = field(default_factory=OutcomeSettings)
     """When each removal's outcome is decided; precision's window (:mod:`remediation.outcomes`)."""
+
+    @property
+    def journal_retain_s(self) -> float:
+        """How far back a compaction keeps every record: the longest window the engine or the
+        outcome reader looks back over, so that an older record is read by nothing but the
+        rules :func:`remediation.compact.select` keeps it for."""
+        o = self.outcomes
+        return max(
+            self.seen_retention_s,
+            self.cooldown_s,
+            self.lemon_window_s,
+            self.pending_expire_s,
+            o.window_s,
+            2 * (o.quick_pass_s + o.clean_window_s),
+        )
 
 
 @dataclass(frozen=True)

@@ -9,16 +9,19 @@ once, at start. A bare callable (a backtest's simulated time) serves as both."""
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
+from gpuwarden.remediation.compact import compact_file
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -47,6 +50,8 @@ from gpuwarden.remediation.policy import Policy
 
 log = logging.getLogger("gpuwarden.remediation.engine")
 FACTS_TTL_S = 60.0
+COMPACT_RETRY_S = 300.0
+"""After a compaction failed (a full disk, a lost lease), the next try waits this long."""
 
 
 class EngineClosedError(RemediationError, RuntimeError):
@@ -104,6 +109,8 @@ class Engine:
         self.outcomes = Outcomes(
             audit, self.policies, clock, self.settings.outcomes, on_outcome=on_outcome
         )
+        self._compacted_size = 0
+        self._compact_retry_at = 0.0
         self._absorb()
 
     def _node_facts(self, node: str) -> NodeFacts | None:
@@ -355,6 +362,7 @@ class Engine:
             self._absorb()
             self._expire_waiting()
             self._forget_old()
+            self._maybe_compact()
             self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
                 d = self.guards.check(p.finding, p.decision, approved=p.approved)
@@ -372,6 +380,36 @@ class Engine:
         now = self.clock.mono()
         for node in [n for n, (t, _) in self._facts.items() if now - t >= FACTS_TTL_S]:
             del self._facts[node]
+
+    def _maybe_compact(self) -> None:
+        """Compact the audit log past ``journal_compact_bytes`` (:mod:`remediation.compact`),
+        under the engine's lock just after the outcome reader read to the end: records
+        appended since (by plans running now) are past its offset and kept as they are."""
+        limit = self.settings.journal_compact_bytes
+        if limit <= 0 or self.settings.seen_retention_s <= 0:
+            return
+        if self.clock.mono() < self._compact_retry_at:
+            return
+        try:
+            size = os.stat(self.audit.path).st_size
+        except OSError:
+            return
+        if size < max(limit, 2 * self._compacted_size):
+            return
+        now = self.clock.wall()
+        try:
+            with self.audit.rewriting() as path:
+                done = compact_file(
+                    Path(path), self.outcomes.offset, now - self.settings.journal_retain_s, now
+                )
+        except OSError as exc:  # JournalError too: the live log is as it was; later again
+            log.warning("cannot compact the audit log %s: %s", self.audit.path, exc)
+            self._compact_retry_at = self.clock.mono() + COMPACT_RETRY_S
+            return
+        self.outcomes.moved(done.offset)
+        self._compacted_size = done.size
+        log.info("audit log compacted: %d records kept, %d dropped, the whole log archived "
+                 "as %s", done.kept, done.dropped, done.archive)  # fmt: skip
 
     def _expire_waiting(self) -> None:
         """Plans that waited longer than ``pending_expire_s`` are dropped, with an ``expired``

@@ -1,0 +1,279 @@
+"""Issue 38, hole 2 (and issue 37's logrotate item): the journal is compacted, and nothing the
+engine must remember is lost, nothing is done twice.
+
+Two engines get the same SIMULATED 45 days of findings hour by hour (noise that only notifies,
+XIDs that drain, checks that return nodes, host faults an operator approves or lets expire,
+undos), on one hand-driven clock: one compacts its journal past a few hundred KiB, the other
+never does. Every few days, and at the end, the two agree on everything the engine reads
+(seen ids, nodes out and why, cooldowns, the lemon history in its window, waiting and approved
+plans, open outcomes, precision), both live and restarted from copies of their logs; the
+restarted pair then decides the same new findings the same way. CONSTRUCTED crashes: a
+compaction that fails at each step leaves the live log whole, and a link a crash left behind
+is not archived twice. Before this change there was no compaction (the setting did not exist)
+and the log only grew.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.remediation.audit import AuditLog, JournalError, replay
+from gpuwarden.remediation.clock import Clock
+from gpuwarden.remediation.compact import archives, compact_file
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.outcomes import OutcomeSettings
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from tests.remediation_util import HandClock, RecordingAdapter
+
+NODES = {f"gpu{i:02d}": "a" for i in range(12)}
+HOUR, DAY = 3600.0, 86400.0
+SETTINGS = EngineSettings(
+    dry_run=False, max_nodes_out=3, max_fraction_out=1.0, cooldown_s=2 * HOUR,
+    actions_per_minute=10_000, lemon_count=3, lemon_window_s=3 * DAY, return_requires="none",
+    pending_expire_s=6 * HOUR, seen_retention_s=DAY, approval=("cordon",),
+    outcomes=OutcomeSettings(quick_pass_s=HOUR, clean_window_s=DAY, window_s=5 * DAY),
+)  # fmt: skip
+LOG = "audit.jsonl"
+
+
+def engine_at(folder: Path, clock: HandClock, compact_bytes: int = 0) -> Engine:
+    return Engine(
+        load_policies(DEFAULT_POLICIES),
+        {"slurm": RecordingAdapter("slurm", NODES), "webhook": RecordingAdapter("webhook")},
+        AuditLog(folder / LOG),
+        dataclasses.replace(SETTINGS, journal_compact_bytes=compact_bytes),
+        clock=Clock(wall=clock.wall, mono=clock.mono),
+    )
+
+
+def finding(clock: HandClock, kind: str, node: str, severity: Severity, **ev: Any) -> Finding:
+    return Finding(
+        kind=kind,
+        subject={"cluster": "test", "node": node} | ({"gpu": "0"} if kind == "gpu_xid" else {}),
+        severity=severity,
+        time_ns=int(clock.wall() * 1e9),
+        evidence=ev,
+        confidence=1.0,
+        summary=f"{kind} on {node}",
+        source="agent",
+    )
+
+
+def view(e: Engine, clock: HandClock) -> dict[str, Any]:
+    """What the engine reads of its memory (the lemon history within its window)."""
+    m = e.memory
+    lemon_from = clock.wall() - SETTINGS.lemon_window_s
+    return {
+        "seen": sorted(m.seen_findings),
+        "digests": sorted(m.finding_digests.items()),
+        "taken_out": sorted(m.taken_out),
+        "last_action_at": sorted((n, round(t, 3)) for n, t in m.last_action_at.items()),
+        "lemon": sorted(
+            (n, [(round(at.wall, 3), why) for at, why in times if at.wall >= lemon_from])
+            for n, times in m.taken_out_at.items()
+        ),
+        "intents": sorted(m.intents),
+        "approved": sorted(m.approved.items()),
+        "approved_plans": sorted(m.approved_plans),
+        "waiting": sorted(p["plan_id"] for p in e.pending()),
+        "open": sorted(e.outcomes.open),
+        "demoted": sorted(e.outcomes.demoted),
+        "precision": sorted(e.outcomes.precision().items()),
+    }
+
+
+def restarted(folder: Path, into: Path, clock: HandClock) -> Engine:
+    into.mkdir()
+    shutil.copy2(folder / LOG, into / LOG)
+    return engine_at(into, clock)
+
+
+def hour(engines: list[Engine], clock: HandClock, rng: random.Random) -> None:
+    """One SIMULATED hour: the same findings and operator acts for every engine."""
+    events: list[tuple[str, Any]] = []
+    for _ in range(rng.randint(2, 4)):  # noise: notify only, the bulk of a real journal
+        kind = rng.choice(["link_flap", "memory_ce", "hung_task"])
+        node = rng.choice(list(NODES))
+        events.append(("submit", finding(clock, kind, node, Severity.WARNING, n=rng.random())))
+    roll = rng.random()
+    node = rng.choice(list(NODES))
+    if roll < 0.06:
+        events.append(("submit", finding(clock, "gpu_xid", node, Severity.CRITICAL, xid=79)))
+    elif roll < 0.09:
+        events.append(("submit", finding(clock, "soft_lockup", node, Severity.CRITICAL)))
+    elif roll < 0.16:
+        ev = {"check": "pass", "checked_ns": int(clock.wall() * 1e9)}
+        events.append(("submit", finding(clock, "node_healthy", node, Severity.INFO, **ev)))
+    elif roll < 0.18:
+        events.append(("undo", (node, rng.choice(["false_alarm", "repaired"]))))
+    elif roll < 0.22:
+        events.append(("approve", None))
+    for engine in engines:
+        for what, arg in events:
+            if what == "submit":
+                engine.submit(arg)
+            elif what == "undo" and arg[0] in engine.memory.taken_out:
+                engine.undo(arg[0], "ops", reason=arg[1])
+            elif what == "approve":
+                plans = sorted(p["plan_id"] for p in engine.pending() if p["verdict"] == "approval")
+                if plans:
+                    engine.approve(plans[0], "ops")
+            assert engine.wait(10)
+        engine.tick()
+        assert engine.wait(10)
+    clock.advance(HOUR)
+
+
+def test_a_compacted_journal_remembers_what_the_whole_one_does(tmp_path: Path) -> None:
+    clock, rng = HandClock(), random.Random(38)
+    (tmp_path / "c").mkdir()
+    (tmp_path / "w").mkdir()
+    compacting = engine_at(tmp_path / "c", clock, compact_bytes=256 << 10)
+    whole = engine_at(tmp_path / "w", clock)
+    checks = 0
+    for h in range(45 * 24):
+        hour([compacting, whole], clock, rng)
+        if h % (5 * 24) == 5 * 24 - 1:
+            assert view(compacting, clock) == view(whole, clock)
+            a = restarted(tmp_path / "c", tmp_path / f"rc{h}", clock)
+            b = restarted(tmp_path / "w", tmp_path / f"rw{h}", clock)
+            assert view(a, clock) == view(b, clock)
+            assert replay(a.audit.path).unfinished == []
+            checks += 1
+    assert checks == 9
+    # the workload did what it should: drains, returns, outcomes, waits, expiries
+    full = [json.loads(line) for line in (tmp_path / "w" / LOG).read_text().splitlines()]
+    events = {r["event"] for r in full}
+    assert {"outcome", "approval", "expired", "undo"} <= events, events
+    assert sum(r["event"] == "action" and r["action"] == "drain" for r in full) >= 20
+    # compacted several times; each archive whole up to its time; the live log far smaller
+    arch = archives(tmp_path / "c" / LOG)
+    assert len(arch) >= 3
+    live = (tmp_path / "c" / LOG).stat().st_size
+    assert live < (tmp_path / "w" / LOG).stat().st_size / 3
+    first = json.loads((tmp_path / "c" / LOG).read_text().splitlines()[0])
+    assert first["event"] == "compacted" and first["archive"] == arch[-1].name
+    # the restarted pair decides what comes next the same way, actions included
+    a = restarted(tmp_path / "c", tmp_path / "final-c", clock)
+    b = restarted(tmp_path / "w", tmp_path / "final-w", clock)
+    assert a.resume() == b.resume() == []
+    for _ in range(48):
+        hour([a, b], clock, rng)
+    assert view(a, clock) == view(b, clock)
+    assert a.adapters["slurm"].calls == b.adapters["slurm"].calls
+
+
+def test_what_the_reader_has_not_read_is_kept_as_it_is(tmp_path: Path) -> None:
+    """Records past the outcome reader's offset (a plan running during the compaction) are
+    copied verbatim, however old, and the reader's offset moves to where they now start."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(10):
+        log.append("decision", 1000.0 + i, finding_id=f"f{i}", verdict="no_policy", node="n")
+    offset = path.stat().st_size
+    log.append("intent", 1000.0, action_id="a1", action="drain", node="n", finding_id="f9")
+    tail = path.read_bytes()[offset:]
+    done = compact_file(path, offset, horizon=5000.0, now=6000.0)
+    data = path.read_bytes()
+    assert data.endswith(tail) and done.offset == len(data) - len(tail)
+    assert done.dropped == 10 and done.kept == 0
+    assert (tmp_path / done.archive.name).read_bytes()[offset:] == tail
+
+
+@pytest.mark.parametrize("fail_at", ["link", "replace"])
+def test_a_compaction_that_fails_leaves_the_live_log_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: str
+) -> None:
+    """CONSTRUCTED: the compaction is cut after its copy is written (the link fails: a full
+    disk's inode table, a read-only remount) or after its archive link (the replace fails, as a
+    crash there would leave it): the live log is the whole log; the next compaction archives it
+    once, and a link a crash left behind is not a second archive."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(20):
+        log.append("decision", 1000.0 + i, finding_id=f"f{i}", verdict="no_policy", node="n")
+    before = path.read_bytes()
+    real = getattr(os, fail_at)
+
+    def failing(src: Any, dst: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, fail_at, failing)
+    with pytest.raises(OSError):
+        compact_file(path, path.stat().st_size, horizon=5000.0, now=6000.0)
+    monkeypatch.setattr(os, fail_at, real)
+    assert path.read_bytes() == before
+    assert not list(tmp_path.glob(".*.tmp"))
+    left = archives(path)
+    assert len(left) == (1 if fail_at == "replace" else 0)  # the crash's link, the same file
+    done = compact_file(path, path.stat().st_size, horizon=5000.0, now=6001.0)
+    assert archives(path) == [done.archive]
+    assert done.archive.read_bytes() == before
+
+
+def test_a_fence_that_refuses_stops_the_compaction(tmp_path: Path) -> None:
+    """An engine whose lease is not confirmed compacts nothing (it may no longer write)."""
+    clock = HandClock()
+    engine = engine_at(tmp_path, clock, compact_bytes=1024)
+    for _ in range(10):
+        engine.submit(finding(clock, "link_flap", "gpu01", Severity.WARNING))
+        clock.advance(60.0)
+    assert engine.wait(10)
+    before = (tmp_path / LOG).read_bytes()
+
+    def refused() -> None:
+        raise JournalError("the lease is not confirmed")
+
+    engine.audit.fence = refused
+    engine.tick()
+    assert (tmp_path / LOG).read_bytes() == before and archives(tmp_path / LOG) == []
+    engine.audit.fence = None
+    clock.advance(400.0)  # past COMPACT_RETRY_S
+    engine.tick()
+    assert len(archives(tmp_path / LOG)) == 1
+
+
+def test_the_audit_trail_with_its_archives_shows_each_record_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``gpuwarden remediate audit --all``: the archives, then the live log, without the
+    copies a compaction made (a drain that is still out is copied forward every time)."""
+    from gpuwarden.remediation.cli import main as remediate
+
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    written = []
+    for round_ in range(3):
+        for i in range(5):
+            fid = f"r{round_}-{i}"
+            written.append(fid)
+            log.append("decision", 1000.0 * (round_ + 1) + i, finding_id=fid, verdict="x", node="n")
+        if round_ == 0:
+            log.append("intent", 1000.0, action_id="a0", action="drain", node="m", finding_id="a")
+            written.append("a")
+        compact_file(path, path.stat().st_size, horizon=1e9, now=5000.0 + round_)
+    assert remediate(["audit", "--log", str(path), "--all", "--json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    fids = [r["finding_id"] for r in shown if r["event"] != "compacted"]
+    assert fids == written  # the unfinished intent once, though every live log carried it
+    assert sum(r["event"] == "compacted" for r in shown) == 3
+
+
+def test_the_shipped_engine_compacts_by_default() -> None:
+    """``gpuwarden remediate serve`` reads 64 MiB from the sample configuration (and sets
+    ``seen_retention_s``, without which nothing would be compacted)."""
+    from gpuwarden.remediation.config import load_config
+
+    root = Path(__file__).resolve().parent.parent
+    settings = load_config(root / "config/remediation.sample.toml").settings
+    assert settings.journal_compact_bytes == 64 << 20
+    assert settings.journal_retain_s == 30 * DAY  # [outcomes] window_s, the longest
