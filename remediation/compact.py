@@ -57,7 +57,7 @@ class Compacted:
 
 def _parse(line: bytes) -> dict[str, Any] | None:
     try:
-        record = json.loads(line)
+        record = json.loads(line.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError):
         return None  # a torn line: replay skips it, so does the copy
     return record if isinstance(record, dict) else None
@@ -214,24 +214,47 @@ def history(path: Path) -> Iterator[dict[str, Any]]:
         read_one = True
 
 
-def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Compacted:
-    """Compact the log at ``path`` (the caller holds its writer's lock: nothing is appended
-    meanwhile); records from byte ``keep_from`` on are kept verbatim. Raises OSError with the
-    live log as it was."""
+@dataclass(frozen=True)
+class Selection:
+    """What a compaction keeps of the log before ``keep_from``: chosen without any lock (that
+    part of the file no longer changes: the log is only appended to, and only this engine
+    compacts it), then written by :func:`swap` under the writer's lock."""
+
+    keep_from: int
+    kept_lines: list[bytes]
+    dropped: int
+    horizon: float
+
+
+def choose(path: Path, keep_from: int, horizon: float) -> Selection:
+    """The slow part (every record before ``keep_from`` parsed): no lock needed."""
+    with path.open("rb") as fh:
+        head = fh.read(keep_from)
+    if len(head) != keep_from:
+        raise OSError(f"{path} is shorter than the {keep_from} bytes already read")
+    lines = head.splitlines(keepends=True)
+    keep = select([_parse(line) for line in lines], horizon)
+    kept = [
+        line if line.endswith(b"\n") else line + b"\n"
+        for line, k in zip(lines, keep, strict=True)
+        if k
+    ]
+    return Selection(keep_from, kept, len(lines) - len(kept), horizon)
+
+
+def swap(path: Path, chosen: Selection, now: float) -> Compacted:
+    """Archive the whole log and put the compacted one in its place: the ``compacted`` record,
+    the kept records, then every byte from ``keep_from`` on as it is now (what was appended
+    since :func:`choose` included). The caller holds the writer's lock. Raises OSError with
+    the live log as it was."""
     live = os.stat(path)
     for stale in archives(path):  # a link a crash left: the live log itself, not an archive
         with contextlib.suppress(FileNotFoundError):
             if os.stat(stale).st_ino == live.st_ino and os.stat(stale).st_dev == live.st_dev:
                 os.unlink(stale)
-    data = path.read_bytes()
-    head, tail = data[:keep_from], data[keep_from:]
-    lines = head.splitlines(keepends=True)
-    keep = select([_parse(line) for line in lines], horizon)
-    kept_lines = [
-        line if line.endswith(b"\n") else line + b"\n"
-        for line, k in zip(lines, keep, strict=True)
-        if k
-    ]
+    with path.open("rb") as fh:
+        fh.seek(chosen.keep_from)
+        tail = fh.read()
     archive = _archive_name(path, now)
     mark = {
         "event": "compacted",
@@ -240,13 +263,13 @@ def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Comp
         .replace("+00:00", "Z"),
         "t": round(now, 6),
         "archive": archive.name,
-        "kept": len(kept_lines),
-        "dropped": len(lines) - len(kept_lines),
-        "horizon_t": round(horizon, 6),
+        "kept": len(chosen.kept_lines),
+        "dropped": chosen.dropped,
+        "horizon_t": round(chosen.horizon, 6),
         "why": "the whole log is in the archive; the records after this one are copies of "
         "those the engine still needs, then what came after",
     }
-    body = (json.dumps(mark) + "\n").encode() + b"".join(kept_lines)
+    body = (json.dumps(mark) + "\n").encode() + b"".join(chosen.kept_lines)
     tmp = path.with_name(f".{path.name}.compact.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
@@ -265,8 +288,13 @@ def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Comp
         raise
     _fsync_dir(path.parent)
     return Compacted(
-        archive, len(kept_lines), len(lines) - len(kept_lines), len(body), len(body) + len(tail)
+        archive, len(chosen.kept_lines), chosen.dropped, len(body), len(body) + len(tail)
     )
+
+
+def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Compacted:
+    """:func:`choose` and :func:`swap` at once (the caller holds the writer's lock)."""
+    return swap(path, choose(path, keep_from, horizon), now)
 
 
 def _write_all(fd: int, parts: Iterable[bytes]) -> None:

@@ -28,7 +28,7 @@ import pytest
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog, JournalError, replay
 from gpuwarden.remediation.clock import Clock
-from gpuwarden.remediation.compact import archives, compact_file
+from gpuwarden.remediation.compact import archives, choose, compact_file, swap
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
@@ -129,7 +129,7 @@ def hour(engines: list[Engine], clock: HandClock, rng: random.Random) -> None:
                     engine.approve(plans[0], "ops")
             assert engine.wait(10)
         engine.tick()
-        assert engine.wait(10)
+        assert engine.wait(10) and engine.wait_compaction(30)
     clock.advance(HOUR)
 
 
@@ -189,6 +189,24 @@ def test_what_the_reader_has_not_read_is_kept_as_it_is(tmp_path: Path) -> None:
     assert (tmp_path / done.archive.name).read_bytes()[offset:] == tail
 
 
+def test_records_appended_while_the_records_are_chosen_are_kept(tmp_path: Path) -> None:
+    """The engine chooses without a lock; what plans append meanwhile lands after the kept
+    records, and the reader's offset maps to the same record."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(10):
+        log.append("decision", 1000.0 + i, finding_id=f"f{i}", verdict="no_policy", node="n")
+    offset = path.stat().st_size
+    chosen = choose(path, offset, horizon=1005.0)
+    log.append("action", 9000.0, action_id="late", action="drain", node="n", outcome="ok")
+    read_to = path.stat().st_size  # the reader read the late record too
+    done = swap(path, chosen, now=9001.0)
+    lines = path.read_text().splitlines()
+    assert [json.loads(x).get("finding_id") for x in lines[1:6]] == [f"f{i}" for i in range(5, 10)]
+    assert json.loads(lines[-1])["action_id"] == "late"
+    assert done.offset + read_to - offset == path.stat().st_size
+
+
 @pytest.mark.parametrize("fail_at", ["link", "replace"])
 def test_a_compaction_that_fails_leaves_the_live_log_whole(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_at: str
@@ -235,10 +253,12 @@ def test_a_fence_that_refuses_stops_the_compaction(tmp_path: Path) -> None:
 
     engine.audit.fence = refused
     engine.tick()
+    assert engine.wait_compaction(30)
     assert (tmp_path / LOG).read_bytes() == before and archives(tmp_path / LOG) == []
     engine.audit.fence = None
     clock.advance(400.0)  # past COMPACT_RETRY_S
     engine.tick()
+    assert engine.wait_compaction(30)
     assert len(archives(tmp_path / LOG)) == 1
 
 

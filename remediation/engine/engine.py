@@ -21,7 +21,7 @@ from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
-from gpuwarden.remediation.compact import compact_file
+from gpuwarden.remediation.compact import choose, swap
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -111,6 +111,7 @@ class Engine:
         )
         self._compacted_size = 0
         self._compact_retry_at = 0.0
+        self._compactor: threading.Thread | None = None
         self._absorb()
 
     def _node_facts(self, node: str) -> NodeFacts | None:
@@ -382,11 +383,14 @@ class Engine:
             del self._facts[node]
 
     def _maybe_compact(self) -> None:
-        """Compact the audit log past ``journal_compact_bytes`` (:mod:`remediation.compact`),
-        under the engine's lock just after the outcome reader read to the end: records
-        appended since (by plans running now) are past its offset and kept as they are."""
+        """Start compacting the audit log past ``journal_compact_bytes``
+        (:mod:`remediation.compact`) in a thread of its own: the records are chosen without a
+        lock, up to where the outcome reader has read (it just read to the end, under the
+        engine's lock); only the swap holds the locks."""
         limit = self.settings.journal_compact_bytes
         if limit <= 0 or self.settings.seen_retention_s <= 0:
+            return
+        if self._compactor is not None and self._compactor.is_alive():
             return
         if self.clock.mono() < self._compact_retry_at:
             return
@@ -396,20 +400,33 @@ class Engine:
             return
         if size < max(limit, 2 * self._compacted_size):
             return
-        now = self.clock.wall()
+        self._compactor = threading.Thread(
+            target=self._compact, args=(self.outcomes.offset,), name="compact", daemon=True
+        )
+        self._compactor.start()
+
+    def _compact(self, keep_from: int) -> None:
+        path = Path(self.audit.path)
         try:
-            with self.audit.rewriting() as path:
-                done = compact_file(
-                    Path(path), self.outcomes.offset, now - self.settings.journal_retain_s, now
-                )
+            chosen = choose(path, keep_from, self.clock.wall() - self.settings.journal_retain_s)
+            with self._lock, self.audit.rewriting():  # the reader's offset holds still too
+                done = swap(path, chosen, self.clock.wall())
+                self.outcomes.moved(done.offset + self.outcomes.offset - keep_from)
+                self._compacted_size = done.size
         except OSError as exc:  # JournalError too: the live log is as it was; later again
-            log.warning("cannot compact the audit log %s: %s", self.audit.path, exc)
+            log.warning("cannot compact the audit log %s: %s", path, exc)
             self._compact_retry_at = self.clock.mono() + COMPACT_RETRY_S
             return
-        self.outcomes.moved(done.offset)
-        self._compacted_size = done.size
         log.info("audit log compacted: %d records kept, %d dropped, the whole log archived "
                  "as %s", done.kept, done.dropped, done.archive)  # fmt: skip
+
+    def wait_compaction(self, timeout_s: float | None = None) -> bool:
+        """Wait for a compaction under way to finish; False on timeout."""
+        compactor = self._compactor
+        if compactor is not None:
+            compactor.join(timeout_s)
+            return not compactor.is_alive()
+        return True
 
     def _expire_waiting(self) -> None:
         """Plans that waited longer than ``pending_expire_s`` are dropped, with an ``expired``
@@ -508,6 +525,7 @@ class Engine:
         with self._lock:
             self._closed = True
         self.executor.shutdown()
+        self.wait_compaction()
         self.audit.close()
 
 
