@@ -34,7 +34,8 @@ Pure polars over a small frame: no I/O here. Readers for real traces are in
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import polars as pl
@@ -124,6 +125,23 @@ class Straggler:
             f"{who}: {self.slowdown:.2f}x its peers from step {self.onset_step} to "
             f"{self.last_step} ({self.persistence:.0%} of those steps slow)"
         )
+
+
+def confirmed(stragglers: list[Straggler], held: Collection[str]) -> list[Straggler]:
+    """A worker's ``node`` is its reporter's tag (the relay stamps its own node, but a writer
+    to the store may say anything): it stands only where the agents saw the job's GPUs, when
+    they saw any (``held``); otherwise it moves to ``evidence.unconfirmed_node`` and the
+    finding names no node (issue 38, as :func:`analytics.hangs` does for a hang's suspects).
+    A job with no GPU data at all (a CPU job, the agents not yet reporting) keeps its tags."""
+    held = {n for n in held if n}
+    if not held:
+        return stragglers
+    return [
+        replace(s, node=None, evidence={**s.evidence, "unconfirmed_node": s.node})
+        if s.node is not None and s.node not in held
+        else s
+        for s in stragglers
+    ]
 
 
 def _normalise(df: pl.DataFrame) -> pl.DataFrame:

@@ -43,7 +43,7 @@ from gpuwarden.analytics.mfu import (
     throughput,
     with_attempts,
 )
-from gpuwarden.analytics.stragglers import Straggler, detect
+from gpuwarden.analytics.stragglers import Straggler, confirmed, detect
 from gpuwarden.core.store.reader import InfluxReader
 
 CONGESTION_FIELDS = (
@@ -454,7 +454,11 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             .join(ex.select("attempt", "step_index", "sample"), on=["attempt", "step_index"])
             .rename({"rank": "worker", "sample": "step", "step_time_s": "time_s"})
         )
-        result.stragglers = detect(timings, cfg.stragglers)
+        # ranks' nodes are their reporters' tags: they count where the agents saw the job
+        held = set(gpu["node"].drop_nulls()) if gpu.height and "node" in gpu.columns else set()
+        result.stragglers = confirmed(detect(timings, cfg.stragglers), held)
+        if held:  # phase 2 reads a worker's node's telemetry: only a node that ran the job
+            result.rank_node = {r: n for r, n in result.rank_node.items() if not n or n in held}
         weights = ex.select(pl.col("sample").alias("step"), "steps")
         spans = {s.worker: (s.onset_step, s.last_step) for s in result.stragglers
                  if s.kind == "worker" and s.worker is not None}  # fmt: skip
@@ -462,7 +466,7 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
         if "stage" in timings.columns:
             per_stage = timings.group_by("stage").agg(pl.col("node").unique().sort())
             result.stage_nodes = {
-                int(r["stage"]): [n for n in r["node"] if n]
+                int(r["stage"]): [n for n in r["node"] if n and (not held or n in held)]
                 for r in per_stage.iter_rows(named=True)
             }
     return result

@@ -33,7 +33,9 @@ from gpuwarden.simulation.spec import load_spec
 MEASUREMENTS = ("gpu", "ib_port", "job_step", "job_model")
 
 
-def _load(influxd, db, tmp_path, name, seed=1, interval_s=10, **changes):
+def _load(influxd, db, tmp_path, name, seed=1, interval_s=10, edit=None, **changes):
+    """Write a SIMULATED scenario to ``db``; ``edit(measurement, frame)`` may change a frame
+    before it is written (a forged tag)."""
     spec = dataclasses.replace(
         load_spec(name), interval_s=interval_s, measurements=MEASUREMENTS, **changes
     ).validate()
@@ -45,7 +47,8 @@ def _load(influxd, db, tmp_path, name, seed=1, interval_s=10, **changes):
     )
     frames: dict[str, list[pl.DataFrame]] = {}
     for chunk in gen.chunks(ticks_per_chunk=60):
-        for m, df in chunk.items():
+        for m, raw in chunk.items():
+            df = edit(m, raw) if edit is not None else raw
             sink.write_frame(df, m, tags=[t for t in TAGS[m] if t in df.columns])
             frames.setdefault(m, []).append(df)
     assert sink.close(timeout_s=120)
@@ -343,6 +346,36 @@ def test_badput_splits_a_restart_and_a_straggler_by_cause(influxd, influx_db, tm
     assert b.mixed_config_s == 0.0
     (f,) = [f for f in findings(a) if f.kind == "straggler"]
     assert f.evidence["fix_gain_s"] == pytest.approx(b.straggler_s, abs=0.01)
+
+
+def test_a_straggler_tagged_with_a_node_that_never_ran_the_job_names_no_node(
+    influxd, influx_db, tmp_path
+):
+    """Issue 38: a rank's ``node`` tag is its writer's word. slow-gpu's job tags its ranks of
+    the slow GPU's node ``victim`` (no agent saw the job there): the straggler is still found,
+    but its finding names no node (``evidence.unconfirmed_node``), and no attribution reads
+    the victim's telemetry. Before, the finding's subject was ``node=victim``."""
+    spec = load_spec("slow-gpu")
+    slow = ScenarioGenerator(spec, seed=1).node_names[spec.faults[0].node]
+
+    def forge(m, df):
+        if m.startswith("job_") and "node" in df.columns:
+            return df.with_columns(
+                pl.when(pl.col("node") == slow).then(pl.lit("victim")).otherwise(pl.col("node"))
+                .alias("node")
+            )  # fmt: skip
+        return df
+
+    gen, _, cfg, (start, end) = _load(
+        influxd, influx_db, tmp_path, "slow-gpu", duration_s=1200, edit=forge
+    )
+    a = analyse(cfg, start, end, LocalExecutor())
+    (s,) = a.job("llm-13b").stragglers
+    assert s.node is None and s.evidence["unconfirmed_node"] == "victim"
+    (f,) = [f for f in findings(a) if f.kind == "straggler"]
+    assert "node" not in f.subject and f.evidence["evidence"]["unconfirmed_node"] == "victim"
+    assert "victim" not in a.job("llm-13b").rank_node.values()
+    assert slow in set(gen.node_names)  # the agents' data names the real node, which ran it
 
 
 def test_a_job_read_in_node_groups_gives_what_one_read_gives(influxd, influx_db, tmp_path):
