@@ -24,14 +24,14 @@ def output(path: Path) -> str:
     return "".join(line for line in lines if not line.startswith("# "))
 
 
-def _find(pattern: str, text: str) -> re.Match[str]:
+def find(pattern: str, text: str) -> re.Match[str]:
     match = re.search(pattern, text, re.MULTILINE)
     if match is None:
         raise ValueError(f"the output has no line matching {pattern!r}")
     return match
 
 
-def _rows(text: str, header: str) -> list[list[str]]:
+def rows_under(text: str, header: str) -> list[list[str]]:
     """The ``a | b | c`` rows under the line ``header``, up to the first line that is not one."""
     lines = text.splitlines()
     start = lines.index(header) + 1
@@ -59,7 +59,7 @@ def verdicts(text: str) -> str:
     header = "arm | removals | wrong | wrong % | fatal faults seen | missed | missed % | "
     header += "node down | not removed"
     out = [VERDICTS_HEADER]
-    for arm, removals, wrong, wrong_pct, seen, missed, missed_pct, *_ in _rows(text, header):
+    for arm, removals, wrong, wrong_pct, seen, missed, missed_pct, *_ in rows_under(text, header):
         out.append(
             f"| {VERDICTS_ARMS.get(arm, arm)} | {_int(removals)} | {_int(wrong)} | {wrong_pct} % "
             f"| {seen} | {missed} | {missed_pct} % |"
@@ -75,10 +75,10 @@ def goodput(text: str) -> str:
         ("recompute", "recomputation"),
         ("restart", "restarts (and failed starts)"),
     ]:
-        row = _find(rf"^  {cause}\s+([\d.]+) /\s+([\d.]+)$", text)
+        row = find(rf"^  {cause}\s+([\d.]+) /\s+([\d.]+)$", text)
         out.append(f"| {name} | {_int(row[1])} | {_int(row[2])} |")
-    median = _find(r"^median_saved_pct=(\S+)$", text)[1]
-    least = _find(r"^min_saved_pct=(\S+)$", text)[1]
+    median = find(r"^median_saved_pct=(\S+)$", text)[1]
+    least = find(r"^min_saved_pct=(\S+)$", text)[1]
     out.append(f"| **work saved, median of seeds** | | **{median} %** (min {least} %) |")
     return "\n".join(out)
 
@@ -93,9 +93,9 @@ GOODPUT_SCALE_HEADER = (
 
 def goodput_scale(text: str) -> str:
     """docs/BENCHMARKS.md's job-size table, from ``benchmarks/goodput_scale.py``'s output."""
-    header = _find(r"^nodes \| pool \| .*$", text)[0]
+    header = find(r"^nodes \| pool \| .*$", text)[0]
     out = [GOODPUT_SCALE_HEADER]
-    for cells in _rows(text, header):
+    for cells in rows_under(text, header):
         row = dict(zip(header.split(" | "), cells, strict=True))
         out.append(
             f"| {_int(row['nodes'])} ({_int(row['pool'])}) | {row['MTBF h']} / "
@@ -117,13 +117,13 @@ LIVE_MODEL_HEADER = (
 def live_model(text: str) -> str:
     """docs/LIVE-LOOP.md's fresh-seed model table, from ``benchmarks/live_model.py``'s output."""
     header = "set | seed | faults | predictable caught | leads (s) | sudden caught | false alarms"
-    rows = _rows(text, header)
+    rows = rows_under(text, header)
     out = [LIVE_MODEL_HEADER]
     for name in dict.fromkeys(r[0] for r in rows):
         mine = [r for r in rows if r[0] == name]
         faults = sum(len(r[2].split("+")) for r in mine)
         leads = [int(x) for r in mine if r[4] != "-" for x in r[4].split(",")]
-        summary = _find(
+        summary = find(
             rf"^{name}: (\d+)/(\d+) predictable failures alerted before onset \(median lead "
             rf"(\d+) s\), (\d+)/(\d+) sudden; (\d+) false alarms of (\d+) alerts",
             text,
@@ -164,7 +164,7 @@ def agent_cycle(text: str) -> str:
         )
 
     def field(run: str, pattern: str) -> float:
-        return float(_find(pattern, run)[1])
+        return float(find(pattern, run)[1])
 
     sides = _runs(text)
     before, after = sides["before"], sides["after"]
@@ -211,23 +211,23 @@ def agent_cycle(text: str) -> str:
             r"process over collect \+ hand-over \+ send: (\S+)$",
         ),
     ]:
-        b = ", ".join(_find(pattern, r)[1] for r in before)
-        a = ", ".join(_find(pattern, r)[1] for r in after)
+        b = ", ".join(find(pattern, r)[1] for r in before)
+        a = ", ".join(find(pattern, r)[1] for r in after)
         out.append(f"| {name} | {b} | {a} |")
     return "\n".join(out)
 
 
 def failover(text: str) -> str:
     """docs/DURABILITY.md's failover table, from ``benchmarks/failover.py``'s output."""
-    kills = _find(
+    kills = find(
         r"^plans=(\d+) killed_at_journal_boundary=(\d+) killed_after_plan=(\d+) both_down=(\d+)$",
         text,
     )
-    seed = _find(r"kill points from seed (\d+)$", text)[1]
-    drains = _find(r"^drains_per_plan=\[([\d, ]+)\]", text)[1]
+    seed = find(r"kill points from seed (\d+)$", text)[1]
+    drains = find(r"^drains_per_plan=\[([\d, ]+)\]", text)[1]
     once = "exactly 1, all " + kills[1] if drains == "1" else f"{drains} (not exactly once)"
-    times = _find(r"^failovers=(\d+) median_s=(\S+) max_s=(\S+)$", text)
-    p95 = _find(r"^failover_p95_s=(\S+) samples=(\d+)$", text)[1]
+    times = find(r"^failovers=(\d+) median_s=(\S+) max_s=(\S+)$", text)
+    p95 = find(r"^failover_p95_s=(\S+) samples=(\d+)$", text)[1]
     return "\n".join(
         [
             f"| measured (seed {seed}, {kills[1]} plans, this 2-core VM, default `lost_after_s` "

@@ -35,6 +35,47 @@ def test_the_verdicts_table_is_the_recorded_run() -> None:
     assert quoted("verdicts", "verdicts/seeds-8201-8205.txt") in page("BENCHMARKS.md")
 
 
+def test_the_verdicts_prose_is_the_recorded_run() -> None:
+    """The figures the page gives beside the verdicts table: the run's other two tables (each
+    rule's findings and precision, the faults missed by type) and its last line."""
+    text = doc_tables.output(DATA / "verdicts/seeds-8201-8205.txt")
+    prose = " ".join(page("BENCHMARKS.md").split())
+    assert f"`{text.strip().splitlines()[-1]}`: the goal" in prose
+    header = "policy | findings matched | removals | right | wrong | precision"
+    rules = {r[0]: r for r in doc_tables.rows_under(text[text.index("shipped arm") :], header)}
+    _, matched, removals, _, wrong, precision = rules["fatal-gpu-event"]
+    assert wrong == "0"
+    assert (
+        f"Every removal was `fatal-gpu-event` ({matched} findings matched, {removals} removals "
+        f"after the cooldown, precision {precision})"
+    ) in prose
+    assert f"`host-warning` ({rules['host-warning'][1]} findings" in prose
+    assert f"`job-app-fault` ({rules['job-app-fault'][1]} findings" in prose
+    missed = {
+        kind: (int(m), int(n))
+        for kind, m, n in re.findall(r"^  (\w+): (\d+) / (\d+)$", text, re.MULTILINE)
+    }
+    assert missed["ib_flap"][0] == missed["ib_flap"][1] == sum(m for m, _ in missed.values())
+    assert f"**Missed: all {missed['ib_flap'][0]} are InfiniBand faults**" in prose
+    caught = {kind: f"{n - m}/{n}" for kind, (m, n) in missed.items()}
+    assert (
+        f"(ECC {caught['ecc_row_remap']}, XID 79 {caught['xid79']}, NVLink storms "
+        f"{caught['nvlink_crc_storm']})"
+    ) in prose
+    arms_header = doc_tables.find(r"^arm \| removals .*$", text)[0]
+    arms = {r[0]: r for r in doc_tables.rows_under(text, arms_header)}
+    assert f"{arms['shipped'][7]} whole-node faults" in prose
+    removed, wrongly = int(arms["app-xids-fatal"][1]), int(arms["app-xids-fatal"][2])
+    assert (
+        f"takes out {removed:,} nodes, {round(100 * wrongly / removed)} % of them healthy" in prose
+    )
+    assert (
+        "exactly one job finding on every seed: True; its nodes removed wrongly (shipped): 0"
+        in text
+    )
+    assert "the 20-node crash drew exactly one job finding and no removal on every seed" in prose
+
+
 def test_the_fresh_goodput_table_is_the_recorded_run() -> None:
     assert quoted("goodput", "fresh-seeds/goodput-7001-7020.txt") in page("BENCHMARKS.md")
 
