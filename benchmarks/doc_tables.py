@@ -1,0 +1,268 @@
+"""The docs' measured tables, rendered from the output their commands printed.
+
+Each benchmark's output is kept as it was printed under ``docs/data/<bench>/`` (lines that
+start with ``# `` above it say the command, when and on which code it ran); each function here
+turns one such output into the Markdown table a page quotes, header and all.
+``tests/test_docs_tables.py`` checks that every page holds exactly what these print, so a cell
+that disagrees with the recorded output fails there.
+
+    python -m benchmarks.doc_tables verdicts docs/data/verdicts/seeds-8201-8205.txt
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+
+def output(path: Path) -> str:
+    """A recorded output without its ``# `` header lines."""
+    lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    return "".join(line for line in lines if not line.startswith("# "))
+
+
+def find(pattern: str, text: str) -> re.Match[str]:
+    match = re.search(pattern, text, re.MULTILINE)
+    if match is None:
+        raise ValueError(f"the output has no line matching {pattern!r}")
+    return match
+
+
+def rows_under(text: str, header: str) -> list[list[str]]:
+    """The ``a | b | c`` rows under the line ``header``, up to the first line that is not one."""
+    lines = text.splitlines()
+    start = lines.index(header) + 1
+    rows = []
+    for line in lines[start:]:
+        if " | " not in line:
+            break
+        rows.append([cell.strip() for cell in line.split("|")])
+    return rows
+
+
+def _int(value: str | float) -> str:
+    return f"{round(float(value)):,}"
+
+
+VERDICTS_HEADER = (
+    "| arm | removals | wrong | wrong drains | fatal faults seen | missed | missed faults |\n"
+    "|---|---|---|---|---|---|---|"
+)
+VERDICTS_ARMS = {"no-fold": "no-fold (before the split)"}
+
+
+def verdicts(text: str) -> str:
+    """docs/BENCHMARKS.md's verdicts table, from ``benchmarks/verdicts.py``'s output."""
+    header = "arm | removals | wrong | wrong % | fatal faults seen | missed | missed % | "
+    header += "node down | not removed"
+    out = [VERDICTS_HEADER]
+    for arm, removals, wrong, wrong_pct, seen, missed, missed_pct, *_ in rows_under(text, header):
+        out.append(
+            f"| {VERDICTS_ARMS.get(arm, arm)} | {_int(removals)} | {_int(wrong)} | {wrong_pct} % "
+            f"| {seen} | {missed} | {missed_pct} % |"
+        )
+    return "\n".join(out)
+
+
+def goodput(text: str) -> str:
+    """docs/BENCHMARKS.md's fresh-seed goodput table, from ``benchmarks/goodput.py``'s output."""
+    out = ["| | reactive | every lever |", "|---|---|---|"]
+    for cause, name in [
+        ("checkpoint", "checkpoint saves"),
+        ("recompute", "recomputation"),
+        ("restart", "restarts (and failed starts)"),
+    ]:
+        row = find(rf"^  {cause}\s+([\d.]+) /\s+([\d.]+)$", text)
+        out.append(f"| {name} | {_int(row[1])} | {_int(row[2])} |")
+    median = find(r"^median_saved_pct=(\S+)$", text)[1]
+    least = find(r"^min_saved_pct=(\S+)$", text)[1]
+    out.append(f"| **work saved, median of seeds** | | **{median} %** (min {least} %) |")
+    return "\n".join(out)
+
+
+GOODPUT_SCALE_HEADER = (
+    "| job nodes (pool) | job MTBF: every fault / job-stopping (h) | faults / job-stopping / "
+    "alerts a week | lost: reactive / every lever (h) | advised interval (s) | saved vs reactive "
+    "(min) | vs broken nodes drained | no prediction | no cadence | saves of 10 min | BOUND |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def goodput_scale(text: str) -> str:
+    """docs/BENCHMARKS.md's job-size table, from ``benchmarks/goodput_scale.py``'s output."""
+    header = find(r"^nodes \| pool \| .*$", text)[0]
+    out = [GOODPUT_SCALE_HEADER]
+    for cells in rows_under(text, header):
+        row = dict(zip(header.split(" | "), cells, strict=True))
+        out.append(
+            f"| {_int(row['nodes'])} ({_int(row['pool'])}) | {row['MTBF h']} / "
+            f"{row['fatal MTBF h']} | {row['faults']} / {row['fatal']} / {row['alerts']} | "
+            f"{row['reactive h']} / {row['all h']} | {_int(row['cadence s'])} | "
+            f"{row['saved %']} % ({row['min %']}) | {row['vs drain %']} % | "
+            f"{row['no-predict %']} % | {row['no-cadence %']} % | {row['@600s %']} % | "
+            f"{row['BOUND %']} % |"
+        )
+    return "\n".join(out)
+
+
+LIVE_MODEL_HEADER = (
+    "| set | predictable failures alerted before onset | leads (s) | sudden failures alerted | "
+    "false alarms |\n|---|---|---|---|---|"
+)
+
+
+def live_model(text: str) -> str:
+    """docs/LIVE-LOOP.md's fresh-seed model table, from ``benchmarks/live_model.py``'s output."""
+    header = "set | seed | faults | predictable caught | leads (s) | sudden caught | false alarms"
+    rows = rows_under(text, header)
+    out = [LIVE_MODEL_HEADER]
+    for name in dict.fromkeys(r[0] for r in rows):
+        mine = [r for r in rows if r[0] == name]
+        faults = sum(len(r[2].split("+")) for r in mine)
+        leads = [int(x) for r in mine if r[4] != "-" for x in r[4].split(",")]
+        summary = find(
+            rf"^{name}: (\d+)/(\d+) predictable failures alerted before onset \(median lead "
+            rf"(\d+) s\), (\d+)/(\d+) sudden; (\d+) false alarms of (\d+) alerts",
+            text,
+        )
+        if int(summary[3]) != statistics.median(leads):
+            raise ValueError(f"{name}: the summary's median lead is not its rows' median")
+        sets = f"{len(mine)} seeds" + (f", {faults} faults" if name != "placed" else "")
+        out.append(
+            f"| {name} ({sets}) | {summary[1]} / {summary[2]} | median {summary[3]} "
+            f"({min(leads)} to {max(leads)}) | {summary[4]} / {summary[5]} | {summary[6]} of "
+            f"{summary[7]} alerts |"
+        )
+    return "\n".join(out)
+
+
+def _runs(text: str) -> dict[str, list[str]]:
+    """The ``== <side> ... run N`` sections of a side-by-side log, by side."""
+    runs: dict[str, list[str]] = {}
+    for side, body in re.findall(r"^== (\w+).*\n((?:(?!==).*\n?)*)", text, re.MULTILINE):
+        runs.setdefault(side, []).append(body)
+    return runs
+
+
+def _span(values: list[float], digits: int) -> str:
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}-{high}"
+
+
+def agent_cycle(text: str) -> str:
+    """docs/BENCHMARKS.md's fixed-cost table, from ``benchmarks/agent_cycle.py``'s output
+    (each side run twice, alternating; the log names each run ``== before ...`` or
+    ``== after ...``)."""
+
+    def thread(run: str, pattern: str) -> float:
+        return sum(
+            float(v)
+            for v in re.findall(rf"^  thread {pattern}\s+cpu_ms_per_min=\s*(\S+)", run, re.M)
+        )
+
+    def field(run: str, pattern: str) -> float:
+        return float(find(pattern, run)[1])
+
+    sides = _runs(text)
+    before, after = sides["before"], sides["after"]
+    rows = [
+        (
+            "the `kmsg` follower (read `/dev/kmsg` every 0.1 s / asleep in `poll()`)",
+            lambda r: thread(r, "kmsg"),
+            (0, 1),
+        ),
+        (
+            "HTTP servers and their deadline reapers (woke every 0.5 s / asleep until a client "
+            "or a deadline)",
+            lambda r: thread(r, r"(?:http-deadlines\S*|relay|probes)"),
+            (0, 0),
+        ),
+        (
+            "beyond the cycles and the sending of their points",
+            lambda r: field(
+                r, r"^idle: beyond the cycles and their sending: cpu_ms_per_min=(\S+);"
+            ),
+            (0, 1),
+        ),
+        (
+            "the whole process",
+            lambda r: field(r, r"^idle: process cpu_ms_per_min=(\S+),"),
+            (0, 0),
+        ),
+    ]
+    out = [
+        "| CPU ms per minute at interval 10 s | before (57f4727) | after |",
+        "|---|---|---|",
+    ]
+    for name, read, (d_before, d_after) in rows:
+        b = _span([read(r) for r in before], d_before)
+        a = _span([read(r) for r in after], d_after)
+        out.append(f"| {name} | {b} | {a} |")
+    for name, pattern in [
+        (
+            "`idle_cpu_ratio` (process over collect + hand-over)",
+            r"^idle_cpu_ratio=(\S+)$",
+        ),
+        (
+            "process over collect + hand-over + send",
+            r"process over collect \+ hand-over \+ send: (\S+)$",
+        ),
+    ]:
+        b = ", ".join(find(pattern, r)[1] for r in before)
+        a = ", ".join(find(pattern, r)[1] for r in after)
+        out.append(f"| {name} | {b} | {a} |")
+    return "\n".join(out)
+
+
+def failover(text: str) -> str:
+    """docs/DURABILITY.md's failover table, from ``benchmarks/failover.py``'s output."""
+    kills = find(
+        r"^plans=(\d+) killed_at_journal_boundary=(\d+) killed_after_plan=(\d+) both_down=(\d+)$",
+        text,
+    )
+    seed = find(r"kill points from seed (\d+)$", text)[1]
+    drains = find(r"^drains_per_plan=\[([\d, ]+)\]", text)[1]
+    once = "exactly 1, all " + kills[1] if drains == "1" else f"{drains} (not exactly once)"
+    times = find(r"^failovers=(\d+) median_s=(\S+) max_s=(\S+)$", text)
+    p95 = find(r"^failover_p95_s=(\S+) samples=(\d+)$", text)[1]
+    return "\n".join(
+        [
+            f"| measured (seed {seed}, {kills[1]} plans, this 2-core VM, default `lost_after_s` "
+            "10 s, `check_s` 1 s) | value |",
+            "|---|---|",
+            "| kills at a journal boundary / after a plan / while the other was down too | "
+            f"{kills[2]} / {kills[3]} / {kills[4]} |",
+            "| drains per plan (audit log; Slurm shows each node drained with gpuwarden's "
+            f"reason) | {once} |",
+            "| failover, death to the standby's first `/healthz` answer: median, p95, max "
+            f"({times[1]} takeovers) | {times[2]} s, {p95} s, {times[3]} s |",
+        ]
+    )
+
+
+TABLES: dict[str, Callable[[str], str]] = {
+    "verdicts": verdicts,
+    "goodput": goodput,
+    "goodput_scale": goodput_scale,
+    "live_model": live_model,
+    "agent_cycle": agent_cycle,
+    "failover": failover,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 2 or args[0] not in TABLES:
+        print(
+            f"usage: python -m benchmarks.doc_tables {{{','.join(TABLES)}}} OUTPUT", file=sys.stderr
+        )
+        return 2
+    print(TABLES[args[0]](output(Path(args[1]))))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

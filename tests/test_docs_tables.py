@@ -1,0 +1,207 @@
+"""The docs' measured tables against what they were made from.
+
+* A table a benchmark printed is quoted exactly: ``benchmarks.doc_tables`` renders it from the
+  output kept under ``docs/data/`` (the runs take from minutes to an hour and are not repeated
+  here), and the page must hold that table, header and every cell.
+* A table of arithmetic (docs/SCALE.md's sizing) is computed again from the measured figures
+  the page states above it, and each cell must be that figure to the digits it shows.
+* The REAL H200's column in docs/NVML-REAL.md is read against the recordings of that GPU
+  (``tests/golden/nvml-real-h200``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from benchmarks import doc_tables
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "docs/data"
+
+
+def page(name: str) -> str:
+    return (ROOT / "docs" / name).read_text(encoding="utf-8")
+
+
+def quoted(kind: str, recorded: str) -> str:
+    return doc_tables.TABLES[kind](doc_tables.output(DATA / recorded))
+
+
+def test_the_verdicts_table_is_the_recorded_run() -> None:
+    assert quoted("verdicts", "verdicts/seeds-8201-8205.txt") in page("BENCHMARKS.md")
+
+
+def test_the_verdicts_prose_is_the_recorded_run() -> None:
+    """The figures the page gives beside the verdicts table: the run's other two tables (each
+    rule's findings and precision, the faults missed by type) and its last line."""
+    text = doc_tables.output(DATA / "verdicts/seeds-8201-8205.txt")
+    prose = " ".join(page("BENCHMARKS.md").split())
+    assert f"`{text.strip().splitlines()[-1]}`: the goal" in prose
+    header = "policy | findings matched | removals | right | wrong | precision"
+    rules = {r[0]: r for r in doc_tables.rows_under(text[text.index("shipped arm") :], header)}
+    _, matched, removals, _, wrong, precision = rules["fatal-gpu-event"]
+    assert wrong == "0"
+    assert (
+        f"Every removal was `fatal-gpu-event` ({matched} findings matched, {removals} removals "
+        f"after the cooldown, precision {precision})"
+    ) in prose
+    assert f"`host-warning` ({rules['host-warning'][1]} findings" in prose
+    assert f"`job-app-fault` ({rules['job-app-fault'][1]} findings" in prose
+    missed = {
+        kind: (int(m), int(n))
+        for kind, m, n in re.findall(r"^  (\w+): (\d+) / (\d+)$", text, re.MULTILINE)
+    }
+    assert missed["ib_flap"][0] == missed["ib_flap"][1] == sum(m for m, _ in missed.values())
+    assert f"**Missed: all {missed['ib_flap'][0]} are InfiniBand faults**" in prose
+    caught = {kind: f"{n - m}/{n}" for kind, (m, n) in missed.items()}
+    assert (
+        f"(ECC {caught['ecc_row_remap']}, XID 79 {caught['xid79']}, NVLink storms "
+        f"{caught['nvlink_crc_storm']})"
+    ) in prose
+    arms_header = doc_tables.find(r"^arm \| removals .*$", text)[0]
+    arms = {r[0]: r for r in doc_tables.rows_under(text, arms_header)}
+    assert f"{arms['shipped'][7]} whole-node faults" in prose
+    removed, wrongly = int(arms["app-xids-fatal"][1]), int(arms["app-xids-fatal"][2])
+    assert (
+        f"takes out {removed:,} nodes, {round(100 * wrongly / removed)} % of them healthy" in prose
+    )
+    assert (
+        "exactly one job finding on every seed: True; its nodes removed wrongly (shipped): 0"
+        in text
+    )
+    assert "the 20-node crash drew exactly one job finding and no removal on every seed" in prose
+
+
+def test_the_fresh_goodput_table_is_the_recorded_run() -> None:
+    assert quoted("goodput", "fresh-seeds/goodput-7001-7020.txt") in page("BENCHMARKS.md")
+
+
+def test_the_goodput_scale_table_is_the_recorded_run() -> None:
+    table = quoted("goodput_scale", "fresh-seeds/goodput_scale-128-1024-2048.txt")
+    assert table in page("BENCHMARKS.md")
+
+
+def test_the_agent_fixed_cost_table_is_the_recorded_runs() -> None:
+    table = quoted("agent_cycle", "agent-cycle/idle-57f4727-caf8cd7.txt")
+    assert table in page("BENCHMARKS.md")
+
+
+def test_the_live_model_table_is_the_recorded_run() -> None:
+    assert quoted("live_model", "fresh-seeds/live_model-7101-7110.txt") in page("LIVE-LOOP.md")
+
+
+def test_the_failover_table_is_the_recorded_run() -> None:
+    assert quoted("failover", "failover/seed-3901.txt") in page("DURABILITY.md")
+
+
+def test_an_output_that_is_not_the_benchmarks_is_refused() -> None:
+    with pytest.raises(ValueError):
+        doc_tables.failover("plans=20 killed_at_journal_boundary=31\n")
+    with pytest.raises(ValueError):
+        doc_tables.goodput("median_saved_pct=62.4\n")
+
+
+def number(cell: str) -> tuple[float, float]:
+    """A cell's leading figure (``2.03 M/s``, ``1,450 s``) and half a unit of its last digit."""
+    match = re.match(r"\s*([\d,]+(?:\.(\d+))?)\s*([kM]?)", cell)
+    assert match, f"no figure in {cell!r}"
+    scale = {"": 1.0, "k": 1e3, "M": 1e6}[match[3]]
+    digits = len(match[2] or "")
+    return float(match[1].replace(",", "")) * scale, 0.5 * 10**-digits * scale
+
+
+def table_after(text: str, tag: str) -> list[list[str]]:
+    """The body rows of the table under the tag line that contains ``tag``."""
+    lines = text[text.index(tag) :].splitlines()[3:]
+    rows = []
+    for line in lines:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_the_ingest_sizing_is_the_fleet_times_the_measured_fields() -> None:
+    text = page("SCALE.md")
+    per_gpu = re.search(
+        r"Per GPU: ([\d.]+) fields/s at 1 Hz .*?, ([\d.]+) fields/s at 1 Hz aggregated to\n?"
+        r"\s*10 s windows, ([\d.]+) fields/s sampled every 10 s",
+        text,
+        re.DOTALL,
+    )
+    assert per_gpu, "the per-GPU fields are not stated above the table"
+    node = re.search(r"\| ([\d,]+) fields/s \((\d+) per GPU\)", text)
+    assert node and round(int(node[1].replace(",", "")) / 8) == int(per_gpu[1])
+    rates = [float(x) for x in per_gpu.groups()]
+    rows = table_after(text, "from: `benchmarks/ingest.py`")
+    assert len(rows) == 3
+    for fleet, *cells in rows:
+        gpus = float(fleet.split()[0].replace(",", ""))
+        for cell, rate in zip(cells, rates, strict=True):
+            shown, half = number(cell)
+            assert abs(shown - gpus * rate) <= half, f"{fleet}: {cell!r} against {gpus * rate:,.0f}"
+
+
+def test_the_analysis_sizing_is_the_fleet_times_the_measured_cost() -> None:
+    text = page("SCALE.md")
+    measured = re.search(r"\(([\d.]+) s / ([\d,]+)\)\. The job's step log", text)
+    assert measured, "the cost per GPU-hour is not derived above the table"
+    cost = float(measured[1]) / float(measured[2].replace(",", ""))
+    assert f"At {cost:.4f} s per GPU-hour" in text
+    cost = round(cost, 4)
+    rows = table_after(text, "from: `benchmarks/analytics.py`")
+    assert len(rows) == 3
+    for fleet, *cells in rows:
+        gpus = float(fleet.split()[0].replace(",", ""))
+        for cell, hours in zip(cells, [1, 5 / 60], strict=True):
+            seconds, half = number(cell)
+            assert abs(seconds - gpus * cost * hours) <= half, f"{fleet}: {cell!r}"
+            cores = 2 * seconds / 60
+            about = re.search(r"about (\d+) cores", cell)
+            if about:
+                assert int(about[1]) == round(cores) > 2, f"{fleet}: {cell!r}"
+            else:  # "fits on 2 cores", or no more said
+                assert cores <= 2, f"{fleet}: {cell!r} does not fit on 2 cores"
+            ratio = re.search(r"needs ([\d.]+)/60 = ([\d.]+)x", cell)
+            if ratio:
+                assert float(ratio[1]) == seconds
+                assert ratio[2] == f"{seconds / 60:.1f}"
+
+
+def test_the_real_h200_column_is_the_recording() -> None:
+    recording = json.loads((ROOT / "tests/golden/nvml-real-h200/nvml.json").read_text())
+    ticks = [tick["answers"] for tick in recording["ticks"]]
+    first = ticks[0]
+    rows = {r[0]: r[2] for r in table_after(page("NVML-REAL.md"), "from: `scripts/nvml_real.sh`")}
+
+    _, used, reserved = first["0|nvmlDeviceGetMemoryInfo|[]"]["v"]
+    memory = rows["`nvmlDeviceGetMemoryInfo`"]
+    assert memory.startswith(
+        f"v1 used {used + reserved:,}; v2 used {used:,}, reserved {reserved:,}"
+    ), memory
+    pid, process_bytes = first["0|nvmlDeviceGetComputeRunningProcesses|[]"]["v"][0]
+    environ = (ROOT / "tests/golden/nvml-real-h200/proc.csv").read_text()
+    job = re.search(rf"proc/{pid}/environ,SLURM_JOB_ID=(\d+) RANK=(\d+) LOCAL_RANK=(\d+)", environ)
+    assert job
+    assert rows["processes"].startswith(
+        f"pid {pid}, {process_bytes:,} B; tagged `job={job[1]}, rank={job[2]}, local_rank={job[3]}`"
+    )
+    not_supported = 3  # NVML_ERROR_NOT_SUPPORTED
+    assert first["0|nvmlDeviceGetFanSpeed|[]"]["e"] == not_supported
+    assert rows["fan"] == "not supported"
+    assert first["0|nvmlDeviceGetGpuFabricInfo|[]"]["e"] == not_supported
+    assert rows["fabric info"] == "not supported"
+    assert first["0|nvmlDeviceGetFieldValues|[[[91,0]]]"]["v"][0][0] == not_supported
+    assert rows["NVLink count (field 91)"].startswith("not supported")
+    fields = next(v["v"] for k, v in first.items() if "|nvmlDeviceGetFieldValues|[[[3,0]" in k)
+    asked = re.findall(r"\[(\d+),0\]", next(k for k in first if "[[[3,0]" in k))
+    retired = [fields[asked.index(str(f))][0] for f in (29, 30, 31)]
+    assert retired == [not_supported] * 3
+    assert rows["retired pages (fields 29-31)"] == "not supported"
+    gpm = [tick["0|nvmlGpmMetricsGet|[[2,3,5,10]]"] for tick in ticks]
+    assert "e" in gpm[0] and all("v" in answer for answer in gpm[1:])
+    assert rows["GPM"] == "the same; first call not ready, then values"
