@@ -29,8 +29,11 @@ folder is fsynced after the replace.
 from __future__ import annotations
 
 import contextlib
+import glob
+import gzip
 import json
 import os
+import shutil
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -174,24 +177,74 @@ def _all_recorded(decision: Mapping[str, Any], acted: Mapping[str, bool]) -> boo
 
 
 def _archive_name(path: Path, now: float) -> Path:
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y%m%dT%H%M%SZ")
-    candidate = path.with_name(f"{path.name}.{stamp}")
-    n = 1
-    while candidate.exists():
-        candidate = path.with_name(f"{path.name}.{stamp}-{n}")
-        n += 1
-    return candidate
+    """``<name>.<UTC time to the millisecond>Z``, after every archive there is (a clock
+    stepped back moves the name on past the last one): names sort in the order made."""
+    ms = int(now * 1000)
+    before = archives(path)
+    if before:
+        stamp = before[-1].name[len(path.name) + 1 :].removesuffix(".gz").removesuffix("Z")
+        with contextlib.suppress(ValueError):
+            last = datetime.strptime(stamp, "%Y%m%dT%H%M%S.%f").replace(tzinfo=UTC)
+            ms = max(ms, round(last.timestamp() * 1000) + 1)
+    while True:
+        at = datetime.fromtimestamp(ms / 1000, UTC)
+        candidate = path.with_name(f"{path.name}.{at:%Y%m%dT%H%M%S}.{ms % 1000:03d}Z")
+        if not candidate.exists() and not candidate.with_name(candidate.name + ".gz").exists():
+            return candidate
+        ms += 1
 
 
 def archives(path: Path) -> list[Path]:
-    """The archives of the log at ``path``, oldest first."""
+    """The archives of the log at ``path``, oldest first (``<name>.<UTC time>Z``, or
+    ``...Z.gz`` once compressed; a compressed one hides an uncompressed one of its name that
+    a crash left behind)."""
     prefix = path.name + "."
-    found = [
-        p
+    found = {
+        p.name: p
         for p in path.parent.iterdir()
         if p.name.startswith(prefix) and p.name[len(prefix) : len(prefix) + 1].isdigit()
-    ]
-    return sorted(found, key=lambda p: p.name)
+    }
+    return sorted(
+        (p for name, p in found.items() if f"{name}.gz" not in found), key=lambda p: p.name
+    )
+
+
+def _same_file(path: Path, other: os.stat_result) -> bool:
+    try:
+        mine = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (mine.st_ino, mine.st_dev) == (other.st_ino, other.st_dev)
+
+
+def tidy(path: Path, keep: int) -> list[Path]:
+    """Compress every archive not compressed yet, then remove the oldest beyond ``keep`` (0:
+    keep all); returns the archives removed. Runs without a lock: archives are never written
+    again. A crash leaves at worst an archive and its compressed copy (the copy is complete:
+    written, fsynced and renamed before the original goes), and the next call removes the
+    original."""
+    live = os.stat(path)
+    for archive in list(path.parent.glob(f"{glob.escape(path.name)}.[0-9]*Z")):
+        gz = archive.with_name(archive.name + ".gz")
+        if _same_file(archive, live):
+            continue  # the live log itself, linked by a compaction a crash cut short
+        if not gz.exists():
+            tmp = archive.with_name(f".{gz.name}.tmp")
+            with archive.open("rb") as src, open(tmp, "wb") as raw:
+                with gzip.GzipFile(filename=archive.name, mode="wb", fileobj=raw, mtime=0) as out:
+                    shutil.copyfileobj(src, out, 1 << 20)
+                raw.flush()
+                os.fsync(raw.fileno())
+            os.replace(tmp, gz)
+            _fsync_dir(path.parent)
+        os.unlink(archive)
+    removed = []
+    if keep > 0:
+        done = [a for a in archives(path) if not _same_file(a, live)]
+        for old in done[:-keep]:
+            old.unlink()
+            removed.append(old)
+    return removed
 
 
 def history(path: Path) -> Iterator[dict[str, Any]]:
@@ -202,7 +255,7 @@ def history(path: Path) -> Iterator[dict[str, Any]]:
     read_one = False
     for file in [*archives(path), path]:
         skip = 0
-        for number, record in enumerate(read_records(file)):
+        for number, record in enumerate(_records(file)):
             if number == 0 and record.get("event") == "compacted" and read_one:
                 skip = int(record.get("kept", 0))
                 yield record  # where each compaction happened
@@ -212,6 +265,17 @@ def history(path: Path) -> Iterator[dict[str, Any]]:
                 continue
             yield record
         read_one = True
+
+
+def _records(file: Path) -> Iterator[dict[str, Any]]:
+    if file.name.endswith(".gz"):
+        with gzip.open(file, "rb") as fh:
+            for line in fh:
+                record = _parse(line)
+                if record is not None:
+                    yield record
+    else:
+        yield from read_records(file)
 
 
 @dataclass(frozen=True)
@@ -249,8 +313,8 @@ def swap(path: Path, chosen: Selection, now: float) -> Compacted:
     the live log as it was."""
     live = os.stat(path)
     for stale in archives(path):  # a link a crash left: the live log itself, not an archive
-        with contextlib.suppress(FileNotFoundError):
-            if os.stat(stale).st_ino == live.st_ino and os.stat(stale).st_dev == live.st_dev:
+        if _same_file(stale, live):
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(stale)
     with path.open("rb") as fh:
         fh.seek(chosen.keep_from)

@@ -51,6 +51,9 @@ ENGINE = {
     # beside it as <audit_log>.<UTC time>Z; the live log keeps what the engine still needs);
     # 0: never (it then grows for as long as the engine runs)
     "journal_compact_bytes": 64 << 20,
+    # archives are compressed, and only the newest this many kept (0: all); ship them
+    # elsewhere where the audit trail must outlive them
+    "journal_archives_keep": 16,
     "dry_run": True,
     "notify_adapter": "webhook",
     "checkpoint_adapter": "slurm",
@@ -165,6 +168,7 @@ class RemediationConfig:
             node_adapter=e["node_adapter"],
             workers=e["workers"],
             journal_compact_bytes=e["journal_compact_bytes"],
+            journal_archives_keep=e["journal_archives_keep"],
             spares=e["spares"],
             outcomes=OutcomeSettings(**self.sections["outcomes"]),
         )
@@ -208,8 +212,8 @@ def load_config(
             raise ConfigError(f"engine: unknown adapter {name!r}; known: {sorted(ADAPTERS)}")
     if g["max_nodes_out"] < 0 or not 0.0 <= g["max_fraction_out"] <= 1.0:
         raise ConfigError("guards.max_nodes_out must be >= 0, max_fraction_out within [0, 1]")
-    if e["journal_compact_bytes"] < 0:
-        raise ConfigError("engine.journal_compact_bytes must be >= 0 (0: never compact)")
+    if e["journal_compact_bytes"] < 0 or e["journal_archives_keep"] < 0:
+        raise ConfigError("engine.journal_compact_bytes and journal_archives_keep must be >= 0")
     if e["max_body_bytes"] < 1024 or e["workers"] < 1 or e["tick_s"] <= 0:
         raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
     if e["return_requires"] not in ("check", "command", "approval", "none"):

@@ -28,7 +28,7 @@ import pytest
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog, JournalError, replay
 from gpuwarden.remediation.clock import Clock
-from gpuwarden.remediation.compact import archives, choose, compact_file, swap
+from gpuwarden.remediation.compact import archives, choose, compact_file, history, swap, tidy
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
@@ -160,8 +160,12 @@ def test_a_compacted_journal_remembers_what_the_whole_one_does(tmp_path: Path) -
     assert len(arch) >= 3
     live = (tmp_path / "c" / LOG).stat().st_size
     assert live < (tmp_path / "w" / LOG).stat().st_size / 3
+    # `remediate audit --all` over the archives and the live log: the whole history once
+    key = ("event", "t", "finding_id", "action_id", "verdict", "outcome")
+    told = [tuple(r.get(k) for k in key) for r in history(tmp_path / "c" / LOG)]
+    assert [x for x in told if x[0] != "compacted"] == [tuple(r.get(k) for k in key) for r in full]
     first = json.loads((tmp_path / "c" / LOG).read_text().splitlines()[0])
-    assert first["event"] == "compacted" and first["archive"] == arch[-1].name
+    assert first["event"] == "compacted" and f"{first['archive']}.gz" == arch[-1].name
     # the restarted pair decides what comes next the same way, actions included
     a = restarted(tmp_path / "c", tmp_path / "final-c", clock)
     b = restarted(tmp_path / "w", tmp_path / "final-w", clock)
@@ -297,3 +301,37 @@ def test_the_shipped_engine_compacts_by_default() -> None:
     settings = load_config(root / "config/remediation.sample.toml").settings
     assert settings.journal_compact_bytes == 64 << 20
     assert settings.journal_retain_s == 30 * DAY  # [outcomes] window_s, the longest
+
+
+def test_archives_are_compressed_and_the_oldest_beyond_the_limit_removed(tmp_path: Path) -> None:
+    """After each compaction the engine gzips its archives and keeps the newest
+    ``journal_archives_keep``; a crash between the compressed copy's rename and the original's
+    removal leaves both, and the next pass removes the original (history shows each record
+    once throughout). A link that is the live log itself is never compressed or removed."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for round_ in range(4):
+        for i in range(3):
+            log.append("decision", 1000.0 * round_ + i, finding_id=f"r{round_}-{i}", verdict="x")
+        compact_file(path, path.stat().st_size, horizon=1e9, now=5000.0 - round_)  # clock back
+    names = [a.name for a in archives(path)]
+    assert len(names) == 4 and names == sorted(names)  # in the order made, though time ran back
+    whole = [r["finding_id"] for r in history(path) if r["event"] != "compacted"]
+    assert whole == [f"r{r}-{i}" for r in range(4) for i in range(3)]
+    assert tidy(path, keep=0) == []
+    assert all(a.name.endswith("Z.gz") for a in archives(path))
+    assert [r["finding_id"] for r in history(path) if r["event"] != "compacted"] == whole
+    # a crash after the compressed copy was renamed: the original is back beside it
+    first = archives(path)[0]
+    import gzip
+
+    first.with_name(first.name.removesuffix(".gz")).write_bytes(gzip.decompress(first.read_bytes()))
+    assert len(archives(path)) == 4  # the compressed one hides it
+    # a compaction cut after its link: that name is the live log, and stays untouched
+    stray = path.with_name(f"{LOG}.29990101T000000.000Z")
+    os.link(path, stray)
+    removed = tidy(path, keep=2)
+    assert [p.name for p in removed] == [f"{n}.gz" for n in names[:2]]
+    assert len(archives(path)) == 2 + 1  # and the stray link
+    assert stray.exists() and os.stat(stray).st_ino == os.stat(path).st_ino
+    assert not first.with_name(first.name.removesuffix(".gz")).exists()

@@ -52,6 +52,10 @@ class EngineSettings:
     compaction (:mod:`remediation.compact`: archived whole, the live log keeps what the engine
     still needs); 0 never. Needs ``seen_retention_s`` (without it every id is kept, and so
     every record): ``gpuwarden remediate serve`` sets both."""
+    journal_archives_keep: int = 16
+    """After each compaction the archives are compressed and only the newest this many kept
+    (0: all). They are the operators' record, not the engine's memory: ship them elsewhere
+    (or keep more) where the audit trail must outlive them."""
     approval: tuple[str, ...] = ()
     return_requires: str = "check"
     """What a node gpuwarden took out needs before it returns to service (``uncordon``):

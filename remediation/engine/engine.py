@@ -21,7 +21,7 @@ from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
-from gpuwarden.remediation.compact import choose, swap
+from gpuwarden.remediation.compact import choose, swap, tidy
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -419,6 +419,11 @@ class Engine:
             return
         log.info("audit log compacted: %d records kept, %d dropped, the whole log archived "
                  "as %s", done.kept, done.dropped, done.archive)  # fmt: skip
+        try:  # archives are never written again: no lock
+            for gone in tidy(path, self.settings.journal_archives_keep):
+                log.info("removed the audit log archive %s (journal_archives_keep)", gone)
+        except OSError as exc:
+            log.warning("cannot compress or prune the audit log's archives: %s", exc)
 
     def wait_compaction(self, timeout_s: float | None = None) -> bool:
         """Wait for a compaction under way to finish; False on timeout."""
