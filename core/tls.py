@@ -28,6 +28,7 @@ and ``key_file`` are the client's own certificate for an engine that requires on
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import selectors
@@ -35,8 +36,10 @@ import socket
 import socketserver
 import ssl
 import struct
+import sys
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -370,3 +373,88 @@ def peer_pid(sock: socket.socket) -> int | None:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, _uid, _gid = struct.unpack("3i", creds)
     return pid if pid > 0 else None
+
+
+def loopback_peer_pids(
+    sock: socket.socket, procfs: str = "/proc", likely: Iterable[int] = ()
+) -> list[int] | None:
+    """The process holding the other end of a TCP connection from loopback (``127.0.0.0/8``,
+    ``::1``), found the way identd finds it, from the kernel's word: the socket in
+    ``<procfs>/net/tcp`` and ``tcp6`` whose local address is the peer's and whose remote
+    address is ``sock``'s own gives its inode, and the process holding ``socket:[<inode>]``
+    in ``<procfs>/<pid>/fd`` is the peer (the pids in ``likely`` are looked at first: a
+    relay's recent callers). ``[pid]``; None for a socket that is not TCP from loopback (a
+    peer on another host, a Unix socket); ``[]`` when no process holds the peer's socket (it
+    closed and exited, or the descriptors cannot be read: another user's ``fd`` takes root).
+
+    ``net/tcp`` is the table of the reading process's network namespace (``<procfs>/net`` is
+    ``self/net``), the one a loopback peer shares with the listener. The cost is one read of
+    the table and, at worst, a look at every descriptor of every process (milliseconds for a
+    few hundred processes): call it once per connection, not per request."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        peer, here = sock.getpeername(), sock.getsockname()
+    except OSError:
+        return None
+    peer_ip, here_ip = _unmapped(peer[0]), _unmapped(here[0])
+    if not peer_ip.is_loopback or peer_ip.version != here_ip.version:
+        return None
+    # the peer's socket as the kernel prints it: local = the peer, remote = our end (an IPv4
+    # pair also as IPv4-mapped IPv6, for a peer that connected from an AF_INET6 socket)
+    forms = [(peer_ip.packed, here_ip.packed)]
+    if peer_ip.version == 4:
+        mapped = b"\0" * 10 + b"\xff\xff"
+        forms.append((mapped + peer_ip.packed, mapped + here_ip.packed))
+    wanted = {(_proc_address(a, peer[1]), _proc_address(b, here[1])) for a, b in forms}
+    inodes: set[str] = set()
+    for table in ("tcp", "tcp6"):
+        try:
+            with open(f"{procfs}/net/{table}", encoding="ascii", errors="replace") as f:
+                rows = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            cols = row.split()
+            if len(cols) > 9 and (cols[1], cols[2]) in wanted and cols[9] != "0":
+                inodes.add(cols[9])  # 0: an orphan, its process closed it
+    if not inodes:
+        return []
+    links = {f"socket:[{inode}]" for inode in inodes}
+    first = [str(pid) for pid in likely]
+    try:
+        tasks = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
+    except OSError:
+        return []
+    for pid in [*first, *tasks]:
+        if _holds(f"{procfs}/{pid}/fd", links):
+            return [int(pid)]
+    return []
+
+
+def _holds(fd_dir: str, links: set[str]) -> bool:
+    """Whether one of the descriptors in ``fd_dir`` is one of ``links`` (False where the
+    process is gone or its descriptors are not ours to read)."""
+    try:
+        with os.scandir(fd_dir) as fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):  # closed since the listing
+                    if os.readlink(fd.path) in links:
+                        return True
+    except OSError:
+        pass
+    return False
+
+
+def _unmapped(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(host.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _proc_address(packed: bytes, port: int) -> str:
+    """An address and port as ``/proc/net/tcp`` prints them: each 32-bit word of the address
+    as the machine holds it, in hex, then the port."""
+    words = (int.from_bytes(packed[i : i + 4], sys.byteorder) for i in range(0, len(packed), 4))
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"
