@@ -324,3 +324,39 @@ def test_the_reporter_posts_over_loopback_tcp(tmp_path: Path) -> None:
         r.close()
     assert rep.sent == 1 and rep.dropped == 0, rep.last_error
     assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
+
+
+def test_a_pods_reporter_is_kept_though_torchrun_names_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review item 8: the reporter in a pod under torchrun (``TORCHELASTIC_RUN_ID`` set), its
+    job left to the environment. The agent saw the pod's GPUs under ``train/llama-0``, and the
+    relay holds the pod to that name. Before, the reporter named the run id and every report
+    was refused (403, counted in ``dropped``); now it names the pod, and its steps are kept."""
+    from gpuwarden.collector.jobside import reporter
+
+    namespace = tmp_path / "namespace"
+    namespace.write_text("train\n")
+    monkeypatch.setattr(reporter, "SERVICE_ACCOUNT_NAMESPACE", str(namespace))
+    for key in (
+        "SLURM_JOB_ID",
+        "GPUWARDEN_JOB",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "JOB_COMPLETION_INDEX",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("HOSTNAME", "llama-0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-run")
+    sink = Lines()
+    r = _relay_with(tmp_path, POD_CGROUP, {"train/llama-0"}, {f"pod-{POD}": "train/llama-0"},
+                    sink=sink)  # fmt: skip
+    try:
+        rep = Reporter(rank=0, url=f"unix://{r.socket_path}", heartbeat_s=0)
+        rep.step(1, step_time_s=0.5, tokens=1024, samples=4)
+        assert rep.close(timeout_s=10)
+    finally:
+        r.close()
+    assert (rep.job, rep.sent, rep.dropped) == ("train/llama-0", 1, 0), rep.last_error
+    assert ",job=train/llama-0," in sink.lines[0]
