@@ -90,7 +90,7 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         self.refused_busy = 0  # connections turned away at the cap
         self.cut_slow = 0  # connections shut down at their request deadline
         self._slots = threading.BoundedSemaphore(self.max_connections)
-        self._per_peer = self.max_per_peer or max(1, self.max_connections // 4)
+        self._per_peer = per_peer_cap(self.max_connections, self.max_per_peer)
         self._peers: dict[object, int] = {}  # connections served per peer (only those > 0)
         self._armed: dict[socket.socket, float] = {}
         self._active = 0  # connections being served
@@ -334,6 +334,12 @@ def unix_http_server(
     )
     os.chmod(path, mode)
     return server
+
+
+def per_peer_cap(max_connections: int, max_per_peer: int = 0) -> int:
+    """The connections one peer may hold: ``max_per_peer``, or with 0 a quarter of
+    ``max_connections`` (at least 1)."""
+    return max_per_peer or max(1, max_connections // 4)
 
 
 def _limits(max_connections: int, max_per_peer: int, deadline_s: float) -> dict[str, Any]:
