@@ -386,7 +386,7 @@ def loopback_peer_pids(
 ) -> list[int] | None:
     """The process holding the other end of a TCP connection from loopback (``127.0.0.0/8``,
     ``::1``), found the way identd finds it, from the kernel's word: the socket in
-    ``<procfs>/net/tcp`` and ``tcp6`` whose local address is the peer's and whose remote
+    ``<procfs>/net/tcp`` (or ``tcp6``) whose local address is the peer's and whose remote
     address is ``sock``'s own gives its inode, and the process holding ``socket:[<inode>]``
     in ``<procfs>/<pid>/fd`` is the peer (the pids in ``likely`` are looked at first: a
     relay's recent callers). ``[pid]``; None for a socket that is not TCP from loopback (a
@@ -406,27 +406,39 @@ def loopback_peer_pids(
     peer_ip, here_ip = _unmapped(peer[0]), _unmapped(here[0])
     if not peer_ip.is_loopback or peer_ip.version != here_ip.version:
         return None
-    # the peer's socket as the kernel prints it: local = the peer, remote = our end (an IPv4
-    # pair also as IPv4-mapped IPv6, for a peer that connected from an AF_INET6 socket)
-    forms = [(peer_ip.packed, here_ip.packed)]
+    # the peer's socket as the kernel prints it (local = the peer, remote = our end), in the
+    # table of its family: an IPv4 pair in tcp, or as IPv4-mapped IPv6 in tcp6 for a peer
+    # that connected from an AF_INET6 socket
+    forms = []
     if peer_ip.version == 4:
+        forms.append(("tcp", peer_ip.packed, here_ip.packed))
         mapped = b"\0" * 10 + b"\xff\xff"
-        forms.append((mapped + peer_ip.packed, mapped + here_ip.packed))
-    wanted = {(_proc_address(a, peer[1]), _proc_address(b, here[1])) for a, b in forms}
-    inodes: set[str] = set()
-    for table in ("tcp", "tcp6"):
+        forms.append(("tcp6", mapped + peer_ip.packed, mapped + here_ip.packed))
+    else:
+        forms.append(("tcp6", peer_ip.packed, here_ip.packed))
+    inodes: set[bytes] = set()
+    for table, peer_packed, here_packed in forms:
         try:
-            with open(f"{procfs}/net/{table}", encoding="ascii", errors="replace") as f:
-                rows = f.read().splitlines()[1:]
+            with open(f"{procfs}/net/{table}", "rb") as f:
+                text = f.read()
         except OSError:
             continue
-        for row in rows:
-            cols = row.split()
-            if len(cols) > 9 and (cols[1], cols[2]) in wanted and cols[9] != "0":
-                inodes.add(cols[9])  # 0: an orphan, its process closed it
+        # rows are "  sl: local remote st ... uid timeout inode ...": the pair is searched for
+        # as bytes (a table holds a row per socket of the namespace, TIME_WAIT included)
+        pair = f": {_proc_address(peer_packed, peer[1])} {_proc_address(here_packed, here[1])} "
+        key = pair.encode()
+        at = text.find(key)
+        while at >= 0:
+            end = text.find(b"\n", at)
+            cols = text[text.rfind(b"\n", 0, at) + 1 : end if end >= 0 else None].split()
+            if len(cols) > 9 and cols[9] != b"0":  # 0: no process holds it (TIME_WAIT)
+                inodes.add(cols[9])
+            at = text.find(key, at + 1)
+        if inodes:
+            break
     if not inodes:
         return []
-    links = {f"socket:[{inode}]" for inode in inodes}
+    links = {f"socket:[{inode.decode()}]" for inode in inodes}
     first = [str(pid) for pid in likely]
     try:
         tasks = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
