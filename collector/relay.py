@@ -43,7 +43,13 @@ from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
 from gpuwarden.core.errors import LineProtocolError
 from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
 from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
-from gpuwarden.core.tls import GuardedHandler, http_server, peer_pid, unix_http_server
+from gpuwarden.core.tls import (
+    GuardedHandler,
+    http_server,
+    loopback_peer_pids,
+    peer_pid,
+    unix_http_server,
+)
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +62,7 @@ MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew all
 MAX_CONNECTIONS = 128  # the training processes of one node, with much room
 REQUEST_DEADLINE_S = 15.0
 LOG_EVERY_S = 60.0
+RECENT_CALLERS = 64  # loopback callers' pids looked at first (a node's training processes)
 
 
 class LineSink(Protocol):
@@ -184,20 +191,24 @@ class ReporterRelay:
     and ``node`` (when given), whatever it said: a job on node A cannot speak for node B. Its
     ``job`` must be the caller's:
 
-    * over the Unix socket the kernel names the caller (``SO_PEERCRED``, read when the
-      connection is accepted), and its cgroup names its job where Slurm set one (``job_<id>``;
-      :func:`collector.attribution.parse_cgroup`): a point of another job is refused (403),
-      and a point without one gets it. A caller whose cgroup cannot be read is refused (403).
-      A pod's cgroup names only its UID, while its reporter names ``<namespace>/<pod>``: with
-      ``pods_named`` (each pod UID the agent saw on this node's GPUs, and the name the kubelet
-      gave the pod holding them), a pod seen so is held to that name as a Slurm job is to its
-      id (403 for another), and a pod not seen yet may not claim a name another pod was
-      seen as (503: a pod restarted under its name has a new UID until the agent sees it);
-      then the rule below;
-    * otherwise (TCP, or a caller in no job's cgroup), with ``jobs_here`` set (the jobs the
-      agent saw on this node's GPUs lately), a point of a job holding none of them is refused
-      with 503 and ``Retry-After`` (a job's first report can come before the agent's next look
-      at its GPUs; a made-up job never becomes one). Without ``jobs_here`` any job is taken.
+    * over the Unix socket, or over TCP from loopback, the kernel names the caller (read
+      when the connection is accepted: ``SO_PEERCRED`` on the socket; on TCP the process
+      holding the peer's end in the socket table, as identd finds it), and its cgroup names
+      its job where Slurm set one (``job_<id>``; :func:`collector.attribution.parse_cgroup`):
+      a point of another job is refused (403), and a point without one gets it. A caller
+      whose cgroup cannot be read, or a loopback peer whose process cannot be found, is
+      refused (403). A pod's cgroup names only its UID, while its reporter names
+      ``<namespace>/<pod>``: with ``pods_named`` (each pod UID the agent saw on this node's
+      GPUs, and the name the kubelet gave the pod holding them), a pod seen so is held to
+      that name as a Slurm job is to its id (403 for another), and a pod not seen yet may not
+      claim a name another pod was seen as (503: a pod restarted under its name has a new UID
+      until the agent sees it); then the rule below;
+    * otherwise (a TCP peer on another host, which a listener on a non-loopback address lets
+      in and which cannot be told apart from any other job; or a caller in no job's cgroup),
+      with ``jobs_here`` set (the jobs the agent saw on this node's GPUs lately), a point of a
+      job holding none of them is refused with 503 and ``Retry-After`` (a job's first report
+      can come before the agent's next look at its GPUs; a made-up job never becomes one).
+      Without ``jobs_here`` any job is taken.
     """
 
     def __init__(
@@ -233,6 +244,7 @@ class ReporterRelay:
         self._lock = threading.Lock()
         self._servers: list[socketserver.BaseServer] = []
         self._socket_inode: int | None = None
+        self._recent: dict[int, None] = {}  # loopback callers' pids, the latest last
 
     def start(self) -> None:
         relay = self
@@ -289,12 +301,30 @@ class ReporterRelay:
     def caller(self, connection: socket.socket) -> str | None:
         """Who is at the other end, read once when the connection is accepted (before any of
         its bytes, so a process cannot write its request and exit, leaving a pid whose cgroup
-        is gone or reused): ``""`` for a TCP peer or a local process in no job's cgroup, its
-        job where the system's cgroup names one, None for a local process whose cgroup
-        cannot be read (refused: it cannot be told apart from any other job)."""
+        is gone or reused): its job where the system's cgroup names one, ``""`` for a peer
+        on another host or a local process in no job's cgroup, None for a local process
+        whose cgroup cannot be read or that cannot be found (refused: it cannot be told apart
+        from any other job).
+
+        A local process is the one the kernel names: over the Unix socket by ``SO_PEERCRED``,
+        over TCP from loopback by the socket table (:func:`core.tls.loopback_peer_pids`:
+        one read of ``net/tcp`` and, at worst, a look at every process's descriptors, per
+        connection; the relay's recent callers are looked at first)."""
         pid = peer_pid(connection)
         if pid is None:
-            return ""
+            with self._lock:
+                recent = list(reversed(self._recent))
+            found = loopback_peer_pids(connection, self.procfs, recent)
+            if found is None:
+                return ""  # a peer on another host: who it is is not the kernel's to say
+            if not found:
+                return None
+            pid = found[0]
+            with self._lock:
+                self._recent.pop(pid, None)
+                self._recent[pid] = None
+                while len(self._recent) > RECENT_CALLERS:
+                    del self._recent[next(iter(self._recent))]
         try:
             with open(f"{self.procfs}/{pid}/cgroup", "rb") as f:
                 return parse_cgroup(f.read().decode("utf-8", "replace"))
@@ -306,9 +336,8 @@ class ReporterRelay:
         stamp = dict(self.stamp)
         system_job = getattr(request, "caller", "")
         if system_job is None:
-            return (
-                lambda job: (403, "the caller's cgroup cannot be read: its job is unknown")
-            ), stamp
+            unknown = "the caller's process cannot be found or its cgroup cannot be read"
+            return (lambda job: (403, f"{unknown}: its job is unknown")), stamp
         # a Slurm job's cgroup names the job the reporter names; a pod's names its UID, while
         # the reporter names <namespace>/<pod>: the name the agent saw that pod's GPUs under
         pods = self.pods_named() if self.pods_named is not None else {}

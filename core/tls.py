@@ -28,6 +28,7 @@ and ``key_file`` are the client's own certificate for an engine that requires on
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import logging
 import os
 import selectors
@@ -35,8 +36,10 @@ import socket
 import socketserver
 import ssl
 import struct
+import sys
 import threading
 import time
+from collections.abc import Iterable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -87,7 +90,7 @@ class _Limited(socketserver.ThreadingMixIn, socketserver.BaseServer):
         self.refused_busy = 0  # connections turned away at the cap
         self.cut_slow = 0  # connections shut down at their request deadline
         self._slots = threading.BoundedSemaphore(self.max_connections)
-        self._per_peer = self.max_per_peer or max(1, self.max_connections // 4)
+        self._per_peer = per_peer_cap(self.max_connections, self.max_per_peer)
         self._peers: dict[object, int] = {}  # connections served per peer (only those > 0)
         self._armed: dict[socket.socket, float] = {}
         self._active = 0  # connections being served
@@ -333,6 +336,12 @@ def unix_http_server(
     return server
 
 
+def per_peer_cap(max_connections: int, max_per_peer: int = 0) -> int:
+    """The connections one peer may hold: ``max_per_peer``, or with 0 a quarter of
+    ``max_connections`` (at least 1)."""
+    return max_per_peer or max(1, max_connections // 4)
+
+
 def _limits(max_connections: int, max_per_peer: int, deadline_s: float) -> dict[str, Any]:
     if max_connections < 1 or max_per_peer < 0 or deadline_s <= 0:
         raise ValueError("max_connections must be >= 1, max_per_peer >= 0 and "
@@ -370,3 +379,100 @@ def peer_pid(sock: socket.socket) -> int | None:
     creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     pid, _uid, _gid = struct.unpack("3i", creds)
     return pid if pid > 0 else None
+
+
+def loopback_peer_pids(
+    sock: socket.socket, procfs: str = "/proc", likely: Iterable[int] = ()
+) -> list[int] | None:
+    """The process holding the other end of a TCP connection from loopback (``127.0.0.0/8``,
+    ``::1``), found the way identd finds it, from the kernel's word: the socket in
+    ``<procfs>/net/tcp`` (or ``tcp6``) whose local address is the peer's and whose remote
+    address is ``sock``'s own gives its inode, and the process holding ``socket:[<inode>]``
+    in ``<procfs>/<pid>/fd`` is the peer (the pids in ``likely`` are looked at first: a
+    relay's recent callers). ``[pid]``; None for a socket that is not TCP from loopback (a
+    peer on another host, a Unix socket); ``[]`` when no process holds the peer's socket (it
+    closed and exited, or the descriptors cannot be read: another user's ``fd`` takes root).
+
+    ``net/tcp`` is the table of the reading process's network namespace (``<procfs>/net`` is
+    ``self/net``), the one a loopback peer shares with the listener. The cost is one read of
+    the table and, at worst, a look at every descriptor of every process (milliseconds for a
+    few hundred processes): call it once per connection, not per request."""
+    if sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return None
+    try:
+        peer, here = sock.getpeername(), sock.getsockname()
+    except OSError:
+        return None
+    peer_ip, here_ip = _unmapped(peer[0]), _unmapped(here[0])
+    if not peer_ip.is_loopback or peer_ip.version != here_ip.version:
+        return None
+    # the peer's socket as the kernel prints it (local = the peer, remote = our end), in the
+    # table of its family: an IPv4 pair in tcp, or as IPv4-mapped IPv6 in tcp6 for a peer
+    # that connected from an AF_INET6 socket
+    forms = []
+    if peer_ip.version == 4:
+        forms.append(("tcp", peer_ip.packed, here_ip.packed))
+        mapped = b"\0" * 10 + b"\xff\xff"
+        forms.append(("tcp6", mapped + peer_ip.packed, mapped + here_ip.packed))
+    else:
+        forms.append(("tcp6", peer_ip.packed, here_ip.packed))
+    inodes: set[bytes] = set()
+    for table, peer_packed, here_packed in forms:
+        try:
+            with open(f"{procfs}/net/{table}", "rb") as f:
+                text = f.read()
+        except OSError:
+            continue
+        # rows are "  sl: local remote st ... uid timeout inode ...": the pair is searched for
+        # as bytes (a table holds a row per socket of the namespace, TIME_WAIT included)
+        pair = f": {_proc_address(peer_packed, peer[1])} {_proc_address(here_packed, here[1])} "
+        key = pair.encode()
+        at = text.find(key)
+        while at >= 0:
+            end = text.find(b"\n", at)
+            cols = text[text.rfind(b"\n", 0, at) + 1 : end if end >= 0 else None].split()
+            if len(cols) > 9 and cols[9] != b"0":  # 0: no process holds it (TIME_WAIT)
+                inodes.add(cols[9])
+            at = text.find(key, at + 1)
+        if inodes:
+            break
+    if not inodes:
+        return []
+    links = {f"socket:[{inode.decode()}]" for inode in inodes}
+    first = [str(pid) for pid in likely]
+    try:
+        tasks = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
+    except OSError:
+        return []
+    for pid in [*first, *tasks]:
+        if _holds(f"{procfs}/{pid}/fd", links):
+            return [int(pid)]
+    return []
+
+
+def _holds(fd_dir: str, links: set[str]) -> bool:
+    """Whether one of the descriptors in ``fd_dir`` is one of ``links`` (False where the
+    process is gone or its descriptors are not ours to read)."""
+    try:
+        with os.scandir(fd_dir) as fds:
+            for fd in fds:
+                with contextlib.suppress(OSError):  # closed since the listing
+                    if os.readlink(fd.path) in links:
+                        return True
+    except OSError:
+        pass
+    return False
+
+
+def _unmapped(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    ip = ipaddress.ip_address(host.partition("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        return ip.ipv4_mapped
+    return ip
+
+
+def _proc_address(packed: bytes, port: int) -> str:
+    """An address and port as ``/proc/net/tcp`` prints them: each 32-bit word of the address
+    as the machine holds it, in hex, then the port."""
+    words = (int.from_bytes(packed[i : i + 4], sys.byteorder) for i in range(0, len(packed), 4))
+    return "".join(f"{w:08X}" for w in words) + f":{port:04X}"

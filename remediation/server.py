@@ -75,7 +75,7 @@ from gpuwarden.core.signing import (
     verify_request,
 )
 from gpuwarden.core.timeparse import parse_iso
-from gpuwarden.core.tls import GuardedHandler, http_server
+from gpuwarden.core.tls import GuardedHandler, http_server, per_peer_cap
 from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.clock import SYSTEM, Clock
 from gpuwarden.remediation.engine import Engine, EngineClosedError
@@ -763,6 +763,14 @@ def make_server(
         max_connections=max_connections,
         max_per_peer=max_connections_per_peer,
         request_deadline_s=request_deadline_s,
+    )
+    # said at start: a proxy's or a NAT's one address is one peer, for the whole fleet
+    log.info(
+        "serving at most %d connections at once, at most %d of them from one peer (an IP "
+        "address); behind a TLS proxy or NAT every sender is that one peer: raise [engine] "
+        "max_connections_per_peer there",
+        max_connections,
+        per_peer_cap(max_connections, max_connections_per_peer),
     )
     endpoint.server = server
     return server

@@ -367,3 +367,49 @@ def test_the_reporter_in_a_pod_names_the_job_as_the_agent_does(node, tmp_path, m
             monkeypatch.setenv(key, value)
         environ = "".join(f"{k}={v}\0" for k, v in job_env.items()).encode()
         assert Reporter(url="http://127.0.0.1:9").job == parse_environ(environ).job
+
+
+def test_in_a_pod_the_reporter_names_the_pod_whatever_its_environment_says(
+    node, tmp_path, monkeypatch, caplog
+):
+    """Review item 8: torchrun in a pod sets ``TORCHELASTIC_RUN_ID``; the agent tags the pod's
+    GPUs ``<namespace>/<pod>`` all the same (its cgroup wins). Before, the reporter named the
+    run id: its steps matched none of the job's GPUs, and the relay's socket refused them
+    (403). Now, in a pod, the reporter names the pod; ``job=`` still wins, and the downward
+    API's ``POD_NAME``/``POD_NAMESPACE`` win over the hostname and the service-account mount."""
+    from gpuwarden.collector.jobside import reporter
+
+    nvml, backend, kubelet, procfs = node
+    pod_process(procfs, 4100, "TORCHELASTIC_RUN_ID=llama-run\0RANK=0\0")
+    backend.on = {0: [[4100, 1 << 30]]}
+    kubelet.allocate("train", "llama-0", [UUID[0]])
+    agent_job = jobs(nvml.collect(1))[0]
+    namespace = tmp_path / "namespace"
+    namespace.write_text("train\n")
+    monkeypatch.setattr(reporter, "SERVICE_ACCOUNT_NAMESPACE", str(namespace))
+    for key in (
+        "SLURM_JOB_ID",
+        "GPUWARDEN_JOB",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "JOB_COMPLETION_INDEX",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("HOSTNAME", "llama-0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-run")
+    url = "http://127.0.0.1:9"
+    assert reporter.Reporter(url=url).job == agent_job == "train/llama-0"
+    assert reporter.Reporter("mine", url=url).job == "mine"
+    # an Indexed Job's pod: its hostname is <job>-<index>, its name has a suffix more
+    monkeypatch.setenv("HOSTNAME", "llama")
+    monkeypatch.setenv("JOB_COMPLETION_INDEX", "0")
+    with caplog.at_level("WARNING", logger=reporter.__name__):
+        assert reporter.Reporter(url=url).job == "train/llama"  # a guess, and said so
+    assert "set POD_NAME from the downward API" in caplog.text
+    monkeypatch.setenv("POD_NAME", "llama-0")
+    monkeypatch.setenv("POD_NAMESPACE", "train")
+    namespace.write_text("other\n")
+    assert reporter.Reporter(url=url).job == agent_job
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST")  # not in Kubernetes: the environment's job
+    assert reporter.Reporter(url=url).job == "llama-run"

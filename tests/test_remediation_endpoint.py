@@ -605,3 +605,25 @@ def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
         series = json.loads(influxd.query(q, "gpuwarden"))["results"][0]["series"]
         counts = {s["tags"]["outcome"]: len(s["values"]) for s in series}
         assert counts == {"ok": 2, "skipped": 2}  # notify + drain; no checkpoint/requeue on k8s
+
+
+def test_the_engine_says_its_connection_caps_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Review item 9: behind a TLS proxy or NAT every sender is one peer, so the per-peer cap
+    would throttle the whole fleet; the engine says both caps when it starts, and where to
+    raise the per-peer one."""
+    with caplog.at_level("INFO", logger="gpuwarden.remediation.server"):
+        r = Running(tmp_path)  # the defaults: 128 in all, a quarter of them per peer
+        try:
+            extra = make_server(Endpoint(r.engine, TOKEN), "127.0.0.1", 0, max_connections=64,
+                                max_connections_per_peer=64)  # fmt: skip
+            extra.server_close()
+        finally:
+            r.close()
+    said = [m for m in caplog.messages if "connections at once" in m]
+    assert len(said) == 2, caplog.messages
+    assert "at most 128 connections at once, at most 32 of them from one peer" in said[0]
+    assert "at most 64 connections at once, at most 64 of them from one peer" in said[1]
+    assert "behind a TLS proxy or NAT every sender is that one peer" in said[0]
+    assert "max_connections_per_peer" in said[0]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import ssl
 import subprocess
 import sys
@@ -22,7 +23,7 @@ import pytest
 from gpuwarden.collector.jobside.reporter import Reporter
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.core.poster import FindingPoster
-from gpuwarden.core.tls import client_context, server_context
+from gpuwarden.core.tls import client_context, loopback_peer_pids, server_context
 from gpuwarden.remediation.audit import read_records
 from gpuwarden.remediation.cli import main as remediate
 from gpuwarden.remediation.engine import Engine, EngineSettings
@@ -257,3 +258,43 @@ def test_server_context_refuses_old_protocols(certs: Certs) -> None:
     assert server_context(certs.server.cert, certs.server.key, certs.ca).verify_mode == (
         ssl.CERT_REQUIRED
     )
+
+
+@pytest.mark.parametrize(
+    ("server_family", "server_host", "client_family", "client_host"),
+    [
+        (socket.AF_INET, "127.0.0.1", socket.AF_INET, "127.0.0.1"),  # net/tcp
+        (socket.AF_INET6, "::1", socket.AF_INET6, "::1"),  # net/tcp6
+        (socket.AF_INET6, "::", socket.AF_INET, "127.0.0.1"),  # the peer as ::ffff:127.0.0.1
+        (socket.AF_INET, "127.0.0.1", socket.AF_INET6, "::ffff:127.0.0.1"),  # mapped in tcp6
+    ],
+)
+def test_a_loopback_peer_is_found_in_the_kernels_socket_table(
+    server_family: int, server_host: str, client_family: int, client_host: str
+) -> None:
+    """The relay's TCP caller (docs/SECURITY.md, "The relay"): the process at the other end
+    of a loopback connection, from the real /proc; none for a Unix socket."""
+    server = socket.socket(server_family, socket.SOCK_STREAM)
+    try:
+        if server_family == socket.AF_INET6:
+            server.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        server.bind((server_host, 0))
+    except OSError as exc:
+        server.close()
+        pytest.skip(f"no {server_host} here: {exc}")
+    with server:
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.socket(client_family, socket.SOCK_STREAM)
+        try:
+            client.connect((client_host, port))
+        except OSError as exc:
+            client.close()
+            pytest.skip(f"cannot connect from {client_host}: {exc}")
+        with client, server.accept()[0] as accepted:
+            assert loopback_peer_pids(accepted) == [os.getpid()]
+            assert loopback_peer_pids(accepted, likely=[1, os.getpid()]) == [os.getpid()]
+            assert loopback_peer_pids(accepted, "/nonexistent") == []
+    a, b = socket.socketpair()
+    with a, b:
+        assert loopback_peer_pids(a) is None

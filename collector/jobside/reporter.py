@@ -6,8 +6,9 @@ so any training script can import it::
     from gpuwarden.collector.jobside.reporter import Reporter
 
     rep = Reporter()                      # job, rank and node from the environment (the job
-                                          # as the node agent names it: Slurm, torchrun,
-                                          # GPUWARDEN_JOB, or the Kubernetes pod)
+                                          # as the node agent names it: in a Kubernetes pod
+                                          # <namespace>/<pod>, else Slurm's job id,
+                                          # torchrun's run id or GPUWARDEN_JOB)
     rep.model(params=7_000_000_000, layers=32, hidden_size=4096, heads=32, seq_len=4096,
               world_size=64, dtype="bf16",
               vocab_size=32_000, tied_head=False,     # for MFU's FLOPs per token: the input
@@ -18,6 +19,12 @@ so any training script can import it::
         if saved:                         # after each checkpoint: what the save cost
             rep.checkpoint(step, save_seconds, interval_s)
     rep.close()
+
+The job, unless ``job=`` names it, is the one the node agent tags the job's GPUs with: inside a
+Kubernetes pod ``<namespace>/<pod>`` (:func:`pod_job`; the agent names a pod's GPUs so whatever
+its processes' environment says, and its relay holds the pod's reports to that name: a torchrun
+run id there got 403), else the first of ``SLURM_JOB_ID``, ``TORCHELASTIC_RUN_ID`` and
+``GPUWARDEN_JOB``, else ``unknown``.
 
 It sends line protocol to ``url`` + ``/write``: the node agent's local relay by default (its
 Unix socket ``unix:///run/gpuwarden/relay.sock`` where that exists: the agent then knows the
@@ -40,6 +47,7 @@ from ranks waiting inside one (in a collective).
 from __future__ import annotations
 
 import http.client
+import logging
 import os
 import socket
 import ssl
@@ -55,6 +63,8 @@ from contextlib import contextmanager
 from gpuwarden.collector.attribution import job_from_environ
 from gpuwarden.core.retry import Backoff
 from gpuwarden.core.store.lineprotocol import Point, encode_point
+
+log = logging.getLogger(__name__)
 
 SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
 #: the agent's relay socket in a deployment (``[agent] reporter_socket``)
@@ -89,21 +99,40 @@ class _UnixConnection(http.client.HTTPConnection):
 RETRY = Backoff(base_s=0.5, max_s=30.0, jitter=False)
 
 
-def pod_job(env: Mapping[str, str], namespace_file: str = SERVICE_ACCOUNT_NAMESPACE) -> str:
-    """``<namespace>/<pod>`` inside a Kubernetes pod, as the node agent names the pod holding
-    a GPU (pod-resources API): the pod name is the default hostname, the namespace is in the
-    service-account mount (or ``POD_NAMESPACE``, set it from the downward API if the pod has
-    no service account or a ``hostname`` of its own); ``""`` outside Kubernetes."""
+def pod_job(env: Mapping[str, str], namespace_file: str | None = None) -> str:
+    """``<namespace>/<pod>`` inside a Kubernetes pod (``KUBERNETES_SERVICE_HOST`` set), as the
+    node agent names the pod holding a GPU (the kubelet's pod-resources API): the pod name
+    from ``POD_NAME``, else the hostname (``HOSTNAME``: a pod's by default); the namespace
+    from ``POD_NAMESPACE``, else the service-account mount (``namespace_file``, by default
+    :data:`SERVICE_ACCOUNT_NAMESPACE`); ``""`` outside Kubernetes, or with no namespace known.
+
+    The hostname is not the pod's name in a pod with a ``hostname`` of its own (an Indexed
+    Job's or a JobSet's pods are ``<job>-<index>``, their names have a suffix more), with
+    ``hostNetwork`` (the node's) or ``setHostnameAsFQDN``: set ``POD_NAME`` and
+    ``POD_NAMESPACE`` from the downward API there (``valueFrom: {fieldRef: {fieldPath:
+    metadata.name}}``, ``metadata.namespace``). A hostname that looks like one of those is
+    still used, with a warning."""
     if "KUBERNETES_SERVICE_HOST" not in env:
         return ""
     namespace = env.get("POD_NAMESPACE", "")
     if not namespace:
         try:
-            with open(namespace_file, encoding="utf-8") as f:
+            with open(namespace_file or SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
                 namespace = f.read().strip()
         except OSError:
             return ""
-    pod = env.get("POD_NAME") or env.get("HOSTNAME", "")
+    pod = env.get("POD_NAME", "")
+    if not pod:
+        pod = env.get("HOSTNAME", "")
+        if "JOB_COMPLETION_INDEX" in env or "." in pod:
+            log.warning(
+                "the reporter names its job %s/%s from the hostname, which in an Indexed Job "
+                "or with a fully qualified hostname is not the pod's name: the agent's relay "
+                "will refuse its reports; set POD_NAME from the downward API "
+                "(fieldPath: metadata.name) or pass job=",
+                namespace,
+                pod,
+            )
     return f"{namespace}/{pod}" if namespace and pod else ""
 
 
@@ -124,7 +153,9 @@ class Reporter:
         ca_file: str | None = None,
     ) -> None:
         env = os.environ
-        self.job = job or job_from_environ(env) or pod_job(env) or "unknown"
+        # in a pod, the pod: the agent tags a pod's GPUs <namespace>/<pod> whatever its
+        # processes' environment says (a torchrun run id), and its relay holds the pod to it
+        self.job = job or pod_job(env) or job_from_environ(env) or "unknown"
         self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or default_url()).rstrip("/")
         self.database = database or env.get("GPUWARDEN_REPORTER_DATABASE") or "gpuwarden"

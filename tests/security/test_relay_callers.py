@@ -3,10 +3,12 @@
 Before, the relay checked tag keys, never values: a job on node-a posted a lagging rank
 tagged ``node=node-z`` and analytics blamed node-z; a made-up job with no GPU did the same.
 Now every point carries the relay's own ``cluster`` and ``node``; over the Unix socket the
-caller's job is its cgroup's (the kernel names the caller's pid, ``SO_PEERCRED``); over TCP a
-point's job must hold one of this node's GPUs. Every line is CONSTRUCTED; the relay is the
-agent's code, the caller a real process (this one) on a real socket. The cgroup files are a
-CONSTRUCTED procfs holding this process's pid, as Slurm's cgroup v2 layout names a job.
+caller's job is its cgroup's (the kernel names the caller's pid, ``SO_PEERCRED``), and over TCP
+from loopback too (the kernel's socket table names the process at the other end); a caller in
+no job's cgroup may name only a job holding one of this node's GPUs. Every line is
+CONSTRUCTED; the relay is the agent's code, the caller a real process (this one, or a child)
+on a real socket. The cgroup files are a CONSTRUCTED procfs holding the callers' pids, as
+Slurm's cgroup v2 layout names a job; its ``net`` and each task's ``fd`` are the real ones.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from __future__ import annotations
 import http.client
 import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,12 +56,28 @@ def post(conn: http.client.HTTPConnection, body: str) -> tuple[int, str, str | N
     return resp.status, text, resp.getheader("Retry-After")
 
 
+def slurm_cgroup(job: str) -> str:
+    return f"0::/system.slice/slurmstepd.scope/job_{job}/step_0/user/task_0\n"
+
+
+def fake_task(proc: Path, pid: int, cgroup: str | None, *, fds: bool = True) -> None:
+    """Task ``pid`` in the CONSTRUCTED procfs ``proc``: its cgroup file says ``cgroup`` (None:
+    none to read), its ``fd`` is the real process's (``fds``), and ``net`` is this process's
+    real ``/proc/net``, so a TCP caller is found from the kernel's own socket table and
+    descriptors, as the agent finds it on a node."""
+    (proc / str(pid)).mkdir(parents=True)
+    if cgroup is not None:
+        (proc / str(pid) / "cgroup").write_text(cgroup)
+    if fds:
+        (proc / str(pid) / "fd").symlink_to(f"/proc/{pid}/fd")
+    if not (proc / "net").exists():
+        (proc / "net").symlink_to(f"/proc/{os.getpid()}/net")
+
+
 @pytest.fixture
 def procfs(tmp_path: Path) -> Path:
     """A procfs in which this process is task 0 of Slurm job 4242 (cgroup v2)."""
-    mine = tmp_path / "proc" / str(os.getpid())
-    mine.mkdir(parents=True)
-    (mine / "cgroup").write_text("0::/system.slice/slurmstepd.scope/job_4242/step_0/user/task_0\n")
+    fake_task(tmp_path / "proc", os.getpid(), slurm_cgroup("4242"))
     return tmp_path / "proc"
 
 
@@ -91,14 +111,18 @@ def test_a_point_speaks_for_the_relays_node_only(relay: tuple[ReporterRelay, Lin
     assert "node-z" not in sink.lines[0] and ",cluster=c" in sink.lines[0]
 
 
-def test_over_tcp_a_job_holding_none_of_this_nodes_gpus_is_refused(
-    relay: tuple[ReporterRelay, Lines],
-) -> None:
-    """A made-up job (none of this node's GPUs is its): 503 with Retry-After, nothing kept (a
-    job's first report may come before the agent's next look at its GPUs: it retries)."""
-    r, sink = relay
-    status, text, retry = post(tcp(r), STEP.format(job="9999", node="node-a"))
-    assert (status, retry, sink.lines) == (503, "5", [])
+def test_over_tcp_a_job_holding_none_of_this_nodes_gpus_is_refused(tmp_path: Path) -> None:
+    """A caller in no job's cgroup names a made-up job (none of this node's GPUs is its): 503
+    with Retry-After, nothing kept (a job's first report may come before the agent's next
+    look at its GPUs: it retries)."""
+    r = _relay_with(tmp_path, "0::/user.slice/user-1000.slice/session-1.scope\n", {"4242"},
+                    listen="127.0.0.1:0")  # fmt: skip
+    try:
+        status, text, retry = post(tcp(r), STEP.format(job="9999", node="node-a"))
+        own, _, _ = post(tcp(r), STEP.format(job="4242", node="node-a"))
+    finally:
+        r.close()
+    assert (status, retry, own) == (503, "5", 204)
     assert "holds none of this node's GPUs" in text
 
 
@@ -131,17 +155,23 @@ def test_the_reporter_posts_over_the_socket(relay: tuple[ReporterRelay, Lines]) 
 
 
 def _relay_with(
-    tmp_path: Path, cgroup: str | None, here: set[str], pods: dict[str, str] | None = None
+    tmp_path: Path,
+    cgroup: str | None,
+    here: set[str],
+    pods: dict[str, str] | None = None,
+    *,
+    listen: str = "",
+    fds: bool = True,
+    sink: Lines | None = None,
 ) -> ReporterRelay:
     """A relay whose procfs gives this process ``cgroup`` (None: no readable cgroup);
-    ``pods``: the pod UIDs the agent saw on this node's GPUs, and their names."""
+    ``pods``: the pod UIDs the agent saw on this node's GPUs, and their names; ``fds``:
+    whether this process's descriptors can be read there."""
     proc = tmp_path / "p"
-    (proc / str(os.getpid())).mkdir(parents=True)
-    if cgroup is not None:
-        (proc / str(os.getpid()) / "cgroup").write_text(cgroup)
+    fake_task(proc, os.getpid(), cgroup, fds=fds)
     r = ReporterRelay(
-        "", Lines(), cluster="c", node="node-a", socket_path=str(tmp_path / "r.sock"),
-        procfs=str(proc), jobs_here=lambda: here,
+        listen, sink or Lines(), cluster="c", node="node-a",
+        socket_path=str(tmp_path / "r.sock"), procfs=str(proc), jobs_here=lambda: here,
         pods_named=(lambda: pods) if pods is not None else None,
     )  # fmt: skip
     r.start()
@@ -218,3 +248,115 @@ def test_the_agent_removes_only_its_own_socket(tmp_path: Path) -> None:
         assert os.path.exists(r.socket_path)
     finally:
         newer.close()
+
+
+#: job A's training process: waits for its go, then posts each body over TCP and prints the
+#: answers (a process of its own: the relay must find IT, not the relay's own end)
+JOB_A = """
+import http.client, sys
+host, port = sys.argv[1], int(sys.argv[2])
+sys.stdin.readline()
+for body in sys.argv[3:]:
+    conn = http.client.HTTPConnection(host, port, timeout=10)
+    conn.request("POST", "/write", body.encode(), {"Content-Type": "text/plain"})
+    resp = conn.getresponse()
+    print(resp.status, resp.read().decode().strip(), flush=True)
+    conn.close()
+"""
+
+
+def test_over_tcp_from_loopback_a_job_writes_only_its_own_points(tmp_path: Path) -> None:
+    """docs/SECURITY.md's hole 1: jobs 1111 (A) and 4242 (B) both hold this node's GPUs. A
+    process of job A posts job B's steps to the relay's loopback port. Before, a TCP caller
+    was unknown and only "does the job hold this node's GPUs" was asked: B's steps from A were
+    kept (204). Now the relay finds the process at the other end of the connection in the
+    kernel's socket table (its ``net/tcp``, then the process holding that socket in its
+    ``fd``) when it accepts it, and holds it to its cgroup's job as over the Unix socket: 403
+    for B's, and A's own are kept. The relay's own process is job B's here, so a relay that
+    found its own end of the connection would take B's steps."""
+    sink = Lines()
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"}, listen="127.0.0.1:0",
+                    sink=sink)  # fmt: skip
+    host, port = r.address
+    bodies = [STEP.format(job="4242", node="node-a"), STEP.format(job="1111", node="node-a")]
+    job_a = subprocess.Popen(
+        [sys.executable, "-c", JOB_A, host, str(port), *bodies],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        fake_task(tmp_path / "p", job_a.pid, slurm_cgroup("1111"))
+        out, _ = job_a.communicate("go\n", timeout=60)
+    finally:
+        if job_a.poll() is None:
+            job_a.kill()
+        r.close()
+    answers = [a.strip() for a in out.splitlines()]
+    assert len(answers) == 2, out
+    assert answers[0].startswith("403 ") and "its cgroup names 1111" in answers[0], out
+    assert answers[1] == "204", out
+    assert len(sink.lines) == 1 and ",job=1111," in sink.lines[0], sink.lines
+    assert ",job=4242," not in "".join(sink.lines)
+
+
+def test_a_loopback_tcp_caller_that_cannot_be_found_is_refused(tmp_path: Path) -> None:
+    """A loopback peer whose process is not found among the processes' descriptors (here
+    its ``fd`` cannot be read; on a node: it wrote its request and exited, or its socket was
+    handed on) is refused, as a Unix-socket caller whose cgroup cannot be read: it cannot be
+    told apart from any other job."""
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242"}, listen="127.0.0.1:0", fds=False)
+    try:
+        status, text, _ = post(tcp(r), STEP.format(job="4242", node="node-a"))
+    finally:
+        r.close()
+    assert status == 403 and "cannot be found" in text, text
+
+
+def test_the_reporter_posts_over_loopback_tcp(tmp_path: Path) -> None:
+    """The job-side reporter with the relay's loopback port: its own job's steps are kept."""
+    sink = Lines()
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242"}, listen="127.0.0.1:0", sink=sink)
+    try:
+        rep = Reporter(job="4242", rank=0, url=f"http://{r.address[0]}:{r.address[1]}",
+                       heartbeat_s=0)  # fmt: skip
+        rep.step(1, step_time_s=0.5, tokens=1024, samples=4)
+        assert rep.close(timeout_s=10)
+    finally:
+        r.close()
+    assert rep.sent == 1 and rep.dropped == 0, rep.last_error
+    assert ",job=4242," in sink.lines[0] and ",node=node-a" in sink.lines[0]
+
+
+def test_a_pods_reporter_is_kept_though_torchrun_names_a_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Review item 8: the reporter in a pod under torchrun (``TORCHELASTIC_RUN_ID`` set), its
+    job left to the environment. The agent saw the pod's GPUs under ``train/llama-0``, and the
+    relay holds the pod to that name. Before, the reporter named the run id and every report
+    was refused (403, counted in ``dropped``); now it names the pod, and its steps are kept."""
+    from gpuwarden.collector.jobside import reporter
+
+    namespace = tmp_path / "namespace"
+    namespace.write_text("train\n")
+    monkeypatch.setattr(reporter, "SERVICE_ACCOUNT_NAMESPACE", str(namespace))
+    for key in (
+        "SLURM_JOB_ID",
+        "GPUWARDEN_JOB",
+        "POD_NAME",
+        "POD_NAMESPACE",
+        "JOB_COMPLETION_INDEX",
+    ):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("HOSTNAME", "llama-0")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-run")
+    sink = Lines()
+    r = _relay_with(tmp_path, POD_CGROUP, {"train/llama-0"}, {f"pod-{POD}": "train/llama-0"},
+                    sink=sink)  # fmt: skip
+    try:
+        rep = Reporter(rank=0, url=f"unix://{r.socket_path}", heartbeat_s=0)
+        rep.step(1, step_time_s=0.5, tokens=1024, samples=4)
+        assert rep.close(timeout_s=10)
+    finally:
+        r.close()
+    assert (rep.job, rep.sent, rep.dropped) == ("train/llama-0", 1, 0), rep.last_error
+    assert ",job=train/llama-0," in sink.lines[0]
