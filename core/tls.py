@@ -417,7 +417,13 @@ def loopback_peer_pids(
     else:
         forms.append(("tcp6", peer_ip.packed, here_ip.packed))
     inodes: set[bytes] = set()
-    for table, peer_packed, here_packed in forms:
+    if procfs == "/proc":  # the kernel's own lookup of that one socket, where it answers
+        for table, peer_packed, here_packed in forms:
+            inode = _diag_inode(table, peer_packed, peer[1], here_packed, here[1])
+            if inode:
+                inodes.add(str(inode).encode())
+                break
+    for table, peer_packed, here_packed in forms if not inodes else ():
         try:
             with open(f"{procfs}/net/{table}", "rb") as f:
                 text = f.read()
@@ -448,6 +454,42 @@ def loopback_peer_pids(
         if _holds(f"{procfs}/{pid}/fd", links):
             return [int(pid)]
     return []
+
+
+#: netlink's socket diagnostics (linux/sock_diag.h, linux/inet_diag.h)
+_NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR = 4, 20, 2
+_NO_COOKIE = 0xFFFFFFFF
+
+
+def _diag_inode(table: str, src: bytes, sport: int, dst: bytes, dport: int) -> int | None:
+    """The inode of the TCP socket whose local end is ``src:sport`` and remote ``dst:dport``
+    (``table`` "tcp": IPv4, "tcp6": IPv6), asked of the kernel by an exact sock_diag lookup
+    (what ``ss`` uses; no privilege needed): one socket found directly, where reading
+    ``/proc/net/tcp`` makes the kernel print every socket of the namespace, TIME_WAIT
+    included. None where it does not answer (no such socket, no netlink): the caller reads
+    the table instead."""
+    family = socket.AF_INET if table == "tcp" else socket.AF_INET6
+    sockid = struct.pack(
+        "!HH16s16s", sport, dport, src.ljust(16, b"\0"), dst.ljust(16, b"\0")
+    ) + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
+    request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
+    header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, 1, 1, 0)
+    try:
+        with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, _NETLINK_SOCK_DIAG) as nl:
+            nl.settimeout(1.0)
+            nl.send(header + request)
+            reply = nl.recv(8192)
+    except OSError:
+        return None
+    if len(reply) < 16:
+        return None
+    length, kind = struct.unpack_from("=IH", reply)
+    # inet_diag_msg: family, state, timer, retrans (4 bytes), the socket id (48), expires,
+    # rqueue, wqueue, uid, then the inode
+    if kind != _SOCK_DIAG_BY_FAMILY or length < 16 + 72 or len(reply) < 16 + 72:
+        return None  # NLMSG_ERROR: no such socket (-ENOENT), or a kernel without the lookup
+    (inode,) = struct.unpack_from("=I", reply, 16 + 68)
+    return inode or None
 
 
 def _holds(fd_dir: str, links: set[str]) -> bool:

@@ -7,6 +7,7 @@ senders are the production code on loopback; the findings are SIMULATED.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import signal
@@ -23,7 +24,7 @@ import pytest
 from gpuwarden.collector.jobside.reporter import Reporter
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.core.poster import FindingPoster
-from gpuwarden.core.tls import client_context, loopback_peer_pids, server_context
+from gpuwarden.core.tls import _diag_inode, client_context, loopback_peer_pids, server_context
 from gpuwarden.remediation.audit import read_records
 from gpuwarden.remediation.cli import main as remediate
 from gpuwarden.remediation.engine import Engine, EngineSettings
@@ -292,6 +293,13 @@ def test_a_loopback_peer_is_found_in_the_kernels_socket_table(
             client.close()
             pytest.skip(f"cannot connect from {client_host}: {exc}")
         with client, server.accept()[0] as accepted:
+            # the kernel's exact lookup (sock_diag) names the client's own socket, as the
+            # client's family holds it (an AF_INET6 client to 127.0.0.1: mapped, in tcp6)
+            table = "tcp" if client.family == socket.AF_INET else "tcp6"
+            (src, sport), (dst, dport) = client.getsockname()[:2], client.getpeername()[:2]
+            src, dst = ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed
+            assert _diag_inode(table, src, sport, dst, dport) == os.fstat(client.fileno()).st_ino
+            assert _diag_inode(table, src, sport, dst, dport ^ 1) is None  # no such socket
             assert loopback_peer_pids(accepted) == [os.getpid()]
             assert loopback_peer_pids(accepted, likely=[1, os.getpid()]) == [os.getpid()]
             assert loopback_peer_pids(accepted, "/nonexistent") == []
