@@ -225,6 +225,9 @@ class Memory:
     """Waiting plans an operator approved (plan id: who) whose decision after the approval is
     not on disk: the engine stopped between the ``approval`` record and acting on it. The
     approval was journalled, so it holds: :meth:`Engine.resume` runs them as approved."""
+    compacted_horizon: float = 0.0
+    """Records older than this (wall time) may have been dropped by a compaction
+    (:mod:`remediation.compact`): a finding that old may have been decided already."""
     approved_plans: set[str] = field(default_factory=set)
     """Every plan with an ``approval`` record: one the blast radius or the rate limit held
     after its approval waits as approved after a restart (released, it skips the guards an
@@ -312,6 +315,10 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
             if record.get("verdict") != "duplicate":
                 received = float((findings.get(fid) or record).get("t", record.get("t", 0.0)))
                 latest[fid] = PlanRecord(record, findings.get(fid), received)
+        elif event == "compacted":
+            horizon = record.get("horizon_t")
+            if isinstance(horizon, int | float):
+                memory.compacted_horizon = max(memory.compacted_horizon, float(horizon))
         elif event == "expired" and fid:
             latest.pop(fid, None)
             memory.approved_plans.discard(fid)
@@ -327,14 +334,14 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
             fid = str(p.decision.get("finding_id", ""))
             if verdict == "approval" and fid in approvals:
                 memory.approved[fid] = approvals[fid]
-        elif verdict in RUNNING_VERDICTS and not _finished(p.decision, outcomes):
+        elif verdict in RUNNING_VERDICTS and not finished(p.decision, outcomes):
             memory.unfinished.append(p)
     # only plans still waiting are restored with their approval: the rest are done with
     memory.approved_plans &= {str(p.decision.get("finding_id", "")) for p in memory.waiting}
     return memory
 
 
-def _finished(decision: Mapping[str, Any], outcomes: Mapping[str, str]) -> bool:
+def finished(decision: Mapping[str, Any], outcomes: Mapping[str, str]) -> bool:
     """Every action of the plan has its record, or a removing action failed (the ladder
     stops there). Decisions from before the journal recorded plans count as finished."""
     for action in decision.get("plan") or []:

@@ -32,9 +32,12 @@ import contextlib
 import glob
 import gzip
 import json
+import logging
 import os
+import re
 import shutil
-from collections.abc import Iterable, Iterator, Mapping
+import stat
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -44,8 +47,11 @@ from gpuwarden.remediation.audit import (
     REMOVING_KINDS,
     RUNNING_VERDICTS,
     WAITING_VERDICTS,
+    finished,
     read_records,
 )
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -70,94 +76,11 @@ def _fid(r: Mapping[str, Any]) -> str:
     return str(r.get("finding_id", "") or r.get("plan_id", ""))
 
 
-def select(records: list[dict[str, Any] | None], horizon: float) -> list[bool]:
-    """Which of ``records`` (the log before the reader's offset, oldest first; None for a torn
-    line) the compacted log keeps: those at ``horizon`` or later, and the older ones still
-    needed (see the module)."""
-    latest: dict[str, dict[str, Any]] = {}
-    acted: dict[str, bool] = {}  # action id -> recorded
-    outcome: set[str] = set()
-    removed: set[str] = set()  # plans with a removing action done
-    last_change: dict[str, int] = {}  # node -> index of the action that set the cooldown
-    out_since: dict[str, int] = {}  # node -> index of the take-out since its last return
-    marks: dict[str, int] = {}  # policy -> its last demoted/promoted
-    for i, r in enumerate(records):
-        if r is None:
-            continue
-        event, fid, node = r.get("event"), _fid(r), str(r.get("node", ""))
-        if event == "decision" and fid and r.get("verdict") != "duplicate":
-            latest[fid] = r
-        elif event == "expired":
-            latest.pop(fid, None)
-        elif event == "outcome":
-            outcome.add(fid)
-        elif event in ("demoted", "promoted"):
-            marks[str(r.get("policy", ""))] = i
-        elif event == "intent":
-            acted.setdefault(str(r.get("action_id", "")), False)
-        elif event == "action":
-            acted[str(r.get("action_id", ""))] = True
-            if r.get("dry_run") or r.get("outcome") != "ok" or not node:
-                continue
-            kind = r.get("action")
-            if kind not in ("notify", "uncordon"):
-                last_change[node] = i
-            if kind in REMOVING_KINDS:
-                removed.add(fid)
-                out_since.setdefault(node, i)
-            elif kind == "uncordon":
-                out_since.pop(node, None)
-    live = {
-        fid
-        for fid, d in latest.items()
-        if d.get("verdict") in WAITING_VERDICTS
-        or (d.get("verdict") in RUNNING_VERDICTS and not _all_recorded(d, acted))
-    }
-    live |= removed - outcome  # its outcome not yet decided: the reader still follows it
-    # a node a live plan is about, or that is still out: its whole story is kept (what took it
-    # out and returned it, the findings and decisions about it, its undos: replay's taken-out
-    # set and the outcome reader's evidence both read them)
-    live_nodes = {str(d.get("node", "")) for f, d in latest.items() if f in live}
-    live_nodes = (live_nodes | set(out_since)) - {""}
-    needed = set(last_change.values()) | set(out_since.values()) | set(marks.values())
-    keep = [
-        r is not None
-        and (
-            float(r.get("t", 0.0)) >= horizon
-            or i in needed
-            or _fid(r) in live
-            or (r.get("event") == "intent" and not acted.get(str(r.get("action_id", "")), False))
-            or _node_of(r) in live_nodes
-        )
-        for i, r in enumerate(records)
-    ]
-    # to a fixed point: a plan is kept whole or not at all (a decision kept without its
-    # actions' records would read as unfinished, and be resumed), and a node with one kept
-    # removal or return keeps them all (a drain kept without the return after it would read
-    # as a node still out)
-    while True:
-        whole = {_fid(r) for r, k in zip(records, keep, strict=True) if k and r is not None}
-        whole.discard("")
-        moved = {
-            str(r.get("node", ""))
-            for r, k in zip(records, keep, strict=True)
-            if k and r is not None and _moves(r)
-        }
-        grown = [
-            k or (r is not None and (_fid(r) in whole or (_moves(r) and r.get("node") in moved)))
-            for r, k in zip(records, keep, strict=True)
-        ]
-        if grown == keep:
-            return keep
-        keep = grown
-
-
-def _moves(r: Mapping[str, Any] | None) -> bool:
-    """An action record that took a node out or returned it (what replay's taken-out set and
-    the lemon history are made of)."""
+def _moves(r: Mapping[str, Any]) -> bool:
+    """An action record that took a node out or returned it: a node's last one says whether
+    it is out (replay's taken-out set: each sets the state, whatever came before)."""
     return (
-        r is not None
-        and r.get("event") == "action"
+        r.get("event") == "action"
         and r.get("action") in (*REMOVING_KINDS, "uncordon")
         and r.get("outcome") == "ok"
         and not r.get("dry_run")
@@ -165,15 +88,75 @@ def _moves(r: Mapping[str, Any] | None) -> bool:
     )
 
 
-def _node_of(r: Mapping[str, Any]) -> str:
-    subject = r.get("subject")
-    if isinstance(subject, dict) and subject.get("node"):
-        return str(subject["node"])
-    return str(r.get("node", ""))
+Records = Callable[[], Iterable[dict[str, Any] | None]]
 
 
-def _all_recorded(decision: Mapping[str, Any], acted: Mapping[str, bool]) -> bool:
-    return all(acted.get(str(a.get("action_id")), False) for a in decision.get("plan") or [])
+def select(records: Records, horizon: float) -> list[bool]:
+    """Which of the records ``records()`` yields (the log before the reader's offset, oldest
+    first; None for a torn line) the compacted log keeps. Three passes over the records, each
+    holding no more than a few fields per plan:
+
+    1. what replay would make of the whole log: each plan's latest decision (its verdict and
+       its actions), every action's outcome, intents without their action, each policy's last
+       demotion or promotion, each node's last removal or return;
+    2. which records are kept on their own: those at ``horizon`` or later; every record of a
+       plan still waiting or unfinished (by replay's own rule, :func:`finished`); intents
+       without their action; the demotions and the nodes' last moves of step 1;
+    3. a plan is kept whole or not at all: a decision kept without its actions' records would
+       read as unfinished, and be resumed.
+
+    Everything else the engine or the outcome reader reads lies within ``horizon``
+    (:attr:`EngineSettings.journal_retain_s`: cooldowns, the lemon window, the seen ids,
+    waiting plans, outcome windows and precision), so it is kept by the first rule."""
+    latest: dict[str, tuple[str, list[dict[str, Any]]]] = {}
+    outcomes: dict[str, str] = {}
+    open_intents: set[str] = set()
+    marks: dict[str, int] = {}
+    last_move: dict[str, int] = {}
+    for i, r in enumerate(records()):
+        if r is None:
+            continue
+        event, fid = r.get("event"), _fid(r)
+        if event == "decision" and fid and r.get("verdict") != "duplicate":
+            plan = [
+                {"action_id": a.get("action_id"), "action": a.get("action")}
+                for a in r.get("plan") or []
+                if isinstance(a, dict)
+            ]
+            latest[fid] = (str(r.get("verdict", "")), plan)
+        elif event == "expired":
+            latest.pop(fid, None)
+        elif event in ("demoted", "promoted"):
+            marks[str(r.get("policy", ""))] = i
+        elif event == "intent":
+            open_intents.add(str(r.get("action_id", "")))
+        elif event == "action":
+            action_id = str(r.get("action_id", ""))
+            open_intents.discard(action_id)
+            outcomes[action_id] = str(r.get("outcome", ""))
+            if _moves(r):
+                last_move[str(r["node"])] = i
+    live = {
+        fid
+        for fid, (verdict, plan) in latest.items()
+        if verdict in WAITING_VERDICTS
+        or (verdict in RUNNING_VERDICTS and not finished({"plan": plan}, outcomes))
+    }
+    needed = set(marks.values()) | set(last_move.values())
+    del latest, outcomes
+    keep: list[bool] = []
+    whole: set[str] = set()
+    for i, r in enumerate(records()):
+        kept = r is not None and (
+            float(r.get("t", 0.0)) >= horizon
+            or i in needed
+            or _fid(r) in live
+            or (r.get("event") == "intent" and str(r.get("action_id", "")) in open_intents)
+        )
+        keep.append(kept)
+        if kept and r is not None and _fid(r):
+            whole.add(_fid(r))
+    return [k or (r is not None and _fid(r) in whole) for k, r in zip(keep, records(), strict=True)]
 
 
 def _archive_name(path: Path, now: float) -> Path:
@@ -194,15 +177,19 @@ def _archive_name(path: Path, now: float) -> Path:
         ms += 1
 
 
+_ARCHIVE = re.compile(r"\d{8}T\d{6}(\.\d{3})?Z(\.gz)?")
+
+
 def archives(path: Path) -> list[Path]:
-    """The archives of the log at ``path``, oldest first (``<name>.<UTC time>Z``, or
-    ``...Z.gz`` once compressed; a compressed one hides an uncompressed one of its name that
-    a crash left behind)."""
+    """The archives of the log at ``path``, oldest first: ``<name>.<UTC time>Z``, or
+    ``...Z.gz`` once compressed (a compressed one hides an uncompressed one of its name that
+    a crash left behind). Other names beside it (``.lock``, ``.signatures``, a logrotate
+    ``.1.gz``) are not archives."""
     prefix = path.name + "."
     found = {
         p.name: p
         for p in path.parent.iterdir()
-        if p.name.startswith(prefix) and p.name[len(prefix) : len(prefix) + 1].isdigit()
+        if p.name.startswith(prefix) and _ARCHIVE.fullmatch(p.name[len(prefix) :])
     }
     return sorted(
         (p for name, p in found.items() if f"{name}.gz" not in found), key=lambda p: p.name
@@ -249,16 +236,19 @@ def tidy(path: Path, keep: int) -> list[Path]:
 
 def history(path: Path) -> Iterator[dict[str, Any]]:
     """Every record of the log at ``path`` once, oldest first: its archives that are left,
-    then the live log, each file's copies (the ``kept`` records after its ``compacted``
-    record, which is shown) skipped when the file before it was read (they are that file's
-    records)."""
+    then the live log. Each file after the first read starts with a ``compacted`` record
+    (shown: where each compaction happened) followed by copies of the file before it (the
+    ``kept`` records and the ``tail`` ones), which are skipped. A link a cut-short compaction
+    left (the live log itself) is not read twice."""
+    live = os.stat(path)
+    files = [a for a in archives(path) if not _same_file(a, live)]
     read_one = False
-    for file in [*archives(path), path]:
+    for file in [*files, path]:
         skip = 0
         for number, record in enumerate(_records(file)):
             if number == 0 and record.get("event") == "compacted" and read_one:
-                skip = int(record.get("kept", 0))
-                yield record  # where each compaction happened
+                skip = int(record.get("kept", 0)) + int(record.get("tail", 0))
+                yield record
                 continue
             if skip:
                 skip -= 1
@@ -280,37 +270,61 @@ def _records(file: Path) -> Iterator[dict[str, Any]]:
 
 @dataclass(frozen=True)
 class Selection:
-    """What a compaction keeps of the log before ``keep_from``: chosen without any lock (that
+    """What a compaction keeps of the log before ``keep_from``, chosen without any lock (that
     part of the file no longer changes: the log is only appended to, and only this engine
-    compacts it), then written by :func:`swap` under the writer's lock."""
+    compacts it) and written to ``copy``, a file beside the log; :func:`swap` puts it in
+    place under the writer's lock."""
 
     keep_from: int
-    kept_lines: list[bytes]
+    copy: Path
+    kept: int
     dropped: int
     horizon: float
 
 
-def choose(path: Path, keep_from: int, horizon: float) -> Selection:
-    """The slow part (every record before ``keep_from`` parsed): no lock needed."""
+def _head(path: Path, keep_from: int) -> Iterator[tuple[bytes, dict[str, Any] | None]]:
+    """The log's lines before ``keep_from`` (a line boundary), each with its record."""
+    left = keep_from
     with path.open("rb") as fh:
-        head = fh.read(keep_from)
-    if len(head) != keep_from:
+        for whole in fh:
+            if left <= 0:
+                return
+            line = whole[:left]
+            left -= len(line)
+            yield line, _parse(line)
+    if left > 0:
         raise OSError(f"{path} is shorter than the {keep_from} bytes already read")
-    lines = head.splitlines(keepends=True)
-    keep = select([_parse(line) for line in lines], horizon)
-    kept = [
-        line if line.endswith(b"\n") else line + b"\n"
-        for line, k in zip(lines, keep, strict=True)
-        if k
-    ]
-    return Selection(keep_from, kept, len(lines) - len(kept), horizon)
 
 
-def swap(path: Path, chosen: Selection, now: float) -> Compacted:
+def choose(path: Path, keep_from: int, horizon: float) -> Selection:
+    """The slow part (every record before ``keep_from`` parsed three times, one at a time: the
+    memory it takes is a few fields per plan, not the log): no lock needed."""
+    keep = select(lambda: (r for _, r in _head(path, keep_from)), horizon)
+    copy = path.with_name(f".{path.name}.kept.tmp")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(copy)
+    kept = 0
+    fd = os.open(copy, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        with os.fdopen(os.dup(fd), "wb") as out:
+            for (line, _), k in zip(_head(path, keep_from), keep, strict=True):
+                if k:
+                    out.write(line if line.endswith(b"\n") else line + b"\n")
+                    kept += 1
+    finally:
+        os.close(fd)
+    return Selection(keep_from, copy, kept, len(keep) - kept, horizon)
+
+
+def swap(
+    path: Path, chosen: Selection, now: float, check: Callable[[], None] | None = None
+) -> Compacted:
     """Archive the whole log and put the compacted one in its place: the ``compacted`` record,
     the kept records, then every byte from ``keep_from`` on as it is now (what was appended
-    since :func:`choose` included). The caller holds the writer's lock. Raises OSError with
-    the live log as it was."""
+    since :func:`choose` included). The caller holds the writer's lock; ``check`` (the lease's
+    fence) is asked again just before the swap, and the swap is refused if the log changed
+    meanwhile (another writer: the standby holds the lease). Raises OSError with the live log
+    as it was; once the new log is in place it no longer raises."""
     live = os.stat(path)
     for stale in archives(path):  # a link a crash left: the live log itself, not an archive
         if _same_file(stale, live):
@@ -319,6 +333,7 @@ def swap(path: Path, chosen: Selection, now: float) -> Compacted:
     with path.open("rb") as fh:
         fh.seek(chosen.keep_from)
         tail = fh.read()
+    copied = chosen.copy.stat().st_size
     archive = _archive_name(path, now)
     mark = {
         "event": "compacted",
@@ -327,33 +342,66 @@ def swap(path: Path, chosen: Selection, now: float) -> Compacted:
         .replace("+00:00", "Z"),
         "t": round(now, 6),
         "archive": archive.name,
-        "kept": len(chosen.kept_lines),
+        "kept": chosen.kept,
+        "tail": sum(1 for line in tail.splitlines() if _parse(line) is not None),
         "dropped": chosen.dropped,
         "horizon_t": round(chosen.horizon, 6),
+        "copied_bytes": copied + len(tail),
         "why": "the whole log is in the archive; the records after this one are copies of "
-        "those the engine still needs, then what came after",
+        "those the engine still needs, then of those written after the compaction began",
     }
-    body = (json.dumps(mark) + "\n").encode() + b"".join(chosen.kept_lines)
+    head = (json.dumps(mark) + "\n").encode()
     tmp = path.with_name(f".{path.name}.compact.tmp")
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp)
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        _write_all(fd, [body, tail])
+        with contextlib.suppress(PermissionError):  # the engine's user owns it anyway
+            os.fchown(fd, live.st_uid, live.st_gid)
+        os.fchmod(fd, stat.S_IMODE(live.st_mode))  # a log shipper keeps its access
+        _write_all(fd, [head])
+        with chosen.copy.open("rb") as src:
+            while block := src.read(1 << 20):
+                _write_all(fd, [block])
+        _write_all(fd, [tail])
         os.fsync(fd)
     finally:
         os.close(fd)
     try:
+        if check is not None:
+            check()
+        now_is = os.stat(path)
+        if not _same_file(path, live) or now_is.st_size != chosen.keep_from + len(tail):
+            raise OSError(f"{path} changed during the compaction (another writer?)")
         os.link(path, archive)
         os.replace(tmp, path)
     except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        for leftover in (tmp, chosen.copy):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
         raise
-    _fsync_dir(path.parent)
+    with contextlib.suppress(OSError):
+        os.unlink(chosen.copy)
+    try:
+        _fsync_dir(path.parent)
+    except OSError as exc:  # the swap happened: say so, do not undo it
+        log.warning("the audit log's folder could not be fsynced after its compaction: %s", exc)
     return Compacted(
-        archive, len(chosen.kept_lines), chosen.dropped, len(body), len(body) + len(tail)
+        archive, chosen.kept, chosen.dropped, len(head) + copied, len(head) + copied + len(tail)
     )
+
+
+def compacted_size(path: Path) -> int:
+    """The size of the log at ``path`` just after its last compaction (from its ``compacted``
+    record; 0 if it was never compacted): the engine compacts again at twice that."""
+    try:
+        with path.open("rb") as fh:
+            first = _parse(fh.readline())
+    except OSError:
+        return 0
+    if first is None or first.get("event") != "compacted":
+        return 0
+    return int(first.get("copied_bytes", 0) or 0)
 
 
 def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Compacted:

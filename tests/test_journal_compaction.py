@@ -69,17 +69,23 @@ def finding(clock: HandClock, kind: str, node: str, severity: Severity, **ev: An
 
 
 def view(e: Engine, clock: HandClock) -> dict[str, Any]:
-    """What the engine reads of its memory (the lemon history within its window)."""
+    """What the engine reads of its memory: the cooldown and the lemon history within their
+    windows (older entries are read by nothing; the whole log's replay keeps them anyway)."""
     m = e.memory
     lemon_from = clock.wall() - SETTINGS.lemon_window_s
     return {
         "seen": sorted(m.seen_findings),
         "digests": sorted(m.finding_digests.items()),
         "taken_out": sorted(m.taken_out),
-        "last_action_at": sorted((n, round(t, 3)) for n, t in m.last_action_at.items()),
+        "cooling": sorted(  # the cooldown reads a node's last change within cooldown_s
+            (n, round(t, 3))
+            for n, t in m.last_action_at.items()
+            if clock.mono() - t < SETTINGS.cooldown_s
+        ),
         "lemon": sorted(
-            (n, [(round(at.wall, 3), why) for at, why in times if at.wall >= lemon_from])
+            (n, kept)
             for n, times in m.taken_out_at.items()
+            if (kept := [(round(at.wall, 3), why) for at, why in times if at.wall >= lemon_from])
         ),
         "intents": sorted(m.intents),
         "approved": sorted(m.approved.items()),
@@ -146,7 +152,9 @@ def test_a_compacted_journal_remembers_what_the_whole_one_does(tmp_path: Path) -
             assert view(compacting, clock) == view(whole, clock)
             a = restarted(tmp_path / "c", tmp_path / f"rc{h}", clock)
             b = restarted(tmp_path / "w", tmp_path / f"rw{h}", clock)
-            assert view(a, clock) == view(b, clock)
+            va, vb = view(a, clock), view(b, clock)
+            assert set(va["seen"]) - set(vb["seen"]) == set() == set(vb["seen"]) - set(va["seen"])
+            assert va == vb
             assert replay(a.audit.path).unfinished == []
             checks += 1
     assert checks == 9
@@ -300,7 +308,7 @@ def test_the_shipped_engine_compacts_by_default() -> None:
     root = Path(__file__).resolve().parent.parent
     settings = load_config(root / "config/remediation.sample.toml").settings
     assert settings.journal_compact_bytes == 64 << 20
-    assert settings.journal_retain_s == 30 * DAY  # [outcomes] window_s, the longest
+    assert settings.journal_retain_s == 31 * DAY  # [outcomes] window_s, the longest, + a day
 
 
 def test_archives_are_compressed_and_the_oldest_beyond_the_limit_removed(tmp_path: Path) -> None:
@@ -335,3 +343,193 @@ def test_archives_are_compressed_and_the_oldest_beyond_the_limit_removed(tmp_pat
     assert len(archives(path)) == 2 + 1  # and the stray link
     assert stray.exists() and os.stat(stray).st_ino == os.stat(path).st_ino
     assert not first.with_name(first.name.removesuffix(".gz")).exists()
+
+
+# -- an attacker's review of the first version (each of these failed on it) -----------------
+
+
+def _write(log: AuditLog, event: str, t: float, **record: Any) -> None:
+    log.append(event, t, **record)
+
+
+def _noise(log: AuditLog, node: str, t0: float, n: int) -> None:
+    for i in range(n):
+        fid = f"noise-{node}-{t0}-{i}"
+        _write(log, "finding", t0 + i, finding_id=fid, kind="link_flap", subject={"node": node})
+        _write(log, "decision", t0 + i, finding_id=fid, verdict="act", policy="host-warning",
+               node=node, plan=[{"action_id": f"{fid}-n", "action": "notify"}])  # fmt: skip
+        _write(log, "action", t0 + i, action_id=f"{fid}-n", action="notify", finding_id=fid,
+               node=node, outcome="ok")  # fmt: skip
+
+
+def _drain(log: AuditLog, fid: str, node: str, t: float, outcome: str = "ok") -> None:
+    plan = [
+        {"action_id": f"{fid}-d", "action": "drain"},
+        {"action_id": f"{fid}-r", "action": "requeue"},
+    ]
+    _write(log, "decision", t, finding_id=fid, verdict="act", policy="fatal-gpu-event",
+           node=node, plan=plan)  # fmt: skip
+    _write(log, "action", t, action_id=f"{fid}-d", action="drain", finding_id=fid, node=node,
+           outcome=outcome)  # fmt: skip
+    if outcome == "ok":
+        _write(log, "action", t, action_id=f"{fid}-r", action="requeue", finding_id=fid,
+               node=node, outcome="ok")  # fmt: skip
+
+
+def test_old_finished_plans_go_a_failed_drain_and_a_drained_node_included(tmp_path: Path) -> None:
+    """A plan whose drain failed is finished (replay's rule: the ladder stops there), so its
+    node's noise goes; a node drained and returned ten times keeps only its last return and
+    that plan. Before: the failed drain kept 1,004 records of its node for good, and every
+    drain and return a node ever had was kept (7,000 of 7,000 records)."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    _drain(log, "failed", "gpu07", 10.0, outcome="failed")
+    _noise(log, "gpu07", 100.0, 50)
+    for r in range(10):
+        for n in range(5):
+            node = f"gpu{n:02d}"
+            _drain(log, f"d{r}-{n}", node, 1000.0 + r * 100 + n)
+            _write(log, "action", 1050.0 + r * 100 + n, action_id=f"u{r}-{n}", action="uncordon",
+                   finding_id=f"u{r}-{n}", node=node, outcome="ok")  # fmt: skip
+    whole = replay(path)
+    assert whole.unfinished == [] and whole.taken_out == set()
+    done = compact_file(path, path.stat().st_size, horizon=1e6, now=2e6)
+    left = [json.loads(line) for line in path.read_text().splitlines()[1:]]
+    assert done.kept == len(left) == 5  # each node's last return: the state it is in
+    assert {r["node"] for r in left} == {f"gpu{n:02d}" for n in range(5)}
+    assert replay(path).taken_out == set() and replay(path).unfinished == []
+
+
+def test_a_node_still_out_stays_out_and_its_drain_is_not_redone(tmp_path: Path) -> None:
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    _drain(log, "old", "gpu03", 10.0)
+    _noise(log, "gpu03", 100.0, 20)
+    compact_file(path, path.stat().st_size, horizon=1e6, now=2e6)
+    memory = replay(path)
+    assert memory.taken_out == {"gpu03"} and memory.unfinished == []
+    assert {"old-d", "old-r"} <= memory.done_actions
+
+
+def test_apply_on_a_compacted_journal_does_not_act_on_what_it_forgot(tmp_path: Path) -> None:
+    """``remediate apply`` keeps every id (no freshness check): on a compacted journal a
+    finding older than the compaction may have been decided, so it is not acted on. Before:
+    the same XID, a duplicate on the whole log, drained on the compacted one."""
+    clock = HandClock()
+    engine = engine_at(tmp_path, clock, compact_bytes=1)
+    old = finding(clock, "gpu_xid", "gpu04", Severity.CRITICAL, xid=79)
+    assert engine.submit(old).verdict == "act"
+    assert engine.wait(10)
+    clock.advance(40 * DAY)
+    engine.tick()
+    assert engine.wait_compaction(30) and archives(tmp_path / LOG)
+    engine.close()
+    again = engine_at(tmp_path, clock)  # the Python API: seen_retention_s as configured
+    assert old.id not in again.memory.seen_findings  # forgotten by the compaction
+    d = again.submit(old)
+    assert d.verdict == "duplicate" and "compacted" in d.why
+    assert again.submit(finding(clock, "gpu_xid", "gpu04", Severity.CRITICAL)).verdict == "act"
+
+
+def test_a_folder_fsync_that_fails_after_the_swap_still_moves_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once the compacted log is in place the swap must not fail: before, an EIO from the
+    folder's fsync left the outcome reader's offset past the end of the new, shorter file."""
+    import gpuwarden.remediation.compact as compact
+
+    clock = HandClock()
+    engine = engine_at(tmp_path, clock, compact_bytes=1)
+    for _ in range(20):
+        engine.submit(finding(clock, "link_flap", "gpu01", Severity.WARNING))
+        clock.advance(DAY)
+    assert engine.wait(10)
+
+    def eio(folder: Path) -> None:
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(compact, "_fsync_dir", eio)
+    clock.advance(40 * DAY)
+    engine.tick()
+    assert engine.wait_compaction(30) and archives(tmp_path / LOG)
+    assert engine.outcomes.offset == (tmp_path / LOG).stat().st_size
+
+
+def test_history_shows_records_written_during_a_compaction_once(tmp_path: Path) -> None:
+    """Records appended between the choice and the swap are in the archive and copied into
+    the new live log; ``--all`` shows them once (before: twice)."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(5):
+        _write(log, "decision", 10.0 + i, finding_id=f"f{i}", verdict="no_policy")
+    chosen = choose(path, path.stat().st_size, horizon=1e6)
+    _write(log, "expired", 20.0, finding_id="late", verdict="approval")
+    swap(path, chosen, now=2e6)
+    _write(log, "decision", 30.0, finding_id="after", verdict="no_policy")
+    ids = [r.get("finding_id") for r in history(path) if r["event"] != "compacted"]
+    assert ids == [*(f"f{i}" for i in range(5)), "late", "after"]
+
+
+def test_only_archives_are_archives_and_a_symlinked_log_is_compacted_where_it_lies(
+    tmp_path: Path,
+) -> None:
+    """A logrotate ``.1.gz`` beside the log is not an archive (before: ``--all`` crashed on
+    it); an ``audit_log`` that is a symlink is compacted beside its file, the link left as it
+    is, and the file keeps its mode (before: the link was replaced by a file in its folder,
+    and a log shipper's 0644 became 0640)."""
+    real = tmp_path / "disk" / LOG
+    real.parent.mkdir()
+    link = tmp_path / "etc" / LOG
+    link.parent.mkdir()
+    link.symlink_to(real)
+    clock = HandClock()
+    engine = engine_at(link.parent, clock, compact_bytes=1)
+    for _ in range(10):
+        engine.submit(finding(clock, "link_flap", "gpu01", Severity.WARNING))
+        clock.advance(DAY)
+    assert engine.wait(10)
+    real.chmod(0o644)
+    (real.parent / f"{LOG}.1.gz").write_bytes(b"\x1f\x8b not ours")
+    clock.advance(40 * DAY)
+    engine.tick()
+    assert engine.wait_compaction(30)
+    assert link.is_symlink() and link.resolve() == real
+    assert len(archives(real)) == 1 and archives(link) == []
+    assert real.stat().st_mode & 0o777 == 0o644
+    engine.submit(finding(clock, "link_flap", "gpu02", Severity.WARNING))
+    assert "gpu02" in real.read_text()
+    assert [r for r in history(real) if r.get("event") == "finding"]
+
+
+def test_a_log_written_by_someone_else_meanwhile_is_not_swapped(tmp_path: Path) -> None:
+    """A standby that took the lease while this engine chose may have appended: the swap is
+    refused (the live log stays whole) instead of dropping its records from the live log."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(5):
+        _write(log, "decision", 10.0 + i, finding_id=f"f{i}", verdict="no_policy")
+    chosen = choose(path, path.stat().st_size, horizon=1e6)
+    standby = AuditLog(path)
+
+    def fence() -> None:
+        standby.append("intent", 20.0, action_id="x", action="drain", node="gpu05")
+
+    before = path.read_bytes()
+    with pytest.raises(OSError, match="changed"):
+        swap(path, chosen, now=2e6, check=fence)
+    assert path.read_bytes().startswith(before) and archives(path) == []
+    assert replay(path).intents.keys() == {"x"}
+
+
+def test_a_restart_remembers_how_large_the_log_was_after_its_compaction(tmp_path: Path) -> None:
+    """Before, a restart forgot it, so a log whose kept part alone was past the limit was
+    compacted (and archived whole) again at every start."""
+    from gpuwarden.remediation.compact import compacted_size
+
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    for i in range(5):
+        _write(log, "decision", 10.0 + i, finding_id=f"f{i}", verdict="no_policy")
+    done = compact_file(path, path.stat().st_size, horizon=0.0, now=2e6)
+    assert compacted_size(path) == done.size - len(path.read_bytes().splitlines(True)[0])
+    assert compacted_size(tmp_path / "none") == 0

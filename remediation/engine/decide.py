@@ -16,6 +16,10 @@ from gpuwarden.remediation.model import Action, ActionKind, NodeFacts
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import Policy, first_match
 
+JOURNAL_MARGIN_S = 86400.0
+"""Kept beyond the longest window: a compaction run while the wall clock was a day ahead, or a
+window made longer since, still finds what it reads."""
+
 
 @dataclass(frozen=True)
 class EngineSettings:
@@ -77,10 +81,10 @@ class EngineSettings:
     @property
     def journal_retain_s(self) -> float:
         """How far back a compaction keeps every record: the longest window the engine or the
-        outcome reader looks back over, so that an older record is read by nothing but the
-        rules :func:`remediation.compact.select` keeps it for."""
+        outcome reader looks back over, and :data:`JOURNAL_MARGIN_S`, so that an older record
+        is read by nothing but the rules :func:`remediation.compact.select` keeps it for."""
         o = self.outcomes
-        return max(
+        return JOURNAL_MARGIN_S + max(
             self.seen_retention_s,
             self.cooldown_s,
             self.lemon_window_s,

@@ -12,7 +12,6 @@ import logging
 import os
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
-from gpuwarden.remediation.compact import choose, swap, tidy
+from gpuwarden.remediation.compact import choose, compacted_size, swap, tidy
 from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
 from gpuwarden.remediation.engine.decide import (
     Decision,
@@ -51,6 +50,9 @@ from gpuwarden.remediation.policy import Policy
 log = logging.getLogger("gpuwarden.remediation.engine")
 FACTS_TTL_S = 60.0
 COMPACT_RETRY_S = 300.0
+COMPACT_MARGIN_S = 86400.0
+"""A finding this much newer than the compacted journal's horizon is still refused: its sender's
+clock may run ahead of the engine's."""
 """After a compaction failed (a full disk, a lost lease), the next try waits this long."""
 
 
@@ -109,7 +111,7 @@ class Engine:
         self.outcomes = Outcomes(
             audit, self.policies, clock, self.settings.outcomes, on_outcome=on_outcome
         )
-        self._compacted_size = 0
+        self._compacted_size = compacted_size(Path(audit.path))
         self._compact_retry_at = 0.0
         self._compactor: threading.Thread | None = None
         self._absorb()
@@ -150,6 +152,16 @@ class Engine:
                     "this one was not acted on"
                 )
                 d = Decision(finding.id, "duplicate", why=why, same_content=same)
+                return self._decide(finding, d, received)
+            if finding.time_ns / 1e9 < self.memory.compacted_horizon + COMPACT_MARGIN_S:
+                # the journal was compacted: a finding this old may have been decided, and
+                # its id is no longer in it (`remediate apply` keeps every id; the endpoint
+                # refuses such a finding as stale before the engine sees it)
+                why = (
+                    "older than the compacted journal remembers (compacted up to "
+                    f"{self.memory.compacted_horizon:.0f}): it may have been decided"
+                )
+                d = Decision(finding.id, "duplicate", why=why, same_content=False)
                 return self._decide(finding, d, received)
             # seen only once its decision is durable (in _decide): a finding whose records a
             # full disk refused (JournalError, 503 at the endpoint) is decided again on re-send
@@ -301,7 +313,7 @@ class Engine:
                 kind="operator_undo",
                 subject={"node": node},
                 severity=Severity.INFO,
-                time_ns=time.time_ns(),
+                time_ns=int(self.clock.wall() * 1e9),  # the engine's clock, as every record
                 summary=f"{by} puts {node} back in service",
                 source=by,
                 bucket_s=1,
@@ -406,14 +418,16 @@ class Engine:
         self._compactor.start()
 
     def _compact(self, keep_from: int) -> None:
-        path = Path(self.audit.path)
+        path = Path(os.path.realpath(self.audit.path))  # a symlinked log: beside the file
         try:
-            chosen = choose(path, keep_from, self.clock.wall() - self.settings.journal_retain_s)
+            horizon = self.clock.wall() - self.settings.journal_retain_s
+            chosen = choose(path, keep_from, horizon)
             with self._lock, self.audit.rewriting():  # the reader's offset holds still too
-                done = swap(path, chosen, self.clock.wall())
+                done = swap(path, chosen, self.clock.wall(), check=self.audit.fence)
                 self.outcomes.moved(done.offset + self.outcomes.offset - keep_from)
                 self._compacted_size = done.size
-        except OSError as exc:  # JournalError too: the live log is as it was; later again
+                self.memory.compacted_horizon = max(self.memory.compacted_horizon, horizon)
+        except Exception as exc:  # the live log is as it was (swap says so); later again
             log.warning("cannot compact the audit log %s: %s", path, exc)
             self._compact_retry_at = self.clock.mono() + COMPACT_RETRY_S
             return
