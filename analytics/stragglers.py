@@ -34,7 +34,7 @@ Pure polars over a small frame: no I/O here. Readers for real traces are in
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -127,21 +127,27 @@ class Straggler:
         )
 
 
-def confirmed(stragglers: list[Straggler], held: Collection[str]) -> list[Straggler]:
+def confirmed(
+    stragglers: list[Straggler],
+    held: Collection[str],
+    tagged: Mapping[str, Collection[str]] | None = None,
+) -> list[Straggler]:
     """A worker's ``node`` is its reporter's tag (the relay stamps its own node, but a writer
     to the store may say anything): it stands only where the agents saw the job's GPUs, when
-    they saw any (``held``); otherwise it moves to ``evidence.unconfirmed_node`` and the
-    finding names no node (issue 38, as :func:`analytics.hangs` does for a hang's suspects).
-    A job with no GPU data at all (a CPU job, the agents not yet reporting) keeps its tags."""
+    they saw any (``held``), and only when every point of that worker named the same node
+    (``tagged``: each worker's nodes). Otherwise it moves to ``evidence.unconfirmed_node``
+    and the finding names no node (issue 38, as :func:`analytics.hangs` does for a hang's
+    suspects). A job with no GPU data at all (a CPU job, the agents not yet reporting) keeps
+    its tags."""
     held = {n for n in held if n}
-    if not held:
-        return stragglers
-    return [
-        replace(s, node=None, evidence={**s.evidence, "unconfirmed_node": s.node})
-        if s.node is not None and s.node not in held
-        else s
-        for s in stragglers
-    ]
+    out = []
+    for one in stragglers:
+        nodes = sorted({str(n) for n in (tagged or {}).get(one.worker or "", ()) if n})
+        if one.node is not None and (len(nodes) > 1 or (held and one.node not in held)):
+            said = ", ".join(nodes) if len(nodes) > 1 else one.node
+            one = replace(one, node=None, evidence={**one.evidence, "unconfirmed_node": said})  # noqa: PLW2901
+        out.append(one)
+    return out
 
 
 def _normalise(df: pl.DataFrame) -> pl.DataFrame:

@@ -381,6 +381,31 @@ def _mfu(
         result.mismatch_limit = 1.0 + mc.mismatch_ratio
 
 
+def _confirm(
+    cfg: AnalyticsConfig, job: str, steps: pl.DataFrame, result: JobResult, start: int, end: int
+) -> set[str]:
+    """A slow rank's node is its reporters' tag: it counts only where the agents saw the job's
+    GPUs over the hang analysis's lookback (a node whose agent died with it is still one of
+    them) and where every point of the rank named that node
+    (:func:`analytics.stragglers.confirmed`). Phase 2 then reads only such a node's
+    telemetry. Returns the nodes the agents saw (empty: no GPU data, the tags stand)."""
+    reader = _reader(cfg)
+    try:
+        since = min(start, end - int(cfg.hangs.lookback_s * 1e9))
+        held = set(_job_gpus(reader, cfg, job, since, end)["node"].to_list())
+    finally:
+        reader.close()
+    per_rank = steps.drop_nulls(["rank", "node"]).group_by("rank").agg(pl.col("node").unique())
+    tagged = {str(r["rank"]): list(r["node"]) for r in per_rank.iter_rows(named=True)}
+    result.stragglers = confirmed(result.stragglers, held, tagged)
+    result.rank_node = {
+        r: n
+        for r, n in result.rank_node.items()
+        if not n or ((not held or n in held) and len(tagged.get(str(r), [n])) == 1)
+    }
+    return held
+
+
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
     """MFU, goodput, energy and stragglers of one job over the window; whether it is hung."""
     reader = _reader(cfg)
@@ -454,11 +479,10 @@ def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobR
             .join(ex.select("attempt", "step_index", "sample"), on=["attempt", "step_index"])
             .rename({"rank": "worker", "sample": "step", "step_time_s": "time_s"})
         )
-        # ranks' nodes are their reporters' tags: they count where the agents saw the job
-        held = set(gpu["node"].drop_nulls()) if gpu.height and "node" in gpu.columns else set()
-        result.stragglers = confirmed(detect(timings, cfg.stragglers), held)
-        if held:  # phase 2 reads a worker's node's telemetry: only a node that ran the job
-            result.rank_node = {r: n for r, n in result.rank_node.items() if not n or n in held}
+        result.stragglers = detect(timings, cfg.stragglers)
+        held: set[str] = set()
+        if result.stragglers:  # ranks' nodes are their reporters' tags: see _confirm
+            held = _confirm(cfg, job, steps, result, start_ns, end_ns)
         weights = ex.select(pl.col("sample").alias("step"), "steps")
         spans = {s.worker: (s.onset_step, s.last_step) for s in result.stragglers
                  if s.kind == "worker" and s.worker is not None}  # fmt: skip

@@ -378,6 +378,22 @@ def test_a_straggler_tagged_with_a_node_that_never_ran_the_job_names_no_node(
     assert slow in set(gen.node_names)  # the agents' data names the real node, which ran it
 
 
+def test_a_rank_whose_points_name_two_nodes_names_neither() -> None:
+    """A job writing to the store tags its slow rank's first point with another node of the
+    same job (one that did run it): the node is the tags' word only when they agree. Before,
+    the first tag was taken, and an innocent node of the job was blamed."""
+    from gpuwarden.analytics.stragglers import Straggler, confirmed
+
+    slow = Straggler("worker", 1.3, 1.0, 10, 50, 40, 1.1, worker="13", node="n1")
+    other = Straggler("worker", 1.2, 1.0, 10, 50, 40, 1.1, worker="7", node="n2")
+    held = {"n1", "n2", "n3"}
+    tagged = {"13": ["n1", "n3"], "7": ["n2"]}
+    s, o = confirmed([slow, other], held, tagged)
+    assert s.node is None and s.evidence["unconfirmed_node"] == "n1, n3"
+    assert o == other  # agreeing tags on a node that ran the job: named
+    assert confirmed([slow], set(), {"13": ["n1"]}) == [slow]  # no GPU data: the tags stand
+
+
 def test_a_job_read_in_node_groups_gives_what_one_read_gives(influxd, influx_db, tmp_path):
     """``analysis.nodes_per_read``: the step log read three nodes at a time (influxd merges
     fewer series per query) is the same frame, row for row, as one read, and so is the job's
