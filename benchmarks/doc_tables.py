@@ -243,6 +243,28 @@ def failover(text: str) -> str:
     )
 
 
+def serving(text: str) -> str:
+    """docs/BENCHMARKS.md's side-by-side serving table, from ``benchmarks/serving.py``'s runs
+    kept one after another, each after its ``== run N before|after <code>`` line."""
+    rows = ["| run | code | accepted | lost | retried tries | p50 (s) | p99 (s) | relay p99 (s) |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    runs = re.split(r"^== run ", text, flags=re.MULTILINE)[1:]
+    if not runs:
+        raise ValueError("no '== run' line: not the serving runs")
+    for run in runs:
+        number, which, code = find(r"\A(\d+) (before|after) (\S+)", run).groups()
+        sent = find(r"sent (\d+), accepted (\d+), refused \d+ \{.*\}, gave up \d+, "
+                    r"retried tries (\d+), lost (\d+)", run)  # fmt: skip
+        latency = find(r"latency p50 (\S+) s, p99 (\S+) s", run)
+        relay = find(r"relay \(.*p99 (\S+) s$", run)[1]
+        lost = find(r"^findings_lost=(\d+)$", run)[1]
+        rows.append(
+            f"| {number} | {which} ({code.split('+')[0]}) | {_int(sent[2])} of {_int(sent[1])} "
+            f"| {lost} | {_int(sent[3])} | {latency[1]} | {latency[2]} | {relay} |"
+        )
+    return "\n".join(rows)
+
+
 TABLES: dict[str, Callable[[str], str]] = {
     "verdicts": verdicts,
     "goodput": goodput,
@@ -250,6 +272,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "live_model": live_model,
     "agent_cycle": agent_cycle,
     "failover": failover,
+    "serving": serving,
 }
 
 

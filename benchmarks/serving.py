@@ -155,6 +155,11 @@ def engine_storm(args: argparse.Namespace, tmp: Path) -> tuple[Storm, int, int, 
         'node_adapter = "kubernetes"\ncheckpoint_adapter = "kubernetes"\n'
         f"max_findings_per_request = 10\n[guards]\nmax_nodes_out = {MAX_NODES_OUT}\n"
         "max_fraction_out = 1.0\nactions_per_minute = 100000\n"
+        # the storm's plans past the blast radius wait; past max_pending (500) a finding gets
+        # 503 "too many plans wait" (queue_full), which its sender retries for a minute and
+        # then gives up: a limit of its own (benchmarks/exhaustion.py), not what is measured
+        # here, so every plan of the storm may wait
+        f"max_pending = {args.agents * args.burst}\n"
         f'[kubernetes]\napi_url = "{fake.url}"\ntoken_file = "{tmp}/k8s"\n'
         f'[[identity]]\nname = "agents"\nkind = "agent"\nnode = "*"\n'
         f'secret_file = "{tmp}/secret"\n'

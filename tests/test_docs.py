@@ -27,11 +27,6 @@ LABELS = {"REAL", "SIMULATED", "CONSTRUCTED", "MODEL"}
 # (page, the command its tag names): how many of that page's tables from that command may stay
 # unchecked, and why. Every other measured table names the test that checks its cells.
 UNCHECKED = {
-    ("BENCHMARKS.md", "benchmarks/serving.py"): (
-        1,
-        "four 1,000-agent storms on a loaded machine; the output they printed was not kept, "
-        "and a rerun measures another machine's load",
-    ),
     ("NVML-REAL.md", "benchmarks/nvml_calls.py"): (
         1,
         "wall times on a lent H200; the output was not kept and CI has no GPU",

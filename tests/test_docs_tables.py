@@ -98,11 +98,17 @@ def test_the_failover_table_is_the_recorded_run() -> None:
     assert quoted("failover", "failover/seed-3901.txt") in page("DURABILITY.md")
 
 
+def test_the_serving_table_is_the_recorded_runs() -> None:
+    assert quoted("serving", "serving/side-by-side-2026-11-26.txt") in page("BENCHMARKS.md")
+
+
 def test_an_output_that_is_not_the_benchmarks_is_refused() -> None:
     with pytest.raises(ValueError):
         doc_tables.failover("plans=20 killed_at_journal_boundary=31\n")
     with pytest.raises(ValueError):
         doc_tables.goodput("median_saved_pct=62.4\n")
+    with pytest.raises(ValueError):
+        doc_tables.serving("findings_p99_s=0.3\nfindings_lost=0\n")
 
 
 def number(cell: str) -> tuple[float, float]:
