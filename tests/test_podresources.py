@@ -34,6 +34,7 @@ from gpuwarden.collector.podresources import (
 from gpuwarden.collector.sources.base import SourceContext
 from gpuwarden.core.store.lineprotocol import Point
 from testbed.kubelet import FakeKubelet
+from tests.pod_env import in_a_pod
 from tests.test_agent import write_config
 
 H100 = Path(__file__).parent / "golden" / "nvml-h100-8gpu" / "nvml.json"
@@ -384,20 +385,7 @@ def test_in_a_pod_the_reporter_names_the_pod_whatever_its_environment_says(
     backend.on = {0: [[4100, 1 << 30]]}
     kubelet.allocate("train", "llama-0", [UUID[0]])
     agent_job = jobs(nvml.collect(1))[0]
-    namespace = tmp_path / "namespace"
-    namespace.write_text("train\n")
-    monkeypatch.setattr(reporter, "SERVICE_ACCOUNT_NAMESPACE", str(namespace))
-    for key in (
-        "SLURM_JOB_ID",
-        "GPUWARDEN_JOB",
-        "POD_NAME",
-        "POD_NAMESPACE",
-        "JOB_COMPLETION_INDEX",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("HOSTNAME", "llama-0")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-run")
+    in_a_pod(monkeypatch, tmp_path)
     url = "http://127.0.0.1:9"
     assert reporter.Reporter(url=url).job == agent_job == "train/llama-0"
     assert reporter.Reporter("mine", url=url).job == "mine"
@@ -409,7 +397,7 @@ def test_in_a_pod_the_reporter_names_the_pod_whatever_its_environment_says(
     assert "set POD_NAME from the downward API" in caplog.text
     monkeypatch.setenv("POD_NAME", "llama-0")
     monkeypatch.setenv("POD_NAMESPACE", "train")
-    namespace.write_text("other\n")
+    (tmp_path / "namespace").write_text("other\n")
     assert reporter.Reporter(url=url).job == agent_job
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST")  # not in Kubernetes: the environment's job
     assert reporter.Reporter(url=url).job == "llama-run"

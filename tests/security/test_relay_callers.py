@@ -26,6 +26,7 @@ import pytest
 
 from gpuwarden.collector.jobside.reporter import Reporter
 from gpuwarden.collector.relay import ReporterRelay
+from tests.pod_env import in_a_pod
 
 STEP = "job_step,job={job},rank=0,node={node} step_index=7i,step_time_s=1.25"
 
@@ -333,22 +334,8 @@ def test_a_pods_reporter_is_kept_though_torchrun_names_a_run(
     job left to the environment. The agent saw the pod's GPUs under ``train/llama-0``, and the
     relay holds the pod to that name. Before, the reporter named the run id and every report
     was refused (403, counted in ``dropped``); now it names the pod, and its steps are kept."""
-    from gpuwarden.collector.jobside import reporter
 
-    namespace = tmp_path / "namespace"
-    namespace.write_text("train\n")
-    monkeypatch.setattr(reporter, "SERVICE_ACCOUNT_NAMESPACE", str(namespace))
-    for key in (
-        "SLURM_JOB_ID",
-        "GPUWARDEN_JOB",
-        "POD_NAME",
-        "POD_NAMESPACE",
-        "JOB_COMPLETION_INDEX",
-    ):
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("HOSTNAME", "llama-0")
-    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "llama-run")
+    in_a_pod(monkeypatch, tmp_path)
     sink = Lines()
     r = _relay_with(tmp_path, POD_CGROUP, {"train/llama-0"}, {f"pod-{POD}": "train/llama-0"},
                     sink=sink)  # fmt: skip
