@@ -306,25 +306,35 @@ class ReporterRelay:
         whose cgroup cannot be read or that cannot be found (refused: it cannot be told apart
         from any other job).
 
-        A local process is the one the kernel names: over the Unix socket by ``SO_PEERCRED``,
-        over TCP from loopback by the socket table (:func:`core.tls.loopback_peer_pids`:
-        one read of ``net/tcp`` and, at worst, a look at every process's descriptors, per
-        connection; the relay's recent callers are looked at first)."""
-        pid = peer_pid(connection)
-        if pid is None:
-            with self._lock:
-                recent = list(reversed(self._recent))
-            found = loopback_peer_pids(connection, self.procfs, recent)
-            if found is None:
-                return ""  # a peer on another host: who it is is not the kernel's to say
-            if not found:
-                return None
-            pid = found[0]
-            with self._lock:
-                self._recent.pop(pid, None)
-                self._recent[pid] = None
-                while len(self._recent) > RECENT_CALLERS:
-                    del self._recent[next(iter(self._recent))]
+        A local process is the one the kernel names: over the Unix socket by ``SO_PEERCRED``
+        (a pid the relay cannot see: refused), over TCP from any of this host's addresses
+        (loopback or not: a process may bind its source to the node's own address) by the
+        socket's owner and the processes of that owner holding it
+        (:func:`core.tls.loopback_peer_pids`, per connection, within a budget; the relay's
+        recent callers are looked at first). A socket gone before the lookup (a reset), or
+        held by processes of more than one job (passed over a Unix socket), is refused."""
+        if connection.family == socket.AF_UNIX:
+            pid = peer_pid(connection)
+            # pid 0: a caller the relay's pid namespace cannot see (an agent container
+            # without hostPID): unknown, not "no job"
+            return None if pid is None else self._job_of(pid)
+        with self._lock:
+            recent = list(reversed(self._recent))
+        found = loopback_peer_pids(connection, self.procfs, recent)
+        if found is None:
+            return ""  # a peer on another host: who it is is not the kernel's to say
+        jobs = {self._job_of(pid) for pid in found}
+        if len(jobs) != 1:
+            return None  # no holder found, or a socket held by more than one job (passed)
+        with self._lock:
+            self._recent.pop(found[0], None)
+            self._recent[found[0]] = None
+            while len(self._recent) > RECENT_CALLERS:
+                del self._recent[next(iter(self._recent))]
+        return jobs.pop()
+
+    def _job_of(self, pid: int) -> str | None:
+        """The job a process's cgroup names (``""``: none), None where it cannot be read."""
         try:
             with open(f"{self.procfs}/{pid}/cgroup", "rb") as f:
                 return parse_cgroup(f.read().decode("utf-8", "replace"))

@@ -382,31 +382,38 @@ def peer_pid(sock: socket.socket) -> int | None:
 
 
 def loopback_peer_pids(
-    sock: socket.socket, procfs: str = "/proc", likely: Iterable[int] = ()
+    sock: socket.socket,
+    procfs: str = "/proc",
+    likely: Iterable[int] = (),
+    budget_s: float = 0.5,
 ) -> list[int] | None:
-    """The process holding the other end of a TCP connection from loopback (``127.0.0.0/8``,
-    ``::1``), found the way identd finds it, from the kernel's word: the socket in
-    ``<procfs>/net/tcp`` (or ``tcp6``) whose local address is the peer's and whose remote
-    address is ``sock``'s own gives its inode, and the process holding ``socket:[<inode>]``
-    in ``<procfs>/<pid>/fd`` is the peer (the pids in ``likely`` are looked at first: a
-    relay's recent callers). ``[pid]``; None for a socket that is not TCP from loopback (a
-    peer on another host, a Unix socket); ``[]`` when no process holds the peer's socket (it
-    closed and exited, or the descriptors cannot be read: another user's ``fd`` takes root).
+    """The processes holding the other end of a TCP connection from this host, found the way
+    identd finds them, from the kernel's word: the peer's socket (local address the peer's,
+    remote address ``sock``'s own) gives its inode and its owner's uid, and the processes of
+    that uid holding ``socket:[<inode>]`` in ``<procfs>/<pid>/fd`` are the peer (``likely``
+    first: a relay's recent callers). Returns None only for a peer on another host (its
+    address is none of this host's: a loopback address, or one bound here); ``[]`` for a
+    local peer that cannot be told: its socket gone (reset, closed) before the lookup, no
+    process of its owner holding it, the descriptors not ours to read, or the look past
+    ``budget_s`` (refuse it); else every holder (more than one: a socket passed or shared,
+    which the caller refuses unless they are one job).
 
-    ``net/tcp`` is the table of the reading process's network namespace (``<procfs>/net`` is
-    ``self/net``), the one a loopback peer shares with the listener. The cost is one read of
-    the table and, at worst, a look at every descriptor of every process (milliseconds for a
-    few hundred processes): call it once per connection, not per request."""
+    The socket is asked of the kernel by sock_diag (one socket, directly), or read from
+    ``<procfs>/net/tcp`` (``tcp6``): the table of the reading process's network namespace,
+    the one a local peer shares with the listener. The descriptors of the owner's processes
+    are looked at, within the budget: call it once per connection, not per request."""
     if sock.family not in (socket.AF_INET, socket.AF_INET6):
         return None
     try:
         peer, here = sock.getpeername(), sock.getsockname()
     except OSError:
-        return None
+        return []  # reset or gone before it could be looked up: nobody can say whose it was
     peer_ip, here_ip = _unmapped(peer[0]), _unmapped(here[0])
-    if not peer_ip.is_loopback or peer_ip.version != here_ip.version:
+    if not (peer_ip.is_loopback or _is_local(peer_ip)):
         return None
-    # the peer's socket as the kernel prints it (local = the peer, remote = our end), in the
+    if peer_ip.version != here_ip.version:
+        return []
+    # the peer's socket as the kernel holds it (local = the peer, remote = our end), in the
     # table of its family: an IPv4 pair in tcp, or as IPv4-mapped IPv6 in tcp6 for a peer
     # that connected from an AF_INET6 socket
     forms = []
@@ -416,14 +423,14 @@ def loopback_peer_pids(
         forms.append(("tcp6", mapped + peer_ip.packed, mapped + here_ip.packed))
     else:
         forms.append(("tcp6", peer_ip.packed, here_ip.packed))
-    inodes: set[bytes] = set()
+    owned: set[tuple[bytes, int]] = set()  # (inode, owner's uid)
     if procfs == "/proc":  # the kernel's own lookup of that one socket, where it answers
         for table, peer_packed, here_packed in forms:
-            inode = _diag_inode(table, peer_packed, peer[1], here_packed, here[1])
-            if inode:
-                inodes.add(str(inode).encode())
+            found = _diag_inode(table, peer_packed, peer[1], here_packed, here[1])
+            if found:
+                owned.add((str(found[0]).encode(), found[1]))
                 break
-    for table, peer_packed, here_packed in forms if not inodes else ():
+    for table, peer_packed, here_packed in forms if not owned else ():
         try:
             with open(f"{procfs}/net/{table}", "rb") as f:
                 text = f.read()
@@ -437,41 +444,67 @@ def loopback_peer_pids(
         while at >= 0:
             end = text.find(b"\n", at)
             cols = text[text.rfind(b"\n", 0, at) + 1 : end if end >= 0 else None].split()
-            if len(cols) > 9 and cols[9] != b"0":  # 0: no process holds it (TIME_WAIT)
-                inodes.add(cols[9])
+            if len(cols) > 9 and cols[9] != b"0" and cols[7].isdigit():  # 0: TIME_WAIT
+                owned.add((cols[9], int(cols[7])))
             at = text.find(key, at + 1)
-        if inodes:
+        if owned:
             break
-    if not inodes:
+    if len(owned) != 1:
         return []
-    links = {f"socket:[{inode.decode()}]" for inode in inodes}
-    first = [str(pid) for pid in likely]
+    ((inode, uid),) = owned
+    links = {f"socket:[{inode.decode()}]"}
+    deadline = time.monotonic() + budget_s
     try:
         tasks = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
     except OSError:
         return []
-    for pid in [*first, *tasks]:
+    holders: list[int] = []
+    for pid in dict.fromkeys([*map(str, likely), *tasks]):
+        if time.monotonic() > deadline:
+            return []  # a look this long is refused, not waited for (one caller's cost)
+        try:
+            if os.stat(f"{procfs}/{pid}").st_uid != uid:
+                continue  # only the socket's owner's processes (a socket passed to another
+                # user's process is not theirs to speak with)
+        except OSError:
+            continue
         if _holds(f"{procfs}/{pid}/fd", links):
-            return [int(pid)]
-    return []
+            holders.append(int(pid))
+    return holders
+
+
+def _is_local(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """Whether ``ip`` is one of this host's addresses (in this network namespace): binding a
+    socket to it works only then (a host with ``ip_nonlocal_bind`` set calls every address
+    local, and its remote peers are refused instead of let through)."""
+    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
+    with socket.socket(family, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.bind((str(ip), 0))
+        except OSError:
+            return False
+    return True
 
 
 #: netlink's socket diagnostics (linux/sock_diag.h, linux/inet_diag.h)
 _NETLINK_SOCK_DIAG, _SOCK_DIAG_BY_FAMILY, _NLMSG_ERROR = 4, 20, 2
 _NO_COOKIE = 0xFFFFFFFF
+_TCP_LISTEN = 10
 
 
-def _diag_inode(table: str, src: bytes, sport: int, dst: bytes, dport: int) -> int | None:
-    """The inode of the TCP socket whose local end is ``src:sport`` and remote ``dst:dport``
-    (``table`` "tcp": IPv4, "tcp6": IPv6), asked of the kernel by an exact sock_diag lookup
-    (what ``ss`` uses; no privilege needed): one socket found directly, where reading
-    ``/proc/net/tcp`` makes the kernel print every socket of the namespace, TIME_WAIT
-    included. None where it does not answer (no such socket, no netlink): the caller reads
-    the table instead."""
+def _diag_inode(
+    table: str, src: bytes, sport: int, dst: bytes, dport: int
+) -> tuple[int, int] | None:
+    """The inode and owner's uid of the TCP socket whose local end is ``src:sport`` and remote
+    ``dst:dport`` (``table`` "tcp": IPv4, "tcp6": IPv6), asked of the kernel by an exact
+    sock_diag lookup (what ``ss`` uses; no privilege needed): one socket found directly, where
+    reading ``/proc/net/tcp`` makes the kernel print every socket of the namespace. The
+    answer must be that very connection: the lookup falls back to a listener on the port,
+    which is refused, as is any answer whose addresses differ. None where it does not answer
+    (no such socket, no netlink): the caller reads the table instead."""
     family = socket.AF_INET if table == "tcp" else socket.AF_INET6
-    sockid = struct.pack(
-        "!HH16s16s", sport, dport, src.ljust(16, b"\0"), dst.ljust(16, b"\0")
-    ) + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
+    wanted = struct.pack("!HH16s16s", sport, dport, src.ljust(16, b"\0"), dst.ljust(16, b"\0"))
+    sockid = wanted + struct.pack("=III", 0, _NO_COOKIE, _NO_COOKIE)
     request = struct.pack("=BBBBI", family, socket.IPPROTO_TCP, 0, 0, 0xFFFFFFFF) + sockid
     header = struct.pack("=IHHII", 16 + len(request), _SOCK_DIAG_BY_FAMILY, 1, 1, 0)
     try:
@@ -488,8 +521,11 @@ def _diag_inode(table: str, src: bytes, sport: int, dst: bytes, dport: int) -> i
     # rqueue, wqueue, uid, then the inode
     if kind != _SOCK_DIAG_BY_FAMILY or length < 16 + 72 or len(reply) < 16 + 72:
         return None  # NLMSG_ERROR: no such socket (-ENOENT), or a kernel without the lookup
-    (inode,) = struct.unpack_from("=I", reply, 16 + 68)
-    return inode or None
+    got_family, state = reply[16], reply[17]
+    if got_family != family or state == _TCP_LISTEN or reply[20 : 20 + len(wanted)] != wanted:
+        return None
+    uid, inode = struct.unpack_from("=II", reply, 16 + 64)
+    return (inode, uid) if inode else None
 
 
 def _holds(fd_dir: str, links: set[str]) -> bool:

@@ -298,7 +298,8 @@ def test_a_loopback_peer_is_found_in_the_kernels_socket_table(
             table = "tcp" if client.family == socket.AF_INET else "tcp6"
             (src, sport), (dst, dport) = client.getsockname()[:2], client.getpeername()[:2]
             src, dst = ipaddress.ip_address(src).packed, ipaddress.ip_address(dst).packed
-            assert _diag_inode(table, src, sport, dst, dport) == os.fstat(client.fileno()).st_ino
+            inode, uid = _diag_inode(table, src, sport, dst, dport) or (0, -1)
+            assert (inode, uid) == (os.fstat(client.fileno()).st_ino, os.getuid())
             assert _diag_inode(table, src, sport, dst, dport ^ 1) is None  # no such socket
             assert loopback_peer_pids(accepted) == [os.getpid()]
             assert loopback_peer_pids(accepted, likely=[1, os.getpid()]) == [os.getpid()]

@@ -347,3 +347,96 @@ def test_a_pods_reporter_is_kept_though_torchrun_names_a_run(
         r.close()
     assert (rep.job, rep.sent, rep.dropped) == ("train/llama-0", 1, 0), rep.last_error
     assert ",job=train/llama-0," in sink.lines[0]
+
+
+# -- an attacker's review of the TCP lookup (each of these got 204 on the code before) -------
+
+
+def test_a_caller_that_resets_its_connection_at_once_is_refused(tmp_path: Path) -> None:
+    """A process of job 4242 sends job 1111's step and resets the connection (``SO_LINGER``
+    0): the peer's address is gone by the lookup. Before, that read as "a peer on another
+    host" and only "does the job hold this node's GPUs" was asked: 200 of 200 kept."""
+    import struct
+
+    sink = Lines()
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"}, listen="127.0.0.1:0",
+                    sink=sink)  # fmt: skip
+    body = STEP.format(job="1111", node="node-a").encode()
+    request = b"POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    try:
+        for _ in range(40):
+            with socket.socket() as c:
+                c.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                c.connect(r.address)
+                c.sendall(request)
+        time.sleep(2.0)  # a guard against a slow relay, not a speed limit: nothing may come
+    finally:
+        r.close()
+    assert not [line for line in sink.lines if ",job=1111," in line], sink.lines
+
+
+def _own_address() -> str | None:
+    """One of this host's addresses that is not loopback (None: it has none)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # no packet is sent: the route names the source
+            address = probe.getsockname()[0]
+        except OSError:
+            return None
+    return None if address.startswith("127.") else address
+
+
+def test_a_local_caller_from_the_nodes_own_address_is_held_to_its_job(tmp_path: Path) -> None:
+    """A process binds its source to the node's own (non-loopback) address and connects to
+    the relay's loopback port: it is still this host's process. Before: a peer on another
+    host, and job 1111's step from job 4242's process was kept (204)."""
+    own = _own_address()
+    if own is None:
+        pytest.skip("no address but loopback here")
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"}, listen="127.0.0.1:0")
+    try:
+        conn = http.client.HTTPConnection(*r.address, timeout=10, source_address=(own, 0))
+        status, text, _ = post(conn, STEP.format(job="1111", node="node-a"))
+    finally:
+        r.close()
+    assert status == 403 and "its cgroup names 4242" in text, (status, text)
+
+
+def test_a_unix_caller_the_relay_cannot_see_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``SO_PEERCRED`` gives pid 0 for a caller outside the relay's pid namespace (an agent
+    container without hostPID): unknown, refused. Before: "no job", and any job holding this
+    node's GPUs could be named."""
+    import gpuwarden.collector.relay as relay_module
+
+    monkeypatch.setattr(relay_module, "peer_pid", lambda sock: None)
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"})
+    try:
+        status, text, _ = post(_Unix(str(r.socket_path)), STEP.format(job="1111", node="node-a"))
+    finally:
+        r.close()
+    assert status == 403 and "cannot be found" in text, (status, text)
+
+
+def test_a_socket_held_by_two_jobs_speaks_for_neither(tmp_path: Path) -> None:
+    """A process passes (or forks with) its connection to a process of another job: the
+    socket has holders in two cgroups, and the relay cannot tell whose request it is. Before:
+    the first holder found (the relay's recent callers first) was taken."""
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"}, listen="127.0.0.1:0")
+    conn = socket.create_connection(r.address)
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.readline()"],
+        stdin=subprocess.PIPE, pass_fds=[conn.fileno()],
+    )  # fmt: skip
+    try:
+        fake_task(tmp_path / "p", other.pid, slurm_cgroup("1111"))
+        body = STEP.format(job="4242", node="node-a").encode()
+        conn.sendall(b"POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
+                     % len(body) + body)  # fmt: skip
+        answer = conn.recv(4096).decode()
+    finally:
+        conn.close()
+        other.communicate(b"\n", timeout=10)
+        r.close()
+    assert answer.startswith("HTTP/1.1 403") or answer.startswith("HTTP/1.0 403"), answer
