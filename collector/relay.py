@@ -354,18 +354,22 @@ class ReporterRelay:
         is_pod = bool(system_job) and system_job.startswith(POD_UID_PREFIX)
         if is_pod and system_job in pods:
             system_job = pods[system_job]
+        elif is_pod and self.pods_named is None:  # no pod memory here: the TCP rule below
+            return self._on_this_node(), stamp
         elif is_pod:
             others = set(pods.values())
-            base = self._on_this_node()
 
-            def not_another_pods(job: str) -> tuple[int, str] | None:
-                if job in others:  # 503: a pod restarted under its name gets a new UID,
-                    # which the agent sees on its GPUs within a cycle or two; until then, retry
-                    return 503, (f"job {job!r} is another pod's (its GPUs' processes say so), "
-                                 "or this pod's GPUs are not seen yet")  # fmt: skip
-                return base(job) if base is not None else None
+            def not_seen_yet(job: str) -> tuple[int, str] | None:
+                # 503 for every name: a pod is named by what the agent saw on its GPUs, and a
+                # name the kubelet gave a pod whose GPUs are still idle is not yet anyone's to
+                # take (an attacker's review: an unseen pod took such a pod's name, 204); a
+                # pod's own processes show on its GPUs within a cycle or two, and the reporter
+                # retries
+                who = "another pod's (its GPUs' processes say so)" if job in others else "not seen"
+                return 503, (f"job {job!r}: this pod's GPUs are not seen yet, and the name is "
+                             f"{who}; retry")  # fmt: skip
 
-            return not_another_pods, stamp
+            return not_seen_yet, stamp
         if system_job and not system_job.startswith(POD_UID_PREFIX):
             stamp["job"] = system_job
 

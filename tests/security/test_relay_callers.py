@@ -216,8 +216,9 @@ def test_a_pod_writes_only_the_job_its_gpus_were_seen_under(tmp_path: Path) -> N
     GPUs. Before, over the socket a pod's points were checked as over TCP (a job holding this
     node's GPUs), so pod A wrote pod B's steps and they were kept. Now the agent remembers the
     name the kubelet gave each pod UID it saw on a GPU, and a pod seen so writes that job only
-    (403 for another); a pod not seen yet may not claim a name another pod was seen as (503,
-    with Retry-After: a pod restarted under its name has a new UID the agent has not seen)."""
+    (403 for another); a pod not seen yet gets 503 with Retry-After for any name (a pod
+    restarted under its name has a new UID the agent has not seen; a pod whose GPUs are idle
+    yet has a name no one may take)."""
     here = {"ml/trainer-0", "ml/other"}
     seen = _relay_with(tmp_path / "a", POD_CGROUP, here, {f"pod-{POD}": "ml/trainer-0"})
     try:
@@ -233,8 +234,9 @@ def test_a_pod_writes_only_the_job_its_gpus_were_seen_under(tmp_path: Path) -> N
         free, _, _ = post(_Unix(str(unseen.socket_path)), STEP.format(job="ml/trainer-0", node="x"))
     finally:
         unseen.close()
-    assert (taken, free) == (503, 204), text  # 503: a restarted pod's new UID, until seen
-    assert "another pod's" in text
+    assert (taken, free) == (503, 503), text  # 503: a restarted pod's new UID, until seen
+    assert "another pod's" in text  # and a name no pod was seen as waits too: its pod's GPUs
+    # may be idle yet (an attacker's review: an unseen pod took such a name, 204)
 
 
 def test_the_agent_removes_only_its_own_socket(tmp_path: Path) -> None:
