@@ -62,6 +62,8 @@ MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew all
 MAX_CONNECTIONS = 128  # the training processes of one node, with much room
 REQUEST_DEADLINE_S = 15.0
 LOG_EVERY_S = 60.0
+LOOKUP_SLOW = "\0slow"
+"""``caller()``'s answer when the look for a TCP caller's process ran past its budget."""
 RECENT_CALLERS = 64  # loopback callers' pids looked at first (a node's training processes)
 
 
@@ -232,6 +234,8 @@ class ReporterRelay:
         self.listen = bool(listen)
         self.socket_path = socket_path
         self.procfs = procfs
+        self.lookup_budget_s = 0.5
+        """How long the look for a TCP caller's process may take (past it: 503, retry)."""
         self.jobs_here = jobs_here
         self.pods_named = pods_named
         self.stamp = {k: v for k, v in (("cluster", cluster), ("node", node)) if v}
@@ -309,10 +313,10 @@ class ReporterRelay:
         A local process is the one the kernel names: over the Unix socket by ``SO_PEERCRED``
         (a pid the relay cannot see: refused), over TCP from any of this host's addresses
         (loopback or not: a process may bind its source to the node's own address) by the
-        socket's owner and the processes of that owner holding it
-        (:func:`core.tls.loopback_peer_pids`, per connection, within a budget; the relay's
-        recent callers are looked at first). A socket gone before the lookup (a reset), or
-        held by processes of more than one job (passed over a Unix socket), is refused."""
+        socket's owner and the first process of that owner holding it
+        (:func:`core.tls.loopback_peer_pids`, per connection, within ``lookup_budget_s``: past
+        it :data:`LOOKUP_SLOW`, answered 503; the relay's recent callers are looked at first).
+        A socket gone before the lookup (a reset) is refused."""
         if connection.family == socket.AF_UNIX:
             pid = peer_pid(connection)
             # pid 0: a caller the relay's pid namespace cannot see (an agent container
@@ -320,18 +324,20 @@ class ReporterRelay:
             return None if pid is None else self._job_of(pid)
         with self._lock:
             recent = list(reversed(self._recent))
-        found = loopback_peer_pids(connection, self.procfs, recent)
+        try:
+            found = loopback_peer_pids(connection, self.procfs, recent, self.lookup_budget_s)
+        except TimeoutError:
+            return LOOKUP_SLOW  # 503: the reporter tries again
         if found is None:
             return ""  # a peer on another host: who it is is not the kernel's to say
-        jobs = {self._job_of(pid) for pid in found}
-        if len(jobs) != 1:
-            return None  # no holder found, or a socket held by more than one job (passed)
+        if not found:
+            return None  # its socket gone before the lookup, or no process of its owner
         with self._lock:
             self._recent.pop(found[0], None)
             self._recent[found[0]] = None
             while len(self._recent) > RECENT_CALLERS:
                 del self._recent[next(iter(self._recent))]
-        return jobs.pop()
+        return self._job_of(found[0])
 
     def _job_of(self, pid: int) -> str | None:
         """The job a process's cgroup names (``""``: none), None where it cannot be read."""
@@ -345,6 +351,8 @@ class ReporterRelay:
         """What the caller may say its job is, and the tags to stamp (see the class)."""
         stamp = dict(self.stamp)
         system_job = getattr(request, "caller", "")
+        if system_job == LOOKUP_SLOW:
+            return (lambda job: (503, "the caller could not be looked up in time; retry")), stamp
         if system_job is None:
             unknown = "the caller's process cannot be found or its cgroup cannot be read"
             return (lambda job: (403, f"{unknown}: its job is unknown")), stamp

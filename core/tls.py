@@ -394,9 +394,11 @@ def loopback_peer_pids(
     first: a relay's recent callers). Returns None only for a peer on another host (its
     address is none of this host's: a loopback address, or one bound here); ``[]`` for a
     local peer that cannot be told: its socket gone (reset, closed) before the lookup, no
-    process of its owner holding it, the descriptors not ours to read, or the look past
-    ``budget_s`` (refuse it); else every holder (more than one: a socket passed or shared,
-    which the caller refuses unless they are one job).
+    process of its owner holding it, the descriptors not ours to read (refuse it); else the
+    first holder found. :class:`TimeoutError` past ``budget_s`` (answer "retry": a node whose
+    owner's processes hold very many descriptors). A socket passed to a process of the same
+    owner counts as that process's: the owner's own jobs (in Kubernetes, root's: every pod
+    running as root is one owner).
 
     The socket is asked of the kernel by sock_diag (one socket, directly), or read from
     ``<procfs>/net/tcp`` (``tcp6``): the table of the reading process's network namespace,
@@ -458,10 +460,9 @@ def loopback_peer_pids(
         tasks = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
     except OSError:
         return []
-    holders: list[int] = []
     for pid in dict.fromkeys([*map(str, likely), *tasks]):
         if time.monotonic() > deadline:
-            return []  # a look this long is refused, not waited for (one caller's cost)
+            raise TimeoutError(f"no holder of {links.pop()} found within {budget_s:g} s")
         try:
             if os.stat(f"{procfs}/{pid}").st_uid != uid:
                 continue  # only the socket's owner's processes (a socket passed to another
@@ -469,21 +470,60 @@ def loopback_peer_pids(
         except OSError:
             continue
         if _holds(f"{procfs}/{pid}/fd", links):
-            holders.append(int(pid))
-    return holders
+            return [int(pid)]
+    return []
+
+
+class _LocalAddresses:
+    """This host's addresses, read again at most once a second."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._at = -1e9
+        self._known: frozenset[str] = frozenset()
+
+    def __contains__(self, address: str) -> bool:
+        with self._lock:
+            if time.monotonic() - self._at > 1.0:
+                self._known = frozenset(_local_addresses())
+                self._at = time.monotonic()
+            return address in self._known
+
+
+_LOCAL = _LocalAddresses()
 
 
 def _is_local(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """Whether ``ip`` is one of this host's addresses (in this network namespace): binding a
-    socket to it works only then (a host with ``ip_nonlocal_bind`` set calls every address
-    local, and its remote peers are refused instead of let through)."""
-    family = socket.AF_INET if ip.version == 4 else socket.AF_INET6
-    with socket.socket(family, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.bind((str(ip), 0))
-        except OSError:
-            return False
-    return True
+    """Whether ``ip`` is one of this host's addresses (in this network namespace), from the
+    kernel's own lists: ``/proc/net/fib_trie``'s ``host LOCAL`` entries (IPv4) and
+    ``/proc/net/if_inet6`` (IPv6). (Binding a socket to it, the first way, says yes to every
+    address on a host with ``ip_nonlocal_bind`` set.)"""
+    return ip.compressed in _LOCAL
+
+
+def _local_addresses(procfs: str = "/proc") -> set[str]:
+    found: set[str] = set()
+    with (
+        contextlib.suppress(OSError),
+        open(f"{procfs}/net/fib_trie", encoding="ascii", errors="replace") as f,
+    ):
+        last = ""
+        for line in f:
+            words = line.split()
+            if words[:1] == ["|--"] and len(words) == 2:
+                last = words[1]
+            elif "host" in words and "LOCAL" in words and last:
+                found.add(last)
+    with (
+        contextlib.suppress(OSError),
+        open(f"{procfs}/net/if_inet6", encoding="ascii", errors="replace") as f,
+    ):
+        for line in f:
+            words = line.split()
+            if words and len(words[0]) == 32:
+                with contextlib.suppress(ValueError):
+                    found.add(ipaddress.IPv6Address(bytes.fromhex(words[0])).compressed)
+    return found
 
 
 #: netlink's socket diagnostics (linux/sock_diag.h, linux/inet_diag.h)

@@ -327,7 +327,8 @@ def audit(path: str, node: str, finding: str, as_json: bool, everything: bool = 
     """Print the audit trail: the live log, or with ``everything`` its archives first
     (:func:`remediation.compact.history`: each record once)."""
     torn: list[int] = []
-    for r in history(Path(path)) if everything else read_records(path, torn):
+    real = Path(os.path.realpath(path))  # a symlinked log's archives lie beside its file
+    for r in history(real) if everything else read_records(path, torn):
         if node and r.get("node") != node:
             continue
         if finding and not str(r.get("finding_id", "")).startswith(finding):

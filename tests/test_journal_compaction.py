@@ -45,12 +45,16 @@ SETTINGS = EngineSettings(
 LOG = "audit.jsonl"
 
 
-def engine_at(folder: Path, clock: HandClock, compact_bytes: int = 0) -> Engine:
+def engine_at(
+    folder: Path, clock: HandClock, compact_bytes: int = 0, seen_retention_s: float = DAY
+) -> Engine:
     return Engine(
         load_policies(DEFAULT_POLICIES),
         {"slurm": RecordingAdapter("slurm", NODES), "webhook": RecordingAdapter("webhook")},
         AuditLog(folder / LOG),
-        dataclasses.replace(SETTINGS, journal_compact_bytes=compact_bytes),
+        dataclasses.replace(
+            SETTINGS, journal_compact_bytes=compact_bytes, seen_retention_s=seen_retention_s
+        ),
         clock=Clock(wall=clock.wall, mono=clock.mono),
     )
 
@@ -414,17 +418,18 @@ def test_a_node_still_out_stays_out_and_its_drain_is_not_redone(tmp_path: Path) 
 def test_apply_on_a_compacted_journal_does_not_act_on_what_it_forgot(tmp_path: Path) -> None:
     """``remediate apply`` keeps every id (no freshness check): on a compacted journal a
     finding older than the compaction may have been decided, so it is not acted on. Before:
-    the same XID, a duplicate on the whole log, drained on the compacted one."""
+    a finding that was a duplicate on the whole log was acted on again on the compacted one
+    (the review's case: an XID decided in a cooldown, notify only)."""
     clock = HandClock()
     engine = engine_at(tmp_path, clock, compact_bytes=1)
-    old = finding(clock, "gpu_xid", "gpu04", Severity.CRITICAL, xid=79)
+    old = finding(clock, "link_flap", "gpu04", Severity.WARNING)  # notified, then forgotten
     assert engine.submit(old).verdict == "act"
     assert engine.wait(10)
     clock.advance(40 * DAY)
     engine.tick()
     assert engine.wait_compaction(30) and archives(tmp_path / LOG)
     engine.close()
-    again = engine_at(tmp_path, clock)  # the Python API: seen_retention_s as configured
+    again = engine_at(tmp_path, clock, seen_retention_s=0.0)  # apply: keeps every id
     assert old.id not in again.memory.seen_findings  # forgotten by the compaction
     d = again.submit(old)
     assert d.verdict == "duplicate" and "compacted" in d.why
@@ -533,3 +538,36 @@ def test_a_restart_remembers_how_large_the_log_was_after_its_compaction(tmp_path
     done = compact_file(path, path.stat().st_size, horizon=0.0, now=2e6)
     assert compacted_size(path) == done.size - len(path.read_bytes().splitlines(True)[0])
     assert compacted_size(tmp_path / "none") == 0
+
+
+def test_a_compaction_made_while_the_clock_ran_ahead_refuses_nothing_new(tmp_path: Path) -> None:
+    """A compaction's horizon from a clock a year ahead is not believed after a restart (it
+    is held to what this clock allows), so a fresh XID is acted on. Before (a second review):
+    every finding was a duplicate until real time caught up with that horizon."""
+    clock = HandClock()
+    log = AuditLog(tmp_path / LOG)
+    ahead = clock.wall() + 365 * DAY
+    log.append("compacted", ahead, horizon_t=ahead - 31 * DAY, kept=0, tail=0)
+    engine = engine_at(tmp_path, clock, seen_retention_s=0.0)  # apply's engine
+    d = engine.submit(finding(clock, "gpu_xid", "gpu04", Severity.CRITICAL, xid=79))
+    assert d.verdict == "act", d.why
+
+
+def test_the_audit_trail_of_a_symlinked_log_shows_its_archives(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``remediate audit --all --log <link>``: the archives lie beside the file the link
+    points to. Before (a second review): only the live log was shown."""
+    from gpuwarden.remediation.cli import main as remediate
+
+    real = tmp_path / "disk" / LOG
+    real.parent.mkdir()
+    link = tmp_path / LOG
+    link.symlink_to(real)
+    log = AuditLog(real)
+    log.append("decision", 10.0, finding_id="old", verdict="x")
+    compact_file(real, real.stat().st_size, horizon=1e9, now=2e6)
+    log.append("decision", 20.0, finding_id="new", verdict="x")
+    assert remediate(["audit", "--log", str(link), "--all", "--json"]) == 0
+    shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["finding_id"] for r in shown if r["event"] == "decision"] == ["old", "new"]

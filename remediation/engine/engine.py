@@ -50,10 +50,10 @@ from gpuwarden.remediation.policy import Policy
 log = logging.getLogger("gpuwarden.remediation.engine")
 FACTS_TTL_S = 60.0
 COMPACT_RETRY_S = 300.0
+"""After a compaction failed (a full disk, a lost lease), the next try waits this long."""
 COMPACT_MARGIN_S = 86400.0
 """A finding this much newer than the compacted journal's horizon is still refused: its sender's
 clock may run ahead of the engine's."""
-"""After a compaction failed (a full disk, a lost lease), the next try waits this long."""
 
 
 class EngineClosedError(RemediationError, RuntimeError):
@@ -85,6 +85,14 @@ class Engine:
             log.warning("audit log %s: skipped torn lines %s", audit.path, self.memory.torn_lines)
         if self.settings.seen_retention_s > 0:
             self.memory.forget_seen_before(clock.wall() - self.settings.seen_retention_s)
+        latest = clock.wall() - self.settings.journal_retain_s + COMPACT_MARGIN_S
+        if self.memory.compacted_horizon > latest:  # compacted while the clock ran ahead
+            log.warning(
+                "the audit log was compacted up to %.0f, later than this clock allows (%.0f): "
+                "the clock ran ahead then; only findings before %.0f count as maybe decided",
+                self.memory.compacted_horizon, latest, latest,
+            )  # fmt: skip
+            self.memory.compacted_horizon = latest
         self.stats = Stats()
         self._lock = threading.RLock()
         self._closed = False
@@ -153,7 +161,10 @@ class Engine:
                 )
                 d = Decision(finding.id, "duplicate", why=why, same_content=same)
                 return self._decide(finding, d, received)
-            if finding.time_ns / 1e9 < self.memory.compacted_horizon + COMPACT_MARGIN_S:
+            if (
+                self.settings.seen_retention_s <= 0  # `serve` refuses stale findings first
+                and finding.time_ns / 1e9 < self.memory.compacted_horizon + COMPACT_MARGIN_S
+            ):
                 # the journal was compacted: a finding this old may have been decided, and
                 # its id is no longer in it (`remediate apply` keeps every id; the endpoint
                 # refuses such a finding as stale before the engine sees it)

@@ -421,24 +421,60 @@ def test_a_unix_caller_the_relay_cannot_see_is_refused(
     assert status == 403 and "cannot be found" in text, (status, text)
 
 
-def test_a_socket_held_by_two_jobs_speaks_for_neither(tmp_path: Path) -> None:
-    """A process passes (or forks with) its connection to a process of another job: the
-    socket has holders in two cgroups, and the relay cannot tell whose request it is. Before:
-    the first holder found (the relay's recent callers first) was taken."""
+def test_a_socket_passed_to_another_users_process_is_not_theirs(tmp_path: Path) -> None:
+    """A process passes its connection to another user's process (job 1111's) and closes its
+    own copy: the socket's owner (the kernel's word) is still the first one, and only its
+    processes may hold it for the relay, so the post is refused. Before: the first holder
+    found was taken, and the post was kept as job 1111's (204)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root, to run a process as another user")
     r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242", "1111"}, listen="127.0.0.1:0")
     conn = socket.create_connection(r.address)
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import sys; sys.stdin.readline()"],
-        stdin=subprocess.PIPE, pass_fds=[conn.fileno()],
-    )  # fmt: skip
+    body = STEP.format(job="1111", node="node-a").encode()
+    request = b"POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    go_r, go_w = os.pipe()
+    out_r, out_w = os.pipe()
+    victim = os.fork()
+    if victim == 0:  # the other user's process, holding the passed socket
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            os.read(go_r, 1)
+            conn.sendall(request)
+            os.write(out_w, conn.recv(4096))
+        finally:
+            os._exit(0)
     try:
-        fake_task(tmp_path / "p", other.pid, slurm_cgroup("1111"))
-        body = STEP.format(job="4242", node="node-a").encode()
-        conn.sendall(b"POST /write HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n"
-                     % len(body) + body)  # fmt: skip
-        answer = conn.recv(4096).decode()
+        fake_task(tmp_path / "p", victim, slurm_cgroup("1111"))
+        os.chown(tmp_path / "p" / str(victim), 65534, 65534)  # its owner, as /proc shows
+        conn.close()  # only the other user's process holds it now
+        os.write(go_w, b"g")
+        answer = os.read(out_r, 4096)
     finally:
-        conn.close()
-        other.communicate(b"\n", timeout=10)
+        os.waitpid(victim, 0)
+        for fd in (go_r, go_w, out_r, out_w):
+            os.close(fd)
         r.close()
-    assert answer.startswith("HTTP/1.1 403") or answer.startswith("HTTP/1.0 403"), answer
+    assert answer.startswith((b"HTTP/1.0 403", b"HTTP/1.1 403")), answer
+
+
+def test_a_lookup_past_its_budget_is_answered_retry(tmp_path: Path) -> None:
+    """On a node whose owner's processes hold very many descriptors, the look may run past
+    its budget: the caller is told to retry (503), not refused for good (an attacker's review
+    of the first fix: a reporter's points were dropped with 403)."""
+    r = _relay_with(tmp_path, slurm_cgroup("4242"), {"4242"}, listen="127.0.0.1:0")
+    r.lookup_budget_s = 0.0
+    try:
+        status, text, _ = post(tcp(r), STEP.format(job="4242", node="node-a"))
+    finally:
+        r.close()
+    assert status == 503 and "retry" in text, (status, text)
+
+
+def test_this_hosts_addresses_come_from_the_kernels_lists() -> None:
+    """Not by binding a socket to the address (true for every address where
+    ``ip_nonlocal_bind`` is set: every remote caller would have been refused)."""
+    from gpuwarden.core.tls import _local_addresses
+
+    found = _local_addresses()
+    assert "127.0.0.1" in found and "203.0.113.5" not in found
