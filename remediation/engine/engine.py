@@ -163,6 +163,7 @@ class Engine:
                 return self._decide(finding, d, received)
             if (
                 self.settings.seen_retention_s <= 0  # `serve` refuses stale findings first
+                and self.memory.compacted_horizon > 0  # compacted at all
                 and finding.time_ns / 1e9 < self.memory.compacted_horizon + COMPACT_MARGIN_S
             ):
                 # the journal was compacted: a finding this old may have been decided, and
