@@ -23,6 +23,7 @@ controller recreates the pod elsewhere); checkpoints go through the elastic adap
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any
 
@@ -106,17 +107,34 @@ class KubernetesAdapter:
 
     # -- what is there ------------------------------------------------------------------------
 
+    def _items(self, what: str, fn: Any) -> list[dict[str, Any]]:
+        """A list call's ``items`` as the API server's JSON, not the client's models: building
+        those took 0.4-0.5 s for 1,000 nodes here (the blast-radius inventory, asked under the
+        engine's lock on every tick of a storm); ``json.loads`` of the same answer, ~5 ms."""
+        resp = self._call(what, fn, _preload_content=False)
+        try:
+            items = json.loads(resp.data)["items"]
+        except (ValueError, KeyError, TypeError) as exc:
+            raise AdapterError(f"Kubernetes {what}: not a list answer ({exc!r})") from None
+        if not isinstance(items, list):
+            raise AdapterError(f"Kubernetes {what}: not a list answer (items is not a list)")
+        return [i for i in items if isinstance(i, dict)]
+
     def inventory(self) -> Inventory:
-        nodes = self._call("list nodes", self.core.list_node).items
         partitions, out, spares, candidates = {}, set(), set(), set()
-        for n in nodes:
-            name = n.metadata.name
-            labels = n.metadata.labels or {}
-            partitions[name] = labels.get(self.pool_label, "default")
+        for n in self._items("list nodes", self.core.list_node):
+            meta, spec, status = (_obj(n, k) for k in ("metadata", "spec", "status"))
+            name = meta.get("name")
+            if not isinstance(name, str) or not name:
+                continue
+            labels = _obj(meta, "labels")
+            partitions[name] = str(labels.get(self.pool_label, "default"))
+            conditions = status.get("conditions")
             ready = any(
-                c.type == "Ready" and c.status == "True" for c in (n.status.conditions or [])
+                isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
+                for c in (conditions if isinstance(conditions, list) else ())
             )
-            if n.spec.unschedulable or not ready:
+            if spec.get("unschedulable") is True or not ready:
                 out.add(name)
                 if labels.get(STATE_LABEL) == "spare":
                     spares.add(name)
@@ -124,14 +142,20 @@ class KubernetesAdapter:
                 candidates.add(name)
         idle: frozenset[str] = frozenset()
         if candidates:  # in service and running nothing but DaemonSets
-            pods = self._call("list pods", self.core.list_pod_for_all_namespaces).items
-            busy = {
-                p.spec.node_name
-                for p in pods
-                if p.spec.node_name
-                and (p.status.phase or "") in ("Pending", "Running")
-                and not any(o.kind == "DaemonSet" for o in p.metadata.owner_references or [])
-            }
+            busy = set()
+            for p in self._items("list pods", self.core.list_pod_for_all_namespaces):
+                node = _obj(p, "spec").get("nodeName")
+                owners = _obj(p, "metadata").get("ownerReferences")
+                if (
+                    isinstance(node, str)
+                    and node
+                    and _obj(p, "status").get("phase") in ("Pending", "Running")
+                    and not any(
+                        isinstance(o, dict) and o.get("kind") == "DaemonSet"
+                        for o in (owners if isinstance(owners, list) else ())
+                    )
+                ):
+                    busy.add(node)
             idle = frozenset(candidates - busy)
         return Inventory(partitions, frozenset(out), frozenset(spares), idle)
 
@@ -311,9 +335,13 @@ class KubernetesAdapter:
 
 
 def _message(exc: Any) -> str:
-    import json
-
     try:
         return str(json.loads(exc.body).get("message", exc.body))
     except (TypeError, ValueError):
         return str(exc.body or exc.reason)
+
+
+def _obj(parent: dict[str, Any], key: str) -> dict[str, Any]:
+    """``parent[key]`` if it is an object, else ``{}`` (absent, null, or not an object)."""
+    value = parent.get(key)
+    return value if isinstance(value, dict) else {}
