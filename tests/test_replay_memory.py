@@ -1,0 +1,99 @@
+"""The engine's memory of accepted signatures (remediation/replay.py): group commit keeps
+every answer durable before it is given, and a replay stays a replay. CONSTRUCTED inputs."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.remediation import replay
+from gpuwarden.remediation.replay import ReplayError, SignatureMemory
+
+
+def test_concurrent_signatures_share_fsyncs_and_are_all_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """64 requests at once: each is answered only after an fsync that began after its line
+    was written; together they need far fewer fsyncs than requests (before: one each, in
+    turn); every one is read back after a restart, and a second use of one MAC is refused."""
+    path = tmp_path / "audit.jsonl.signatures"
+    now = time.time()
+    memory = SignatureMemory(path, 300.0)
+    synced: list[int] = []  # the file's size when each fsync began
+    real_fsync = os.fsync
+
+    def slow_fsync(fd: int) -> None:
+        synced.append(os.fstat(fd).st_size)
+        time.sleep(0.02)
+        real_fsync(fd)
+
+    monkeypatch.setattr(replay.os, "fsync", slow_fsync)
+    answers: dict[str, tuple[bool, int]] = {}
+    start = threading.Barrier(64)
+
+    def one(i: int) -> None:
+        start.wait()
+        ok = memory.remember(f"mac{i:03d}", int(now))
+        # what a crash now keeps: the size at the start of the last fsync that returned
+        answers[f"mac{i:03d}"] = (ok, synced[-1] if synced else 0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(64)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    monkeypatch.setattr(replay.os, "fsync", real_fsync)
+    assert all(ok for ok, _ in answers.values())
+    assert len(synced) < 32, synced  # shared (one each would be 64)
+    text = path.read_text()
+    for mac, (_, durable_upto) in answers.items():
+        line_end = text.index(mac) + len(mac)
+        assert line_end < durable_upto  # its line was in the file when a finished fsync began
+    assert memory.remember("mac007", int(now)) is False
+    memory.close()
+    again = SignatureMemory(path, 300.0)
+    assert len(again) == 64 and again.seen("mac063")
+    again.close()
+
+
+def test_a_failed_fsync_is_no_acceptance_and_no_replay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "sig"
+    memory = SignatureMemory(path, 300.0)
+
+    def failing(fd: int) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(replay.os, "fsync", failing)
+    with pytest.raises(ReplayError, match="No space left"):
+        memory.remember("abc", int(time.time()))
+    assert not memory.seen("abc")  # not acted on, so not a replay either
+    monkeypatch.undo()
+    assert memory.remember("abc", int(time.time())) is True
+    assert memory.remember("abc", int(time.time())) is False
+    memory.close()
+
+
+def test_the_rewrite_keeps_appending_to_the_live_file(tmp_path: Path) -> None:
+    """Past twice the live entries the file is rewritten; later lines go to the new file
+    (the descriptor that wrote the copy), and a restart reads them back."""
+    path = tmp_path / "sig"
+    clock = [1_000_000.0]
+    memory = SignatureMemory(path, 10.0, wall=lambda: clock[0])
+    for i in range(100):
+        assert memory.remember(f"old{i}", int(clock[0]))
+    clock[0] += 60  # all of them stale
+    memory._next_expiry = 0.0
+    assert memory.remember("new0", int(clock[0]))
+    assert len(memory) == 1 and "old" not in path.read_text()
+    for i in range(1, 5):
+        assert memory.remember(f"new{i}", int(clock[0]))
+    memory.close()
+    lines = path.read_text().splitlines()
+    assert [line.split('"mac": ')[1] for line in lines] == [f'"new{i}"}}' for i in range(5)]
+    assert len(SignatureMemory(path, 10.0, wall=lambda: clock[0])) == 5
