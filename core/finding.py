@@ -61,6 +61,8 @@ class Finding:
     source: str = ""
     bucket_s: int = 300
     """Width of the time bucket that makes ``id`` stable across repeats of one observation."""
+    _id: str = field(init=False, repr=False, compare=False)
+    """``id``, computed once (the engine asks for it about 15 times a finding)."""
 
     def __post_init__(self) -> None:
         if not self.kind or not self.kind.replace("_", "").isalnum():
@@ -81,9 +83,13 @@ class Finding:
             raise FindingError(
                 f"bucket_s must be within 1 .. {MAX_BUCKET_S} s, got {self.bucket_s}"
             )
+        object.__setattr__(self, "_id", self._compute_id())
 
     @property
     def id(self) -> str:
+        return self._id
+
+    def _compute_id(self) -> str:
         bucket = self.time_ns // (self.bucket_s * 1_000_000_000)
         # the bucket's width too: else a sender's own bucket_s (299) could claim the id a
         # later window of the usual one (300) will have, and make the real finding a duplicate

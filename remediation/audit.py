@@ -119,6 +119,18 @@ class AuditLog:
     def append(self, event: str, t: float, **record: Any) -> dict[str, Any]:
         """Write one record and make it durable, or raise :class:`JournalError` with the file
         as it was (a partial line is cut off again, so the next record starts clean)."""
+        return self._append(event, t, record, sync=True)
+
+    def append_unsynced(self, event: str, t: float, **record: Any) -> dict[str, Any]:
+        """:meth:`append` without the fsync, for a record that nothing acts on before a later
+        record of the same file is synced: that fsync makes it durable too (the engine's
+        ``finding`` record, whose ``decision`` follows under the same lock; a crash in
+        between loses neither an action nor an answer: none was given)."""
+        return self._append(event, t, record, sync=False)
+
+    def _append(
+        self, event: str, t: float, record: dict[str, Any], *, sync: bool
+    ) -> dict[str, Any]:
         entry = {"event": event, "time": _now_iso(t), "t": round(t, 6), **record}
         line = (json.dumps(entry, sort_keys=False, default=str) + "\n").encode()
         with self._lock:
@@ -135,7 +147,8 @@ class AuditLog:
                     view = memoryview(b"\n" + line if torn else line)
                     while view:
                         view = view[os.write(fd, view) :]
-                    os.fsync(fd)
+                    if sync:
+                        os.fsync(fd)
                 except OSError as exc:
                     with contextlib.suppress(OSError):  # else replay skips the torn line
                         os.ftruncate(fd, start)

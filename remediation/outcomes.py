@@ -80,6 +80,11 @@ class Open:
     a journal read after a restart may hold the ``outcome`` record further on."""
 
 
+#: how often (engine-monotonic seconds) the bounded memory is swept: what it forgets is hours
+#: old, and sweeping on every finding of a storm scanned every plan each time
+FORGET_EVERY_S = 1.0
+
+
 @dataclass
 class Outcomes:
     audit: AuditLog
@@ -102,6 +107,7 @@ class Outcomes:
     """Called with each ``outcome`` record this process writes (InfluxDB, by the CLI)."""
     cluster: str = "default"
     """The cluster of the last plan seen (the subject of a ``policy_demoted`` finding)."""
+    _forgot_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         self.by_name = {p.name: p for p in self.policies}
@@ -159,6 +165,9 @@ class Outcomes:
     def _forget(self, now: float) -> None:
         """Bounded memory: outcomes past ``window_s``, and the plans that never took a node
         out once their removal could no longer be judged anyway."""
+        if 0 <= now - self._forgot_at < FORGET_EVERY_S:
+            return  # it runs on every finding: the scan below, each time, was quadratic
+        self._forgot_at = now
         s = self.settings
         while self.history and now - self.history[0][0] > s.window_s:
             self.history.pop(0)

@@ -45,9 +45,22 @@ class PendingPlans:
 
     def __init__(self) -> None:
         self._plans: dict[str, Pending] = {}
+        # per node, how many wait at each severity rank: `full` is asked for every finding
+        # of a storm, and counting all waiting plans each time was quadratic
+        self._by_node: dict[str, list[int]] = {}
 
     def add(self, finding: Finding, d: Decision, received: Instant, approved: bool = False) -> None:
+        if d.plan_id in self._plans:
+            self._count(self._plans[d.plan_id].finding, -1)
         self._plans[d.plan_id] = Pending(finding, d, received, approved)
+        self._count(finding, +1)
+
+    def _count(self, finding: Finding, by: int) -> None:
+        node = finding.subject.get("node", "")
+        counts = self._by_node.setdefault(node, [0] * len(SEVERITY_RANK))
+        counts[SEVERITY_RANK[str(finding.severity)]] += by
+        if not any(counts):
+            del self._by_node[node]
 
     def full(self, finding: Finding, per_node: int, total: int) -> str:
         """Why one more plan for ``finding`` may not wait (``""`` when it may). Per node, only
@@ -56,12 +69,7 @@ class PendingPlans:
         if total > 0 and len(self._plans) >= total:
             return f"{len(self._plans)} plans wait already (max_pending={total})"
         node, rank = finding.subject.get("node", ""), SEVERITY_RANK[str(finding.severity)]
-        about = sum(
-            1
-            for p in self._plans.values()
-            if p.finding.subject.get("node", "") == node
-            and SEVERITY_RANK[str(p.finding.severity)] >= rank
-        )
+        about = sum(self._by_node.get(node, ())[rank:])
         if node and per_node > 0 and about >= per_node:
             return (
                 f"{about} plans about {node} at {finding.severity} or above wait already "
@@ -74,6 +82,7 @@ class PendingPlans:
         pending = self._plans.pop(plan_id, None)
         if pending is None:
             raise KeyError(f"no pending plan {plan_id!r}")
+        self._count(pending.finding, -1)
         return pending
 
     def releasable(self) -> list[tuple[str, Pending]]:
@@ -85,7 +94,7 @@ class PendingPlans:
         ]
 
     def drop(self, plan_id: str) -> None:
-        del self._plans[plan_id]
+        self._count(self._plans.pop(plan_id).finding, -1)
 
     def older_than(self, mono: float) -> list[tuple[str, Pending]]:
         """Plans received before ``mono`` (monotonic time), oldest first."""

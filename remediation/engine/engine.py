@@ -178,7 +178,7 @@ class Engine:
             # seen only once its decision is durable (in _decide): a finding whose records a
             # full disk refused (JournalError, 503 at the endpoint) is decided again on re-send
             self.memory.finding_digests[finding.id] = finding.digest
-            self.audit.append(
+            self.audit.append_unsynced(  # durable with the decision that always follows
                 "finding",
                 received.wall,
                 finding_id=finding.id,

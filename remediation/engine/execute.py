@@ -79,7 +79,10 @@ class Executor:
         self.clock = clock
         self.on_action = on_action
         self._lock = lock  # the engine's: memory and stats are shared with deciding
-        self._futures: list[Future[None]] = []
+        # plans not finished: each removes itself when done (a storm's thousands of plans
+        # were scanned on every start, under the engine's lock)
+        self._futures: set[Future[None]] = set()
+        self._futures_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="remediate")
         self._stopping = threading.Event()
 
@@ -95,8 +98,13 @@ class Executor:
         """Run ``d``'s actions in the background; ``done`` is called when they have finished.
         ``resume``: a plan from the journal, whose actions already recorded are passed over."""
         future = self._pool.submit(self._run, d, received, dry_run, done, resume)
-        with self._lock:
-            self._futures = [f for f in self._futures if not f.done()] + [future]
+        with self._futures_lock:
+            self._futures.add(future)
+        future.add_done_callback(self._finished)  # at once if it is done already
+
+    def _finished(self, future: Future[None]) -> None:
+        with self._futures_lock:
+            self._futures.discard(future)
 
     def _run(
         self,
@@ -229,7 +237,7 @@ class Executor:
         """Wait until every started plan has finished; False on timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            with self._lock:
+            with self._futures_lock:
                 futures = [f for f in self._futures if not f.done()]
             if not futures:
                 return True
