@@ -11,7 +11,8 @@
   **lost**. The blast-radius guard must stay exact: exactly ``max_nodes_out`` nodes would get
   a drain (a dry run: the engine records the drain it would run), however many fail at once.
 * **Relay**: the agent's reporter relay (production code) with 64 job-side clients each
-  posting 100 batches of 10 ``job_step`` lines, as fast as answered.
+  posting 100 batches of 10 ``job_step`` lines, as fast as answered; a 5xx or 429 (the
+  relay's "retry") is sent again after the reporter's own backoff, as the reporter does.
 
 Latency is per request, from sending to the answer (the successful try). The loops are
 bounded (a fixed number of requests, a 60 s retry budget) and every address is 127.0.0.1.
@@ -38,6 +39,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from gpuwarden.collector.jobside.reporter import RETRY as REPORTER_RETRY
 from gpuwarden.collector.relay import ReporterRelay
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.retry import Backoff
@@ -197,8 +199,11 @@ def engine_storm(args: argparse.Namespace, tmp: Path) -> tuple[Storm, int, int, 
     return storm, lost, len(drained), took
 
 
-def relay_load(clients: int, batches: int, lines: int) -> tuple[list[float], int, int, int]:
-    """``(latencies, accepted lines, refused requests, lost lines)``."""
+def relay_load(clients: int, batches: int, lines: int) -> tuple[list[float], int, int, int, int]:
+    """``(latencies, accepted lines, refused requests, lost lines, retried tries)``. A client
+    does what the job-side reporter does: a post answered 5xx or 429 (the relay's "retry",
+    e.g. its caller lookup past its budget) is sent again after the reporter's backoff
+    (``RETRY``), for at most 60 s; the latency is the answered try's."""
 
     class Count:
         def __init__(self) -> None:
@@ -214,13 +219,12 @@ def relay_load(clients: int, batches: int, lines: int) -> tuple[list[float], int
     relay.start()
     host, port = relay.address
     latency: list[float] = []
-    refused = 0
+    refused = retried = 0
     lock = threading.Lock()
 
     def client(rank: int) -> None:
-        nonlocal refused
+        nonlocal refused, retried
         for b in range(batches):
-            conn = http.client.HTTPConnection(host, port, timeout=30)  # as the reporter: one a post
             now = time.time_ns()
             body = "".join(
                 f"job_step,cluster=bench,node=n{rank // 8},job=j,rank={rank} "
@@ -228,15 +232,27 @@ def relay_load(clients: int, batches: int, lines: int) -> tuple[list[float], int
                 f"samples_count=8i {now + k}\n"
                 for k in range(lines)
             ).encode()
-            t0 = time.monotonic()
-            conn.request("POST", "/write?precision=ns", body, {"Content-Type": "text/plain"})
-            resp = conn.getresponse()
-            resp.read()
-            with lock:
-                latency.append(time.monotonic() - t0)
-                if resp.status != 204:
-                    refused += 1
-            conn.close()
+            deadline, tries = time.monotonic() + 60.0, 0
+            while True:
+                tries += 1
+                conn = http.client.HTTPConnection(host, port, timeout=30)  # as the reporter
+                t0 = time.monotonic()
+                conn.request("POST", "/write?precision=ns", body, {"Content-Type": "text/plain"})
+                resp = conn.getresponse()
+                resp.read()
+                took = time.monotonic() - t0
+                conn.close()
+                again = resp.status >= 500 or resp.status == 429
+                if again and time.monotonic() < deadline:
+                    with lock:
+                        retried += 1
+                    time.sleep(REPORTER_RETRY.delay(tries))
+                    continue
+                with lock:
+                    latency.append(took)
+                    if resp.status != 204:
+                        refused += 1
+                break
 
     try:
         with ThreadPoolExecutor(max_workers=clients) as pool:
@@ -244,7 +260,7 @@ def relay_load(clients: int, batches: int, lines: int) -> tuple[list[float], int
     finally:
         relay.close()
     sent = clients * batches * lines
-    return latency, sink.lines, refused, sent - sink.lines
+    return latency, sink.lines, refused, sent - sink.lines, retried
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -266,10 +282,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  blast radius: {drained} nodes would be drained (a dry run: the audit's drain "
           f"records; limit max_nodes_out = {MAX_NODES_OUT}): "
           f"{'exact' if drained == MAX_NODES_OUT else 'NOT EXACT'}")  # fmt: skip
-    lat, accepted, refused, relay_lost = relay_load(64, 100, 10)
+    lat, accepted, refused, relay_lost, relay_retried = relay_load(64, 100, 10)
     print(f"relay (the agent's, stdlib ThreadingHTTPServer): 64 reporters x 100 batches of 10 "
-          f"lines: accepted {accepted} lines, refused {refused} requests, lost {relay_lost}; "
-          f"p50 {statistics.median(lat):.4f} s, p99 {pct(lat, 0.99):.4f} s")  # fmt: skip
+          f"lines: accepted {accepted} lines, refused {refused} requests, retried tries "
+          f"{relay_retried}, lost {relay_lost}; p50 {statistics.median(lat):.4f} s, "
+          f"p99 {pct(lat, 0.99):.4f} s")  # fmt: skip
     print(f"findings_p99_s={pct(storm.latency, 0.99):.3f}")
     print(f"findings_lost={lost + storm.refused + storm.gave_up}")
     return 0
