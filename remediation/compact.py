@@ -43,6 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.files import fsync_dir
 from gpuwarden.remediation.audit import (
     REMOVING_KINDS,
     RUNNING_VERDICTS,
@@ -223,7 +224,7 @@ def tidy(path: Path, keep: int) -> list[Path]:
                 raw.flush()
                 os.fsync(raw.fileno())
             os.replace(tmp, gz)
-            _fsync_dir(path.parent)
+            fsync_dir(path.parent)
         os.unlink(archive)
     removed = []
     if keep > 0:
@@ -383,7 +384,7 @@ def swap(
     with contextlib.suppress(OSError):
         os.unlink(chosen.copy)
     try:
-        _fsync_dir(path.parent)
+        fsync_dir(path.parent)
     except OSError as exc:  # the swap happened: say so, do not undo it
         log.warning("the audit log's folder could not be fsynced after its compaction: %s", exc)
     return Compacted(
@@ -414,11 +415,3 @@ def _write_all(fd: int, parts: Iterable[bytes]) -> None:
         view = memoryview(part)
         while view:
             view = view[os.write(fd, view) :]
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gpuwarden.core.files import fsync_dir
+
 log = logging.getLogger(__name__)
 
 
@@ -52,6 +54,11 @@ class SignatureMemory:
         self._sync_lock = threading.Lock()  # one fsync at a time: see remember
         self._fd = -1
         self._written = self._synced = 0  # lines appended through _fd; of them, durable
+        # lines an fsync that failed covered: never answered as durable, even when a later
+        # fsync of the descriptor returns 0 (Linux reports a writeback error once, and the
+        # pages it failed to write are then clean, their data possibly gone)
+        self._failed_upto = 0
+        self._closed = False
         if self.path is not None:
             self._load()
 
@@ -95,6 +102,11 @@ class SignatureMemory:
         if self._fd >= 0:
             os.close(self._fd)
         self._fd = fd
+        try:
+            fsync_dir(self.path.parent)  # the new name, before anything counts on it
+        except OSError:
+            self._failed_upto = self._written  # what waits was only in the renamed copy
+            raise
         self._synced = self._written
         self._lines = len(self._seen)
 
@@ -148,11 +160,19 @@ class SignatureMemory:
         """Make the first ``upto`` lines durable: one fsync covers every line written before
         it started, so a caller whose line an earlier fsync covered returns at once."""
         with self._sync_lock:
+            if upto <= self._failed_upto:
+                raise OSError("an fsync that covered this signature failed")
             if self._synced >= upto:
                 return
             with self._lock:
                 fd, target = self._fd, self._written
-            os.fsync(fd)
+            try:
+                os.fsync(fd)
+            except OSError:
+                with self._lock:  # lines written while it ran too: their pages may have
+                    # been in the writeback that failed
+                    self._failed_upto = max(self._failed_upto, self._written)
+                raise
             self._synced = max(self._synced, target)
 
     def _expire(self) -> None:
@@ -161,7 +181,7 @@ class SignatureMemory:
         if time.monotonic() < self._next_expiry:
             return
         with self._sync_lock, self._lock:  # the rewrite swaps the descriptor _sync uses
-            if time.monotonic() < self._next_expiry:
+            if self._closed or time.monotonic() < self._next_expiry:
                 return
             self._next_expiry = time.monotonic() + 1.0
             horizon = self._wall() - self.window_s
@@ -175,6 +195,7 @@ class SignatureMemory:
 
     def close(self) -> None:
         with self._sync_lock, self._lock:
+            self._closed = True
             if self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1

@@ -453,7 +453,7 @@ def test_a_folder_fsync_that_fails_after_the_swap_still_moves_the_reader(
     def eio(folder: Path) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(compact, "_fsync_dir", eio)
+    monkeypatch.setattr(compact, "fsync_dir", eio)
     clock.advance(40 * DAY)
     engine.tick()
     assert engine.wait_compaction(30) and archives(tmp_path / LOG)

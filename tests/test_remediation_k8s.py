@@ -4,6 +4,8 @@ project's fake API server (SIMULATED cluster: no real API server can run on thes
 from __future__ import annotations
 
 import json
+import socket
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -255,30 +257,63 @@ def test_the_inventory_read_as_json_agrees_with_the_clients_models(
         assert out and idle  # the draw has both kinds
 
 
-def test_an_odd_list_answer_is_skipped_or_refused(fake: FakeKubernetes, tmp_path: Path) -> None:
-    """Entries that are not objects, or have no name, are skipped; an answer that is not a
-    list is an AdapterError (the blast radius then refuses to act blind)."""
+def test_an_odd_list_answer_is_refused(fake: FakeKubernetes, tmp_path: Path) -> None:
+    """An answer that is not a list of named objects, or nested past Python's recursion
+    limit, is an AdapterError (the blast radius then refuses to act blind); before the JSON
+    reading, a node without a name crashed the inventory, and a string ``unschedulable``
+    counts the node out, as the client's models read it."""
     k8s = adapter(fake, tmp_path)
 
     class Answer:
-        data = json.dumps(
-            {
-                "items": [
-                    {"metadata": None, "spec": [], "status": "x"},
-                    ["not", "an", "object"],
-                    {"metadata": {"name": 7}},
-                    {"metadata": {"name": "gpu09"}, "spec": {"unschedulable": "yes"}},
-                ]
-            }
-        ).encode()
+        data = b""
+
+        def release_conn(self) -> None:
+            pass
 
     k8s.core.list_node = lambda **kw: Answer()
+    node = {"metadata": {"name": "gpu09"}, "status": {"conditions": []}}
+    Answer.data = json.dumps({"items": [node | {"spec": {"unschedulable": "false"}}]}).encode()
     inv = k8s.inventory()
-    # no Ready condition: out (a string "yes" is not true, the missing condition is)
     assert inv.partitions == {"gpu09": "default"} and inv.out == {"gpu09"}
-    Answer.data = b'{"items": {"a": 1}}'
-    with pytest.raises(AdapterError, match="not a list answer"):
-        k8s.inventory()
-    Answer.data = b"<html>proxy error</html>"
-    with pytest.raises(AdapterError, match="not a list answer"):
-        k8s.inventory()
+    items: object
+    for items in (
+        [{"metadata": None, "spec": [], "status": "x"}],
+        [["not", "an", "object"]],
+        [{"metadata": {"name": 7}}],
+        {"a": 1},
+    ):
+        Answer.data = json.dumps({"items": items}).encode()
+        with pytest.raises(AdapterError, match="list nodes"):
+            k8s.inventory()
+    for data in (b"<html>proxy error</html>", b"[" * 100_000 + b"]" * 100_000):
+        Answer.data = data
+        with pytest.raises(AdapterError, match="not a list answer"):
+            k8s.inventory()
+
+
+def test_an_answer_cut_off_is_an_adapter_error(tmp_path: Path) -> None:
+    """A list answer whose body stops short (an API server restarting, a load balancer's
+    reset) is an AdapterError, as before the JSON reading: read outside the adapter's error
+    handling, urllib3's IncompleteRead escaped the guards, the tick and the serve loop
+    (an attacker's review)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+
+    def serve() -> None:
+        for _ in range(2):
+            conn, _ = listener.accept()
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 1000\r\n\r\n{\"items\": [")  # fmt: skip
+            conn.close()
+
+    server = threading.Thread(target=serve, daemon=True)
+    server.start()
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    k8s = KubernetesAdapter(api_url=f"http://127.0.0.1:{port}", token_file=str(token))
+    try:
+        with pytest.raises(AdapterError, match="list nodes"):
+            k8s.inventory()
+    finally:
+        listener.close()

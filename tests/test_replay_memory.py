@@ -97,3 +97,64 @@ def test_the_rewrite_keeps_appending_to_the_live_file(tmp_path: Path) -> None:
     lines = path.read_text().splitlines()
     assert [line.split('"mac": ')[1] for line in lines] == [f'"new{i}"}}' for i in range(5)]
     assert len(SignatureMemory(path, 10.0, wall=lambda: clock[0])) == 5
+
+
+def test_an_fsync_that_failed_answers_no_line_it_may_have_covered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two requests: the first one's fsync fails (EIO) while the second's line is written;
+    the second's own fsync then returns 0, as Linux does once a writeback error has been
+    reported (the failed pages are clean, their data possibly gone). Neither is answered as
+    remembered (before: the second was, an attacker's review), and the next one is."""
+    memory = SignatureMemory(tmp_path / "sig", 300.0)
+    second_written = threading.Event()
+    calls: list[int] = []
+
+    def flaky(fd: int) -> None:
+        calls.append(fd)
+        if len(calls) == 1:
+            assert second_written.wait(10)
+            raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(replay.os, "fsync", flaky)
+    errors: dict[str, str] = {}
+
+    def one(mac: str) -> None:
+        try:
+            memory.remember(mac, int(time.time()))
+        except ReplayError as exc:
+            errors[mac] = str(exc)
+
+    first = threading.Thread(target=one, args=("a",))
+    first.start()
+    while not calls:
+        time.sleep(0.01)
+    second = threading.Thread(target=one, args=("b",))
+    second.start()
+    while not memory.seen("b"):  # its line is written; it waits for the fsync lock
+        time.sleep(0.01)
+    second_written.set()
+    first.join(10)
+    second.join(10)
+    assert set(errors) == {"a", "b"}, errors
+    assert not memory.seen("a") and not memory.seen("b")
+    assert memory.remember("c", int(time.time())) is True
+    memory.close()
+
+
+def test_the_rewrite_makes_its_rename_durable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewrite renames a fresh copy over the file and appends to it after: its folder is
+    fsynced before lines count as durable (before: never, an attacker's review)."""
+    folders: list[str] = []
+    real = replay.fsync_dir
+
+    def recording(folder: str | Path) -> None:
+        folders.append(str(folder))
+        real(folder)
+
+    monkeypatch.setattr(replay, "fsync_dir", recording)
+    memory = SignatureMemory(tmp_path / "sig", 300.0)
+    assert folders == [str(tmp_path)]
+    memory.close()

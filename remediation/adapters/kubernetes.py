@@ -110,15 +110,26 @@ class KubernetesAdapter:
     def _items(self, what: str, fn: Any) -> list[dict[str, Any]]:
         """A list call's ``items`` as the API server's JSON, not the client's models: building
         those took 0.4-0.5 s for 1,000 nodes here (the blast-radius inventory, asked under the
-        engine's lock on every tick of a storm); ``json.loads`` of the same answer, ~5 ms."""
-        resp = self._call(what, fn, _preload_content=False)
+        engine's lock on every tick of a storm); ``json.loads`` of the same answer, ~5 ms.
+        The body is read inside :meth:`_call`, so an answer cut off (a reset, a timeout) is
+        an :class:`AdapterError` like any other; so is an answer that is not a list of
+        objects (the blast radius then refuses to act blind)."""
+
+        def read() -> bytes:
+            resp = fn(_preload_content=False)
+            try:
+                return bytes(resp.data)
+            finally:
+                resp.release_conn()
+
+        data = self._call(what, read)
         try:
-            items = json.loads(resp.data)["items"]
-        except (ValueError, KeyError, TypeError) as exc:
-            raise AdapterError(f"Kubernetes {what}: not a list answer ({exc!r})") from None
-        if not isinstance(items, list):
-            raise AdapterError(f"Kubernetes {what}: not a list answer (items is not a list)")
-        return [i for i in items if isinstance(i, dict)]
+            items = json.loads(data)["items"]
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            raise AdapterError(f"Kubernetes {what}: not a list answer ({exc!r:.200})") from None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise AdapterError(f"Kubernetes {what}: not a list of objects")
+        return items
 
     def inventory(self) -> Inventory:
         partitions, out, spares, candidates = {}, set(), set(), set()
@@ -126,15 +137,18 @@ class KubernetesAdapter:
             meta, spec, status = (_obj(n, k) for k in ("metadata", "spec", "status"))
             name = meta.get("name")
             if not isinstance(name, str) or not name:
-                continue
+                raise AdapterError("Kubernetes list nodes: a node without a name")
             labels = _obj(meta, "labels")
-            partitions[name] = str(labels.get(self.pool_label, "default"))
+            pool = labels.get(self.pool_label)
+            partitions[name] = pool if isinstance(pool, str) else "default"
             conditions = status.get("conditions")
             ready = any(
                 isinstance(c, dict) and c.get("type") == "Ready" and c.get("status") == "True"
                 for c in (conditions if isinstance(conditions, list) else ())
             )
-            if spec.get("unschedulable") is True or not ready:
+            # any true value, as the client's models read it (a string "false" too: an odd
+            # answer counts the node out, never in)
+            if spec.get("unschedulable") or not ready:
                 out.add(name)
                 if labels.get(STATE_LABEL) == "spare":
                     spares.add(name)
