@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.engine import Engine, EngineSettings
-from gpuwarden.remediation.model import MUTATING, ActionKind, Inventory
+from gpuwarden.remediation.model import MUTATING, ActionKind
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from tests.remediation_util import RecordingAdapter, risk
 
@@ -451,51 +451,3 @@ def test_the_seen_finding_memory_is_bounded_by_its_retention(tmp_path: Path) -> 
     assert again.memory.seen_findings == {fresh.id}
     assert again.submit(fresh).verdict == "duplicate"
     again.close()
-
-
-def test_the_schedulers_view_is_asked_outside_the_engines_lock(tmp_path: Path) -> None:
-    """Listing every node is a network call (0.1-0.5 s for 1,000 Kubernetes nodes); asked
-    under the engine's lock, it held every request of a storm that long on each tick. It is
-    asked before the lock now (Guards.prefetch), and the checks use that view. Each call is
-    probed from another thread: could it take the engine's lock meanwhile?"""
-    free: list[bool] = []
-
-    class Probing(RecordingAdapter):
-        def inventory(self) -> Inventory:
-            got: list[bool] = []
-
-            def try_lock() -> None:
-                got.append(engine._lock.acquire(blocking=False))
-                if got[0]:
-                    engine._lock.release()
-
-            probe = threading.Thread(target=try_lock)
-            probe.start()
-            probe.join()
-            free.append(got[0])
-            return super().inventory()
-
-    sched = Probing("slurm", NODES)
-    engine = Engine(
-        POLICIES,
-        {"slurm": sched, "webhook": RecordingAdapter("webhook")},
-        AuditLog(tmp_path / "audit.jsonl"),
-        EngineSettings(
-            dry_run=False,
-            cooldown_s=0.0,
-            max_nodes_out=2,
-            max_fraction_out=1.0,
-            inventory_ttl_s=60.0,
-        ),
-    )
-    t = 1_800_000_000 * 10**9
-    for i in range(5):  # three wait for the blast radius
-        engine.submit(xid(f"gpu{i:02d}", t))
-        engine.wait(10)
-    engine.tick()
-    engine.wait(10)
-    assert free and all(free), free  # before: [False, False, ...]
-    verdicts = [r["verdict"] for r in read_records(tmp_path / "audit.jsonl")
-                if r["event"] == "decision"]  # fmt: skip
-    assert verdicts.count("blast_radius") == 3, verdicts
-    engine.close()

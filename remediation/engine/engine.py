@@ -147,7 +147,6 @@ class Engine:
         """Decide on a finding now; its actions run in the background (see :meth:`wait`).
         ``via`` says how it arrived, for the audit (``http, signed`` from the endpoint)."""
         received = self.clock.now()
-        self.guards.prefetch()  # the scheduler's view, asked outside the lock if stale
         with self._lock:
             self._require_open()
             self._absorb()
@@ -384,14 +383,12 @@ class Engine:
         self.spares.refill()
         released = []
         with self._lock:
-            self.guards.forget_inventory()  # each tick looks afresh: room may have freed
-        self.guards.prefetch()  # asked outside the lock (see Guards.prefetch)
-        with self._lock:
             self._require_open()
             self._absorb()
             self._expire_waiting()
             self._forget_old()
             self._maybe_compact()
+            self.guards.forget_inventory()  # each tick looks afresh: room may have freed
             for plan_id, p in self.waiting.releasable():
                 d = self.guards.check(p.finding, p.decision, approved=p.approved)
                 if d.verdict not in SELF_RELEASING:

@@ -32,7 +32,6 @@ node's own check time with the removal's wall time: two hosts' clocks, compared 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
@@ -78,11 +77,6 @@ class Guards:
         # and the inventory is asked for every plan a tick looks at again
         scheduler = adapters.get(settings.node_adapter)
         self._scheduler = scheduler if isinstance(scheduler, Scheduler) else None
-        # a view fetched by prefetch, outside the engine's lock: (asked at, the generation it
-        # was asked in, the view); forget_inventory starts a new generation
-        self._fetched: tuple[float, int, Inventory] | None = None
-        self._generation = 0
-        self._fetch_lock = threading.Lock()
 
     def check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
         s = self.settings
@@ -168,11 +162,10 @@ class Guards:
     def inventory(self) -> Inventory:
         adapter = self._scheduler
         if adapter is not None:
-            now = self.clock.mono()
-            fresh = self._fresh(now)
-            if fresh is not None:
-                self._inventory = fresh
-                return fresh[1]
+            ttl, now = self.settings.inventory_ttl_s, self.clock.mono()
+            kept = self._inventory
+            if ttl > 0 and kept is not None and now - kept[0] < ttl:
+                return kept[1]
             try:
                 inv = adapter.inventory()
                 self._inventory = (now, inv)
@@ -182,44 +175,9 @@ class Guards:
                 raise
         return Inventory({}, frozenset(self.memory.taken_out))
 
-    def _fresh(self, now: float) -> tuple[float, Inventory] | None:
-        """The view a check may use now: the kept one within ``inventory_ttl_s``, or one
-        prefetched since the last :meth:`forget_inventory`, within it; None to ask again."""
-        ttl = self.settings.inventory_ttl_s
-        if ttl <= 0:
-            return None
-        kept = self._inventory
-        if kept is not None and now - kept[0] < ttl:
-            return kept
-        fetched = self._fetched
-        if fetched is not None and fetched[1] == self._generation and now - fetched[0] < ttl:
-            return fetched[0], fetched[2]
-        return None
-
-    def prefetch(self) -> None:
-        """Ask the scheduler for the view the next check needs, if the one kept is stale,
-        *without* the engine's lock (the caller must not hold it): a list of every node
-        took 0.1-0.5 s for 1,000 (the Kubernetes fake), and asked under the lock it held
-        every request of a storm that long, on every tick. One caller asks at a time; the
-        others wait for its answer, here, not under the engine's lock. A view asked before a
-        :meth:`forget_inventory` is not used after it. A failure is left for the check,
-        which asks again under the lock and says why."""
-        if self._scheduler is None or self.settings.inventory_ttl_s <= 0:
-            return
-        with self._fetch_lock:
-            if self._fresh(self.clock.mono()) is not None:
-                return
-            generation, asked = self._generation, self.clock.mono()
-            try:
-                inv = self._scheduler.inventory()
-            except AdapterError:
-                return
-            self._fetched = (asked, generation, inv)
-
     def forget_inventory(self) -> None:
         """The next check asks the scheduler again (a new tick, a plan that finished)."""
         self._inventory = None
-        self._generation += 1
 
     def blast_radius(self, node: str) -> str:
         """Why taking ``node`` out would break the limit, or ``""``."""
