@@ -17,6 +17,7 @@ it would be refused as stale, whatever steps that clock took in between.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -58,6 +59,7 @@ class SignatureMemory:
         # fsync of the descriptor returns 0 (Linux reports a writeback error once, and the
         # pages it failed to write are then clean, their data possibly gone)
         self._failed_upto = 0
+        self._dir_pending = False  # the folder's fsync after a rewrite's rename failed
         self._closed = False
         if self.path is not None:
             self._load()
@@ -69,9 +71,11 @@ class SignatureMemory:
             text = self.path.read_text(encoding="utf-8", errors="replace")
         except FileNotFoundError:
             text = ""
-        for line in text.splitlines():
+        for raw in text.splitlines():
+            # a line may follow bytes a failed writeback left (NULs, no newline): each entry
+            # is read from its own start
             try:
-                entry = json.loads(line)
+                entry = json.loads(raw[max(0, raw.rfind('{"t": ')) :])
                 t, mac = int(entry["t"]), str(entry["mac"])
             except (ValueError, KeyError, TypeError):
                 continue  # a torn last line: it was never acted on (written before acting)
@@ -99,13 +103,17 @@ class SignatureMemory:
         except OSError:
             os.close(fd)
             raise
-        if self._fd >= 0:
-            os.close(self._fd)
-        self._fd = fd
+        old, self._fd = self._fd, fd  # swapped first: a close that fails leaves no stale fd
+        if old >= 0:
+            with contextlib.suppress(OSError):
+                os.close(old)
         try:
             fsync_dir(self.path.parent)  # the new name, before anything counts on it
         except OSError:
-            self._failed_upto = self._written  # what waits was only in the renamed copy
+            # what waits was only in the renamed copy; and every later line is in the new
+            # file only: none is durable until the folder's fsync is done (see _sync)
+            self._failed_upto = self._written
+            self._dir_pending = True
             raise
         self._synced = self._written
         self._lines = len(self._seen)
@@ -141,6 +149,9 @@ class SignatureMemory:
                         os.ftruncate(self._fd, start)  # the next line starts clean
                         raise
                 except OSError as exc:
+                    # kept as seen: a request that got 503 must not be replayable (its sender
+                    # signs its retry afresh, a new MAC; only a captured copy comes back)
+                    self._seen[mac] = t
                     raise ReplayError(f"cannot remember the signature: {exc}") from None
                 self._seen[mac] = t
                 self._lines += 1
@@ -149,9 +160,7 @@ class SignatureMemory:
         if written:
             try:
                 self._sync(written)
-            except OSError as exc:
-                with self._lock:  # not acted on: its sender signs a retry afresh anyway
-                    self._seen.pop(mac, None)
+            except OSError as exc:  # its MAC stays seen (see the write's failure above)
                 raise ReplayError(f"cannot remember the signature: {exc}") from None
         self._expire()
         return True
@@ -162,6 +171,15 @@ class SignatureMemory:
         with self._sync_lock:
             if upto <= self._failed_upto:
                 raise OSError("an fsync that covered this signature failed")
+            if self._dir_pending:  # the file's name is not durable yet: nothing in it is
+                assert self.path is not None
+                try:
+                    fsync_dir(self.path.parent)
+                except OSError:
+                    with self._lock:
+                        self._failed_upto = max(self._failed_upto, self._written)
+                    raise
+                self._dir_pending = False
             if self._synced >= upto:
                 return
             with self._lock:

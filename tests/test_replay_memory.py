@@ -60,7 +60,7 @@ def test_concurrent_signatures_share_fsyncs_and_are_all_durable(
     again.close()
 
 
-def test_a_failed_fsync_is_no_acceptance_and_no_replay(
+def test_a_failed_fsync_is_no_acceptance_and_its_mac_stays_refused(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     path = tmp_path / "sig"
@@ -72,10 +72,12 @@ def test_a_failed_fsync_is_no_acceptance_and_no_replay(
     monkeypatch.setattr(replay.os, "fsync", failing)
     with pytest.raises(ReplayError, match="No space left"):
         memory.remember("abc", int(time.time()))
-    assert not memory.seen("abc")  # not acted on, so not a replay either
     monkeypatch.undo()
-    assert memory.remember("abc", int(time.time())) is True
+    # answered 503 and not acted on; its sender signs its retry afresh (a new MAC), and a
+    # captured copy of the refused request stays refused (before: accepted, an attacker's
+    # second review; the line may even be on disk)
     assert memory.remember("abc", int(time.time())) is False
+    assert memory.remember("abc-retry", int(time.time())) is True
     memory.close()
 
 
@@ -137,7 +139,7 @@ def test_an_fsync_that_failed_answers_no_line_it_may_have_covered(
     first.join(10)
     second.join(10)
     assert set(errors) == {"a", "b"}, errors
-    assert not memory.seen("a") and not memory.seen("b")
+    assert memory.seen("a") and memory.seen("b")  # refused, and not replayable either
     assert memory.remember("c", int(time.time())) is True
     memory.close()
 
@@ -157,4 +159,85 @@ def test_the_rewrite_makes_its_rename_durable(
     monkeypatch.setattr(replay, "fsync_dir", recording)
     memory = SignatureMemory(tmp_path / "sig", 300.0)
     assert folders == [str(tmp_path)]
+    memory.close()
+
+
+def test_after_a_failed_folder_fsync_no_line_counts_until_one_succeeds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rewrite renamed its copy but the folder's fsync failed: lines appended since are
+    in the new file only, whose name may not survive a crash. None is answered until a
+    folder fsync succeeds (before: answered at once, its dir fsync left to the next
+    compaction, an attacker's second review)."""
+    path = tmp_path / "sig"
+    clock = [1_000_000.0]
+    memory = SignatureMemory(path, 10.0, wall=lambda: clock[0])
+    for i in range(100):
+        assert memory.remember(f"old{i}", int(clock[0]))
+    outcome: list[str] = []
+
+    def dir_eio(folder: str | Path) -> None:
+        outcome.append("failed")
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(replay, "fsync_dir", dir_eio)
+    clock[0] += 60
+    memory._next_expiry = 0.0
+    # its line was fsynced in the old file, before the rewrite that failed after it: it is
+    # in both files, durable whichever name survives
+    assert memory.remember("new0", int(clock[0])) is True
+    assert outcome == ["failed"]
+    with pytest.raises(ReplayError):  # in the renamed file only, and its folder fails
+        memory.remember("new1", int(clock[0]))
+    assert outcome == ["failed", "failed"]
+    assert "new1" in path.read_text()  # renamed: the new file is the one appended to
+    monkeypatch.undo()
+    assert memory.remember("new2", int(clock[0])) is True  # the folder's fsync now holds
+    memory.close()
+
+
+def test_a_line_after_junk_a_failed_writeback_left_is_read_back(tmp_path: Path) -> None:
+    """A region a failed writeback lost can read back as NULs with no newline; the line
+    fsynced after it must still be remembered after a restart (before: skipped, an
+    attacker's second review)."""
+    path = tmp_path / "sig"
+    now = int(time.time())
+    path.write_bytes(b"\0" * 4096 + f'{{"t": {now}, "mac": "answered"}}\n'.encode())
+    memory = SignatureMemory(path, 300.0)
+    assert memory.seen("answered")
+    memory.close()
+
+
+def test_a_close_that_fails_in_the_rewrite_leaves_no_stale_descriptor(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Closing the old descriptor failed (EIO, e.g. on NFS): before, the memory kept the
+    closed number, and once another file reused it, signatures were written there (an
+    attacker's second review)."""
+    path = tmp_path / "sig"
+    clock = [1_000_000.0]
+    memory = SignatureMemory(path, 10.0, wall=lambda: clock[0])
+    for i in range(100):
+        memory.remember(f"old{i}", int(clock[0]))
+    real_close = os.close
+    closed: list[int] = []
+
+    def close_eio(fd: int) -> None:
+        real_close(fd)
+        closed.append(fd)
+        raise OSError(5, "Input/output error")
+
+    monkeypatch.setattr(replay.os, "close", close_eio)
+    clock[0] += 60
+    memory._next_expiry = 0.0
+    memory.remember("new0", int(clock[0]))
+    monkeypatch.undo()
+    assert closed and memory._fd not in closed
+    other = tmp_path / "someone-elses.log"
+    reuse = os.open(other, os.O_WRONLY | os.O_CREAT)  # takes the lowest free number
+    try:
+        assert memory.remember("new1", int(clock[0]))
+    finally:
+        os.close(reuse)
+    assert "new1" in path.read_text() and "new1" not in other.read_text()
     memory.close()
