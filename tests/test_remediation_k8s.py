@@ -280,6 +280,7 @@ def test_an_odd_list_answer_is_refused(fake: FakeKubernetes, tmp_path: Path) -> 
         [{"metadata": None, "spec": [], "status": "x"}],
         [["not", "an", "object"]],
         [{"metadata": {"name": 7}}],
+        [node, node],  # one name twice: it could be both out and an idle spare
         {"a": 1},
     ):
         Answer.data = json.dumps({"items": items}).encode()
@@ -315,5 +316,65 @@ def test_an_answer_cut_off_is_an_adapter_error(tmp_path: Path) -> None:
     try:
         with pytest.raises(AdapterError, match="list nodes"):
             k8s.inventory()
+    finally:
+        listener.close()
+
+
+def _one_answer(answer: bytes, hold: bool = False) -> tuple[socket.socket, list[socket.socket]]:
+    """A listener that answers each connection with ``answer`` (then holds it open, or
+    closes it)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    held: list[socket.socket] = []
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            conn.recv(65536)
+            conn.sendall(answer)
+            if hold:
+                held.append(conn)
+            else:
+                conn.close()
+
+    threading.Thread(target=serve, daemon=True).start()
+    return listener, held
+
+
+def test_an_api_server_that_stalls_is_an_adapter_error_after_the_timeout(
+    tmp_path: Path,
+) -> None:
+    """Headers and part of a body, then nothing: before, no read timeout was set and the
+    inventory (asked under the engine's lock) waited for ever (an attacker's review)."""
+    listener, held = _one_answer(
+        b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n" + b'{"items": [', hold=True
+    )
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    k8s = KubernetesAdapter(api_url=url, token_file=str(token), request_timeout_s=0.5)
+    try:
+        with pytest.raises(AdapterError, match="list nodes"):
+            k8s.inventory()
+    finally:
+        listener.close()
+        for conn in held:
+            conn.close()
+
+
+@pytest.mark.parametrize("body", [b"null", b"[]", b"7", b"[" * 100_000 + b"]" * 100_000])
+def test_an_error_answer_of_any_body_is_an_adapter_error(body: bytes, tmp_path: Path) -> None:
+    """A 500 whose JSON body is not an object: before, AttributeError (or RecursionError)
+    escaped the adapter, past the guards and the serve loop (an attacker's review)."""
+    head = f"HTTP/1.1 500 X\r\nContent-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    listener, _ = _one_answer(head.encode() + body)
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}"
+    try:
+        with pytest.raises(AdapterError, match="500"):
+            KubernetesAdapter(api_url=url, token_file=str(token)).inventory()
     finally:
         listener.close()

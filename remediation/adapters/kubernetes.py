@@ -61,6 +61,7 @@ class KubernetesAdapter:
         evict_backoff_s: float = 2.0,
         conflict_attempts: int = 5,
         grace_period_s: int = -1,
+        request_timeout_s: float = 60.0,
     ) -> None:
         from kubernetes import client, config
 
@@ -92,13 +93,16 @@ class KubernetesAdapter:
         )
         self.conflict_attempts = conflict_attempts
         self.grace_period_s = grace_period_s
+        # (connect, read) for every API call: without it urllib3 waits for ever, and a stalled
+        # API server or proxy held the engine's lock (the inventory is asked under it)
+        self.timeout = (min(10.0, request_timeout_s), request_timeout_s)
 
     def _call(self, what: str, fn: Any, *args: Any, **kwargs: Any) -> Any:
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         try:
-            return fn(*args, **kwargs)
+            return fn(*args, _request_timeout=self.timeout, **kwargs)
         except ApiException as exc:
             message = _message(exc)
             raise AdapterError(f"Kubernetes {what}: {exc.status} {exc.reason}: {message}") from None
@@ -115,8 +119,8 @@ class KubernetesAdapter:
         an :class:`AdapterError` like any other; so is an answer that is not a list of
         objects (the blast radius then refuses to act blind)."""
 
-        def read() -> bytes:
-            resp = fn(_preload_content=False)
+        def read(**timeout: Any) -> bytes:
+            resp = fn(_preload_content=False, **timeout)
             try:
                 return bytes(resp.data)
             finally:
@@ -138,6 +142,8 @@ class KubernetesAdapter:
             name = meta.get("name")
             if not isinstance(name, str) or not name:
                 raise AdapterError("Kubernetes list nodes: a node without a name")
+            if name in partitions:  # else one node could be both out and an idle spare
+                raise AdapterError(f"Kubernetes list nodes: {name!r} listed twice")
             labels = _obj(meta, "labels")
             pool = labels.get(self.pool_label)
             partitions[name] = pool if isinstance(pool, str) else "default"
@@ -221,7 +227,7 @@ class KubernetesAdapter:
             if not change(node):
                 return node  # nothing to change: idempotent
             try:
-                return self.core.replace_node(name, node)
+                return self.core.replace_node(name, node, _request_timeout=self.timeout)
             except ApiException as exc:
                 if exc.status != 409 or attempt + 1 == self.conflict_attempts:
                     raise AdapterError(
@@ -322,7 +328,9 @@ class KubernetesAdapter:
                     delete_options=client.V1DeleteOptions(grace_period_seconds=grace),
                 )
                 try:
-                    self.core.create_namespaced_pod_eviction(name, ns, body)
+                    self.core.create_namespaced_pod_eviction(
+                        name, ns, body, _request_timeout=self.timeout
+                    )
                 except ApiException as exc:
                     if exc.status == 404:  # gone already: what we wanted
                         pending.discard((ns, name))
@@ -349,10 +357,16 @@ class KubernetesAdapter:
 
 
 def _message(exc: Any) -> str:
+    """An error answer's ``message``, or its body as it came (any body: an error answer is
+    read inside the adapter's error handling, and what it holds must not escape it)."""
+    body = exc.body.decode("utf-8", "replace") if isinstance(exc.body, bytes) else exc.body
     try:
-        return str(json.loads(exc.body).get("message", exc.body))
-    except (TypeError, ValueError):
-        return str(exc.body or exc.reason)
+        parsed = json.loads(body)
+    except (TypeError, ValueError, RecursionError):
+        parsed = None
+    if isinstance(parsed, dict) and "message" in parsed:
+        return str(parsed["message"])[:500]
+    return str(body or exc.reason)[:500]
 
 
 def _obj(parent: dict[str, Any], key: str) -> dict[str, Any]:
