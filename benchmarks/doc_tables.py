@@ -217,6 +217,33 @@ def agent_cycle(text: str) -> str:
     return "\n".join(out)
 
 
+def xid_wait(text: str) -> str:
+    """docs/BENCHMARKS.md's table of NVML's event wait at 2 s and 5 s, from
+    ``benchmarks/agent_cycle.py``'s idle runs (``== before ...`` / ``== after ...``)."""
+    sides = _runs(text)
+    before, after = sides["before"], sides["after"]
+    out = [
+        "| CPU ms per minute at interval 10 s | event wait 2 s (731442d) | 5 s |",
+        "|---|---|---|",
+    ]
+    for name, pattern in [
+        ("the `nvml-xid` thread", r"^  thread nvml-xid\s+cpu_ms_per_min=\s*(\S+)$"),
+        ("the whole process", r"^idle: process cpu_ms_per_min=(\S+),"),
+    ]:
+        b = _span([float(find(pattern, r)[1]) for r in before], 2)
+        a = _span([float(find(pattern, r)[1]) for r in after], 2)
+        out.append(f"| {name} | {b} | {a} |")
+    for name, pattern in [
+        ("`idle_cpu_ratio` (process over collect + hand-over)", r"^idle_cpu_ratio=(\S+)$"),
+        ("process over collect + hand-over + send",
+         r"process over collect \+ hand-over \+ send: (\S+)$"),
+    ]:  # fmt: skip
+        b = ", ".join(find(pattern, r)[1] for r in before)
+        a = ", ".join(find(pattern, r)[1] for r in after)
+        out.append(f"| {name} | {b} | {a} |")
+    return "\n".join(out)
+
+
 def failover(text: str) -> str:
     """docs/DURABILITY.md's failover table, from ``benchmarks/failover.py``'s output."""
     kills = find(
@@ -271,6 +298,7 @@ TABLES: dict[str, Callable[[str], str]] = {
     "goodput_scale": goodput_scale,
     "live_model": live_model,
     "agent_cycle": agent_cycle,
+    "xid_wait": xid_wait,
     "failover": failover,
     "serving": serving,
 }

@@ -94,6 +94,11 @@ def test_the_live_model_table_is_the_recorded_run() -> None:
     assert quoted("live_model", "fresh-seeds/live_model-7101-7110.txt") in page("LIVE-LOOP.md")
 
 
+def test_the_xid_wait_table_is_the_recorded_runs() -> None:
+    runs = "agent-cycle/idle-xid-wait-2026-11-27.txt"
+    assert quoted("xid_wait", runs) in page("BENCHMARKS.md")
+
+
 def test_the_failover_table_is_the_recorded_run() -> None:
     assert quoted("failover", "failover/seed-3901.txt") in page("DURABILITY.md")
 

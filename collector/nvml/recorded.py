@@ -137,6 +137,11 @@ class RecordedBackend:
         with self._cond:
             self._cond.notify_all()
 
+    def wake(self) -> None:
+        """End an event wait in progress now (a recording can; the driver cannot)."""
+        with self._cond:
+            self._cond.notify_all()
+
     @property
     def ticks(self) -> int:
         return len(self._ticks)
@@ -270,6 +275,11 @@ class Recorder:
 
     def shutdown(self) -> None:
         self.inner.shutdown()
+
+    def wake(self) -> None:
+        wake = getattr(self.inner, "wake", None)
+        if wake is not None:
+            wake()
 
     def begin_cycle(self) -> None:
         self.inner.begin_cycle()
