@@ -50,6 +50,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.files import write_all
 from gpuwarden.remediation.clock import SYSTEM, Instant
 from gpuwarden.remediation.errors import RemediationError
 
@@ -144,9 +145,7 @@ class AuditLog:
                     # a line torn by a crash, or one a full disk did not let us cut back,
                     # must not swallow this record: start it on a line of its own
                     torn = start > 0 and os.pread(fd, 1, start - 1) != b"\n"
-                    view = memoryview(b"\n" + line if torn else line)
-                    while view:
-                        view = view[os.write(fd, view) :]
+                    write_all(fd, b"\n" + line if torn else line)
                     if sync:
                         os.fsync(fd)
                 except OSError as exc:

@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gpuwarden.core.files import fsync_dir
+from gpuwarden.core.files import fsync_dir, write_all
 from gpuwarden.remediation.audit import (
     REMOVING_KINDS,
     RUNNING_VERDICTS,
@@ -412,6 +412,4 @@ def compact_file(path: Path, keep_from: int, horizon: float, now: float) -> Comp
 
 def _write_all(fd: int, parts: Iterable[bytes]) -> None:
     for part in parts:
-        view = memoryview(part)
-        while view:
-            view = view[os.write(fd, view) :]
+        write_all(fd, part)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from gpuwarden.core.files import fsync_dir
+from gpuwarden.core.files import fsync_dir, write_all
 
 log = logging.getLogger(__name__)
 
@@ -95,9 +95,7 @@ class SignatureMemory:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
             text = "".join(json.dumps({"t": t, "mac": mac}) + "\n" for mac, t in self._seen.items())
-            view = memoryview(text.encode())
-            while view:
-                view = view[os.write(fd, view) :]
+            write_all(fd, text.encode())
             os.fsync(fd)
             os.replace(tmp, self.path)
         except OSError:
@@ -142,9 +140,7 @@ class SignatureMemory:
                 try:
                     start = os.fstat(self._fd).st_size
                     try:
-                        view = memoryview(line)
-                        while view:
-                            view = view[os.write(self._fd, view) :]
+                        write_all(self._fd, line)
                     except OSError:
                         os.ftruncate(self._fd, start)  # the next line starts clean
                         raise

@@ -74,6 +74,7 @@ from pathlib import Path
 from typing import IO
 
 from gpuwarden.core.errors import SpoolError
+from gpuwarden.core.files import write_all
 
 log = logging.getLogger(__name__)
 
@@ -453,9 +454,7 @@ class Spool:
         try:
             done = os.writev(fd, [header, payload])
             if done < total:  # a short write: the rest, or the error that stopped it
-                rest = memoryview(header + payload)
-                while done < total:
-                    done += os.write(fd, rest[done:])
+                write_all(fd, memoryview(header + payload)[done:])
             if self.fsync:
                 os.fsync(fd)
         except OSError:
