@@ -7,6 +7,7 @@
 #           prometheus + prometheus-alertmanager (a real Prometheus that scrapes /metrics, a
 #           real Alertmanager that posts alerts to the engine),
 #           postgresql (a real PostgreSQL 15 holds the standby engine's lease in the tests),
+#           debootstrap (a clean Debian root in which the container recipe's steps run),
 #           systemd (systemd-analyze verify and systemd-sysusers check the shipped units;
 #           journalctl, which the agent's kernel_journal source runs),
 #           systemd-journal-remote (its systemd-journal-remote writes real journal files from
@@ -17,7 +18,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 UV_VERSION=0.13.9
-APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager postgresql
+APT_PACKAGES=(influxdb victoria-metrics slurm-wlm munge prometheus prometheus-alertmanager postgresql debootstrap
   systemd systemd-journal-remote python3 python3-venv ca-certificates)
 
 missing=()

@@ -7,13 +7,18 @@ runs the same install script into an empty folder (``GPUWARDEN_ROOT``): the whee
 this checkout with the image's extras, then the agent from that folder (NVML from the
 CONSTRUCTED 8x H100 recording), the engine's command and the standby's driver. Apt is checked,
 not run, in the clean root (the packages must exist for this Debian, and journalctl be there);
-the installer is ``uv pip`` there, to reuse uv's cache, where the image uses pip.
+the installer is ``uv pip`` there, to reuse uv's cache, where the image uses pip. Then the
+recipe itself, step by step, in a debootstrapped Debian root under chroot (no runtime needed):
+apt and pip for real, and the image's commands run inside it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -87,3 +92,89 @@ def test_the_install_script_refuses_an_unknown_installer(tmp_path: Path) -> None
     done = run(["env", f"GPUWARDEN_ROOT={tmp_path}", "GPUWARDEN_PIP=curl", "bash",
                 str(INSTALL), str(tmp_path / "none.whl")], cwd=tmp_path)  # fmt: skip
     assert done.returncode == 2 and "GPUWARDEN_PIP" in done.stderr
+
+
+def build_by_hand(recipe: Path, root: Path, context: dict[str, Path]) -> list[str]:
+    """What ``podman build`` would do with ``recipe``, without a container runtime (CI has
+    none): a debootstrapped root of the FROM line's Debian (minbase: what ``-slim`` is, less
+    its stripped docs), each COPY into it, each RUN in it under chroot. ``context`` maps a
+    COPY source (a glob of the build context) to the files it means. Returns the image's
+    PATH (its ENV lines)."""
+    lines = [ln.strip() for ln in recipe.read_text().splitlines()]
+    lines = [ln for ln in lines if ln and not ln.startswith("#")]
+    (suite,) = re.fullmatch(r"FROM debian:(\w+)-slim", lines[0]).groups()  # type: ignore[union-attr]
+    mirror = os.environ.get("GPUWARDEN_DEBIAN_MIRROR", "http://deb.debian.org/debian")
+    done = run(["debootstrap", "--variant=minbase", suite, str(root), mirror])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    # the build host's way to the registries, as a build would be given it: its resolver and
+    # the CAs it trusts (this sandbox's egress proxy signs with one of its own), and pip's
+    # settings for them; nothing else of the host's environment enters
+    shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
+    cas = root / "usr/local/share/ca-certificates"
+    cas.mkdir(parents=True, exist_ok=True)
+    for ca in Path("/usr/local/share/ca-certificates").glob("*.crt"):
+        shutil.copy(ca, cas / ca.name)
+    env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"]
+    keep = ("PIP_CERT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "HTTPS_PROXY", "https_proxy",
+            "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")  # fmt: skip
+    env += [f"{k}={os.environ[k]}" for k in keep if k in os.environ]
+    path = env[0].removeprefix("PATH=")
+    for line in lines[1:]:
+        verb, _, rest = line.partition(" ")
+        if verb == "COPY":
+            source, target = rest.split()
+            files = [context[source]] if source in context else [ROOT / source]
+            for f in files:
+                dest = root / target.lstrip("/")
+                dest = dest / f.name if target.endswith("/") else dest
+                dest.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copy(f, dest)
+        elif verb == "RUN":
+            step = run(["env", "-i", *env, "chroot", str(root), "/bin/sh", "-c", rest])
+            assert step.returncode == 0, f"{line}\n{step.stdout[-3000:]}\n{step.stderr[-3000:]}"
+        elif verb == "ENV":
+            name, _, value = rest.partition("=")
+            assert name == "PATH", f"an ENV this builder does not apply: {line}"
+            path = value.replace("$PATH", path)
+        else:
+            assert verb == "CMD", f"a step this builder does not know: {line}"
+    return [f"PATH={path}"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="chroot needs root (CI runs as root)")
+def test_the_image_builds_and_runs_its_commands_in_a_debian_root(
+    wheel: Path,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The Containerfile's steps for real, in a clean Debian root: apt installs the packages,
+    pip installs the wheel with the image's extras, and then, inside that root, the image's
+    CMD and every manifest's command line parse (``--help`` appended: the config they name is
+    mounted by Kubernetes), journalctl runs, and the standby's driver is the binary one. The
+    test above runs the agent from the same install steps; this one shows the steps need
+    nothing the CI host happens to have."""
+    assert shutil.which("debootstrap"), "debootstrap: scripts/bootstrap.sh installs it"
+    root = tmp_path / "image"
+    try:
+        env = build_by_hand(RECIPE, root, {"dist/gpuwarden-*.whl": wheel})
+
+        def inside(*argv: str) -> subprocess.CompletedProcess[str]:
+            return run(["env", "-i", *env, "chroot", str(root), *argv])
+
+        assert not list((root / "tmp").glob("*.whl")), "the RUN step removes what it copied"
+        cmd = re.search(r"^CMD (\[.*\])$", RECIPE.read_text(), re.M)
+        assert cmd
+        ran = inside(*json.loads(cmd[1]))
+        assert ran.returncode == 0 and "remediate" in ran.stdout, ran.stderr
+        ours = [c for c in containers() if "gpuwarden" in str(c.get("image", ""))]
+        for c in ours:
+            args = [str(a) for a in c["args"]]  # type: ignore[union-attr]
+            ran = inside(*args, "--help")
+            assert ran.returncode == 0 and "usage: gpuwarden" in ran.stdout, (args, ran.stderr)
+        journal = inside("journalctl", "--version")
+        assert journal.returncode == 0 and journal.stdout.startswith("systemd "), journal.stderr
+        driver = inside("python", "-c", "import psycopg; print(psycopg.pq.__impl__)")
+        assert driver.returncode == 0 and driver.stdout.strip() == "binary", driver.stderr
+        for folder in ("var/lib/gpuwarden", "run/gpuwarden", "etc/gpuwarden"):
+            assert (root / folder).is_dir()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # about 460 MB
