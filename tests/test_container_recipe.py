@@ -88,6 +88,18 @@ def test_the_install_steps_run_in_a_clean_root(wheel: Path, tmp_path: Path) -> N
     assert driver.returncode == 0 and driver.stdout.strip() == "binary", driver.stderr
 
 
+def test_the_install_script_refuses_two_wheels(tmp_path: Path) -> None:
+    """``COPY dist/gpuwarden-*.whl`` takes every wheel in dist/; before, a second one became
+    the extras and pip was asked for ``gpuwarden-0.1.0.whl[gpuwarden-0.2.0.whl]``."""
+    wheels = [str(tmp_path / f"gpuwarden-0.{n}.0-py3-none-any.whl") for n in (1, 2)]
+    done = run(["env", f"GPUWARDEN_ROOT={tmp_path}", "bash", str(INSTALL), *wheels],
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "one wheel" in done.stderr, done.stderr
+    done = run(["env", f"GPUWARDEN_ROOT={tmp_path}", "bash", str(INSTALL), *wheels, "agent"],
+               cwd=tmp_path)  # fmt: skip
+    assert done.returncode == 2 and "one wheel" in done.stderr, done.stderr
+
+
 def test_the_install_script_refuses_an_unknown_installer(tmp_path: Path) -> None:
     done = run(["env", f"GPUWARDEN_ROOT={tmp_path}", "GPUWARDEN_PIP=curl", "bash",
                 str(INSTALL), str(tmp_path / "none.whl")], cwd=tmp_path)  # fmt: skip

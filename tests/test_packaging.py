@@ -1,7 +1,7 @@
 """The installed product: one import name, the ``agent`` extra alone, beside a squatter.
 
-The wheel is built from this checkout (``uv build``) and installed with only the ``agent``
-extra into a fresh venv, as a GPU node installs it. What must hold:
+The wheel is built from this checkout's sdist (``uv build``, as pip builds one) and installed
+with only the ``agent`` extra into a fresh venv, as a GPU node installs it. What must hold:
 
 * the wheel and the installed distribution put exactly one name at the top of
   site-packages, ``gpuwarden``, and carry neither the test fakes (``testbed``) nor the demo
@@ -25,6 +25,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -84,11 +85,36 @@ def squatter_wheel(where: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The wheel as ``uv build``, ``python -m build`` and ``pip install <sdist>`` make it:
+    built from the sdist, not from the checkout (``--wheel``), so a file the sdist loses is
+    missing here."""
     out = tmp_path_factory.mktemp("dist")
-    done = run([uv(), "build", "--wheel", "--quiet", "-o", str(out), str(ROOT)])
+    done = run([uv(), "build", "--quiet", "-o", str(out), str(ROOT)])
     assert done.returncode == 0, done.stderr
     (found,) = out.glob("gpuwarden-*.whl")
     return found
+
+
+def test_the_wheel_from_the_sdist_is_the_wheel_from_the_checkout(
+    wheel: Path, tmp_path: Path
+) -> None:
+    """Before: the sdist held each linked folder once (gpuwarden/remediation, but core/ only
+    at its root), so the wheel built from it lacked gpuwarden.core, .collector, .analytics
+    and .dashboards (74 files of 205), and ``gpuwarden agent`` died on its first import."""
+    done = run([uv(), "build", "--wheel", "--quiet", "-o", str(tmp_path), str(ROOT)])
+    assert done.returncode == 0, done.stderr
+    (direct,) = tmp_path.glob("gpuwarden-*.whl")
+    ours, theirs = zipfile.ZipFile(wheel), zipfile.ZipFile(direct)
+    assert sorted(ours.namelist()) == sorted(theirs.namelist())
+    record = "gpuwarden-0.1.0.dist-info/RECORD"
+    differ = [n for n in ours.namelist() if n != record and ours.read(n) != theirs.read(n)]
+    assert differ == []
+    (sdist,) = wheel.parent.glob("gpuwarden-*.tar.gz")
+    with tarfile.open(sdist) as tar:
+        members = tar.getmembers()
+    assert not [m.name for m in members if m.issym() or m.islnk()], "links in the sdist"
+    tops = {m.name.split("/")[1] for m in members if m.name.count("/") >= 1}
+    assert not tops & {"testbed", "demo", "tests", ".grimp_cache", ".import_linter_cache"}
 
 
 @pytest.fixture(scope="module")

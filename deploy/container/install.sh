@@ -9,6 +9,11 @@
 set -euo pipefail
 wheel=${1:?usage: install.sh WHEEL [EXTRAS]}
 extras=${2:-agent,remediation,standby}
+if [ "$#" -gt 2 ] || [[ "$extras" == *.whl ]]; then
+  # the Containerfile's glob matched more than one wheel (an old build left in dist/)
+  echo "install.sh: one wheel, please: $*" >&2
+  exit 2
+fi
 root=${GPUWARDEN_ROOT:-}
 installer=${GPUWARDEN_PIP:-pip}
 case "$installer" in
