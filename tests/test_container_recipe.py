@@ -179,7 +179,7 @@ def test_the_image_builds_and_runs_its_commands_in_a_debian_root(
         assert ran.returncode == 0 and "remediate" in ran.stdout, ran.stderr
         ours = [c for c in containers() if "gpuwarden" in str(c.get("image", ""))]
         for c in ours:
-            args = [str(a) for a in c["args"]]  # type: ignore[union-attr]
+            args = [str(a) for a in c["args"]]
             ran = inside(*args, "--help")
             assert ran.returncode == 0 and "usage: gpuwarden" in ran.stdout, (args, ran.stderr)
         journal = inside("journalctl", "--version")
