@@ -112,7 +112,7 @@ def build_agent(
                 raise ConfigError(f"[health] check_probes: unknown {unknown}")
 
             def check(now_ns: int) -> Finding:
-                results = node_check.run_checks(config, probes)
+                results = node_check.run_checks(config, probes, strict=True)
                 return node_check.check_finding(context.cluster, context.node, results, now_ns)
 
         gate = HealthGate(

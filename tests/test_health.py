@@ -4,6 +4,7 @@ recordings in tests/golden; the kernel log is the REAL one from ../shared/data."
 
 from __future__ import annotations
 
+import shutil
 import threading
 
 import pytest
@@ -123,6 +124,30 @@ def test_the_agent_says_a_healthy_node_is_healthy(tmp_path) -> None:
 def test_the_agent_never_says_a_node_that_lost_a_gpu_is_healthy(tmp_path) -> None:
     kinds = _run_agent(tmp_path, GOLDEN / "nvml-gpu-lost" / "nvml.json", cycles=12)
     assert "gpu_lost" in kinds and "node_healthy" not in kinds
+
+
+def test_a_probe_that_cannot_run_keeps_the_node_out(tmp_path) -> None:
+    """The agent's own check before ``node_healthy`` fails closed, as ``gpuwarden check``
+    does: a probe in ``[health] check_probes`` that cannot run (the HCAs gone from sysfs) is
+    a failure unless ``[check] optional`` lists it. Before: ``unavailable`` passed, and a
+    node whose InfiniBand ports had vanished was handed back to the engine as checked."""
+    cfg = write_config(tmp_path, sources=["nvml", "xid"])
+    cfg.write_text(cfg.read_text() + '\n[health]\nhealthy_after_s = 0.2\nexpected_gpus = 8\n'
+                   'check_probes = ["infiniband", "disk"]\n')  # fmt: skip
+    shutil.rmtree(tmp_path / "sys" / "class" / "infiniband")
+    sink = ListSink()
+    agent, _ = agent_cli.build_agent(load_config(cfg, environ={}), sink)
+    agent.run(threading.Event(), max_cycles=12)
+    findings = [p for b in sink.batches for p in b if p.measurement == "finding"]
+    kinds = {p.tags["kind"] for p in findings}
+    assert "node_check_failed" in kinds and "node_healthy" not in kinds, kinds
+    # listed as optional, the same node is healthy again
+    cfg.write_text(cfg.read_text() + '\n[check]\noptional = ["infiniband"]\n')
+    sink = ListSink()
+    agent, _ = agent_cli.build_agent(load_config(cfg, environ={}), sink)
+    agent.run(threading.Event(), max_cycles=12)
+    kinds = {p.tags["kind"] for b in sink.batches for p in b if p.measurement == "finding"}
+    assert "node_healthy" in kinds, kinds
 
 
 def test_negative_health_settings_are_a_configuration_error(tmp_path) -> None:
