@@ -7,9 +7,11 @@ cannot run here (no GPU, no ``dcgmi``, no torch, no InfiniBand) says ``unavailab
 The command fails closed: ``unavailable`` is a failure for every probe the configuration asks
 for, except those listed in ``[check] optional`` (by default ``dcgm``, ``gpu_matmul`` and
 ``allreduce``, which need DCGM, torch or a GPU), so a node whose GPUs NVML cannot see is not
-healthy. The probes run one after another; one not started by ``[check] deadline_s`` (50 s)
-fails as "not run", so the defaults end inside slurmd's 60 s ``HealthCheckProgram`` limit.
-(The agent's own gate, ``[health] check_probes``, still counts ``unavailable`` as no failure.)
+healthy. The probes run one after another; one not started by ``[check] deadline_s`` (45 s)
+fails as "not run", and one still running then is cut (its timeouts are cut to what is left),
+so the defaults, with ``--report``'s ``report_timeout_s`` (4 s), end inside slurmd's 60 s
+``HealthCheckProgram`` limit. The agent's own gate, ``[health] check_probes``, runs the same
+strict check.
 
 * ``gpu_count``: NVIDIA GPUs on the PCI bus, NVML's count and ``[health] expected_gpus`` agree
   (:mod:`collector.gpucount`), and every GPU NVML lists runs the same driver;
@@ -37,6 +39,7 @@ The agent runs the same check (``[health] check_probes``) before it calls a node
 from __future__ import annotations
 
 import argparse
+import contextvars
 import json
 import os
 import shutil
@@ -171,6 +174,20 @@ def _within(timeout_s: float, work: Callable[[], str]) -> tuple[bool, str]:
     return out[0]
 
 
+#: the monotonic time a strict check ends its probes by (``[check] deadline_s``); None: no end
+_ENDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("check_ends", default=None)
+
+
+def _timeout(setting: float) -> tuple[float, str]:
+    """A probe's own timeout cut to what is left of a strict check's ``deadline_s`` (so a
+    probe started late cannot carry the check past slurmd's limit), and which one it is."""
+    ends = _ENDS.get()
+    if ends is None or setting <= ends - time.monotonic():
+        return setting, f"{setting:g} s"
+    left = max(0.0, ends - time.monotonic())
+    return left, f"{left:.1f} s, what was left of the check's deadline_s"
+
+
 def probe_disk(config: AgentConfig) -> Result:
     c = config["check"]
     paths = list(c["disk_paths"])
@@ -192,7 +209,7 @@ def probe_disk(config: AgentConfig) -> Result:
                     raise OSError("read back differs from what was written")
             return f"{path} {time.monotonic() - t0:.3f} s"
 
-        ok, said = _within(float(c["disk_timeout_s"]), io)
+        ok, said = _within(_timeout(float(c["disk_timeout_s"]))[0], io)
         (fine if ok else problems).append(said if ok else f"{path}: {said}")
     if problems:
         return Result("disk", FAIL, "; ".join(problems))
@@ -204,8 +221,8 @@ def probe_dcgm(config: AgentConfig) -> Result:
     if dcgmi is None:
         return Result("dcgm", UNAVAILABLE, "dcgmi not installed (NVIDIA DCGM)")
     level = int(config["check"]["dcgm_level"])
+    timeout, within = _timeout(float(config["check"]["probe_timeout_s"]))
     try:
-        timeout = float(config["check"]["probe_timeout_s"])
         done = subprocess.run(
             [dcgmi, "diag", "-r", str(level)],
             capture_output=True,
@@ -214,7 +231,7 @@ def probe_dcgm(config: AgentConfig) -> Result:
             check=False,
         )
     except subprocess.TimeoutExpired:
-        return Result("dcgm", FAIL, f"dcgmi diag -r {level} did not finish in time")
+        return Result("dcgm", FAIL, f"dcgmi diag -r {level} did not finish in {within}")
     last = (done.stdout.strip().splitlines() or [""])[-1][:200]
     return Result("dcgm", PASS if done.returncode == 0 else FAIL,
                   f"dcgmi diag -r {level}: exit {done.returncode} {last}")  # fmt: skip
@@ -279,7 +296,7 @@ def probe_allreduce(config: AgentConfig) -> Result:
         )
         for r in range(2)
     ]
-    timeout = float(config["check"]["probe_timeout_s"])
+    timeout, within = _timeout(float(config["check"]["probe_timeout_s"]))
     outs = []
     for p in procs:
         try:
@@ -287,7 +304,7 @@ def probe_allreduce(config: AgentConfig) -> Result:
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
-            return Result("allreduce", FAIL, f"all-reduce did not finish in {timeout:g} s")
+            return Result("allreduce", FAIL, f"all-reduce did not finish in {within}")
         outs.append((p.returncode, out.strip(), err.strip().splitlines()[-1:] or [""]))
     if all(rc == 0 for rc, _, _ in outs):
         backend = outs[0][1].split()[0]
@@ -307,12 +324,24 @@ PROBES: dict[str, Callable[[AgentConfig], Result]] = {
 
 
 def run_checks(config: AgentConfig, names: list[str], *, strict: bool = False) -> list[Result]:
-    """Run ``names`` in turn. ``strict`` (the ``gpuwarden check`` command): a probe asked for
-    that cannot run fails unless ``[check] optional`` lists it, and a probe not started by
-    ``[check] deadline_s`` fails as not run."""
+    """Run ``names`` in turn. ``strict`` (``gpuwarden check`` and the agent's gate): a probe
+    asked for that cannot run fails unless ``[check] optional`` lists it, a probe not started
+    by ``[check] deadline_s`` fails as not run, and a probe's own timeouts are cut to what is
+    left of it (the matrix product, in this process, is the one probe that cannot be cut)."""
     c = config["check"]
     optional = set(c["optional"])
     started = time.monotonic()
+    token = _ENDS.set(started + float(c["deadline_s"]) if strict else None)
+    try:
+        return _run_each(config, names, strict, optional, started)
+    finally:
+        _ENDS.reset(token)
+
+
+def _run_each(
+    config: AgentConfig, names: list[str], strict: bool, optional: set[str], started: float
+) -> list[Result]:
+    c = config["check"]
     out = []
     for name in names:
         t0 = time.monotonic()
@@ -377,25 +406,39 @@ def check_finding(cluster: str, node: str, results: list[Result], now_ns: int) -
 
 
 def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -> str:
-    """Write the results to InfluxDB and post the finding to the engine; what was done."""
+    """Write the results to InfluxDB and post the finding to the engine, within ``[check]
+    report_timeout_s`` in all (the probes had ``deadline_s``: together they end inside
+    slurmd's limit, whether or not InfluxDB and the engine answer); what was done."""
+    budget = float(config["check"]["report_timeout_s"])
+    ends = time.monotonic() + budget
+
+    def left(share: float = 1.0) -> float:
+        return max(0.0, (ends - time.monotonic()) * share)
+
     cluster = str(config["agent"]["cluster"])
     done = []
-    # a spool of its own beside the agent's: the running agent holds its spool's lock
+    # a spool of its own beside the agent's: the running agent holds its spool's lock; what
+    # InfluxDB did not take in time stays in it for the next check --report
     spool = config.sink.spool_dir
-    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else ""))
+    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else "",
+                              timeout_s=min(config.sink.timeout_s, budget / 4)))  # fmt: skip
     try:
         sink.write_points(check_points(cluster, node, results, now_ns))
-        wrote = sink.flush(timeout_s=10.0)
-    finally:
-        sink.close(timeout_s=10.0)
+        wrote = sink.flush(timeout_s=left(0.4))
+    finally:  # at most one more request's timeout (budget / 4) for its writer to stop
+        sink.close(timeout_s=0.0)
     done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
     a = config["agent"]
     finding = check_finding(cluster, node, results, now_ns)
-    poster = config.fast_path_poster(node)
+    poster = config.fast_path_poster(node, timeout_s=max(0.1, left(0.5)))
     if poster is not None:
         poster.post(finding)
-        poster.close(timeout_s=15.0)
-        done.append(f"{finding.kind} posted to {a['remediation_url']}")
+        poster.close(timeout_s=left(0.25))  # it may wait twice: for the queue, then the try
+        if poster.posted:
+            done.append(f"{finding.kind} posted to {poster.url}")
+        else:
+            done.append(f"{finding.kind} NOT delivered to {a['remediation_url']} within "
+                        f"[check] report_timeout_s ({budget:g} s)")  # fmt: skip
     return "; ".join(done)
 
 
@@ -431,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.report:  # its secret files, checked before the probes run (not after 50 s)
+    if args.report:  # its secret files, checked before the probes run (not after 45 s)
         try:
             check_secrets(config.sections, only=REPORT_SECRETS)
         except GpuwardenError as exc:  # the verdict stands; only the report is off

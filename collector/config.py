@@ -124,7 +124,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "disk_timeout_s": 10.0,
         "dcgm_level": 1,
         "probe_timeout_s": 30.0,
-        "deadline_s": 50.0,
+        "deadline_s": 45.0,
+        "report_timeout_s": 4.0,
         "optional": ["dcgm", "gpu_matmul", "allreduce"],
     },
     "sink": SinkConfig().to_mapping(),
@@ -158,7 +159,7 @@ class AgentConfig:
                 settings[key] = xid[key]
         return settings
 
-    def fast_path_poster(self, node: str) -> FindingPoster | None:
+    def fast_path_poster(self, node: str, timeout_s: float = 5.0) -> FindingPoster | None:
         """The poster of findings to the engine (``[agent] remediation_url``; ``None``: off),
         signing as ``remediation_identity`` with ``{node}`` in it replaced by ``node``, so one
         configuration serves every node of a family (``"agents/{node}"``, as the shipped
@@ -172,6 +173,7 @@ class AgentConfig:
             identity=a["remediation_identity"].replace("{node}", node),
             ca_file=a["remediation_ca_file"],
             cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
+            timeout_s=timeout_s,
         )  # fmt: skip
 
 
@@ -182,6 +184,10 @@ def load_config(
     SinkConfig.from_mapping(dict(config["sink"]))  # validates [sink] now, not at first write
     if config["agent"]["interval_s"] <= 0 or config["agent"]["source_timeout_s"] <= 0:
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
+    c = config["check"]
+    for key in ("disk_timeout_s", "probe_timeout_s", "deadline_s", "report_timeout_s"):
+        if not float(c[key]) > 0:
+            raise ConfigError(f"check.{key} must be positive, got {c[key]!r}")
     a = config["agent"]
     if a["health_fail_cycles"] < 1:
         raise ConfigError("agent.health_fail_cycles must be at least 1")

@@ -145,3 +145,80 @@ def test_the_command_is_clear_on_a_machine_without_gpus(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, check=False,
     )  # fmt: skip
     assert bad.returncode == 2 and "unknown probes ['nope']" in bad.stderr
+
+
+def test_a_probe_running_at_the_deadline_is_cut_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 37, item 4: the check ends inside slurmd's 60 s. Before, ``deadline_s`` only
+    kept probes from starting: a ``dcgmi diag`` started just before it ran its whole
+    ``probe_timeout_s`` (the operator's review: 55 s and a drained healthy node)."""
+    (tmp_path / "bin").mkdir()
+    dcgmi = tmp_path / "bin/dcgmi"
+    dcgmi.write_text("#!/bin/sh\nexec sleep 60\n")  # a diagnostic that takes its time
+    dcgmi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    cfg = load_config(str(config(tmp_path, probe_timeout_s=60.0, deadline_s=1.0)))
+    (r,) = check.run_checks(cfg, ["dcgm"], strict=True)
+    assert r.status == "fail" and "what was left of the check's deadline_s" in r.detail, r
+    assert r.seconds < 60.0  # cut at the deadline, not at the probe's own 60 s
+    # not strict (nothing to end by), the probe's own timeout stands
+    assert check._timeout(60.0) == (60.0, "60 s")
+
+
+def test_the_report_has_a_budget_and_says_what_it_did_not_deliver(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--report`` with InfluxDB and the engine not answering (a listener that never
+    accepts a request's answer) waits what ``report_timeout_s`` allows in all; before: 10 s
+    flush, 10 s close and 15 s for the post, 35 s past the probes, and it printed "posted"
+    for a finding it had given up on."""
+    import socket
+
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(64)  # accepts, never answers
+    url = f"http://127.0.0.1:{hole.getsockname()[1]}"
+    path = config(tmp_path, report_timeout_s=2.0)
+    path.write_text(path.read_text().replace(
+        "[agent]\n", f'[agent]\nremediation_url = "{url}/v1/findings"\n') +
+        f'[sink]\nurl = "{url}"\nspool_dir = "{tmp_path}/spool"\n')  # fmt: skip
+    cfg = load_config(str(path))
+    waits: list[float] = []
+    from gpuwarden.core import poster as poster_mod
+    from gpuwarden.core.store import sink as sink_mod
+
+    for cls, name in ((sink_mod.InfluxSink, "flush"), (sink_mod.InfluxSink, "close"),
+                      (poster_mod.FindingPoster, "close")):  # fmt: skip
+        real = getattr(cls, name)
+
+        def asked(self: object, timeout_s: float = 0.0, _real: object = real) -> object:
+            # FindingPoster.close may wait twice its timeout (the queue, then the last try)
+            waits.append(timeout_s * (2 if isinstance(self, poster_mod.FindingPoster) else 1))
+            return _real(self, timeout_s)  # type: ignore[operator]
+
+        monkeypatch.setattr(cls, name, asked)
+    made: list[float] = []
+    real_init = poster_mod.FindingPoster.__init__
+
+    def init(self: poster_mod.FindingPoster, *args: object, **kwargs: object) -> None:
+        real_init(self, *args, **kwargs)  # type: ignore[arg-type]
+        made.append(self.timeout_s)
+
+    monkeypatch.setattr(poster_mod.FindingPoster, "__init__", init)
+    real_sink_init = sink_mod.InfluxSink.__init__
+
+    def sink_init(self: sink_mod.InfluxSink, cfg: object, *args: object, **kw: object) -> None:
+        real_sink_init(self, cfg, *args, **kw)  # type: ignore[arg-type]
+        made.append(self.config.timeout_s)
+
+    monkeypatch.setattr(sink_mod.InfluxSink, "__init__", sink_init)
+    results = [check.Result("disk", check.PASS, "fine")]
+    said = check.report(cfg, "node-7", results, time.time_ns())
+    hole.close()
+    assert "node_check points spooled" in said, said
+    assert "node_healthy NOT delivered" in said and "posted" not in said, said
+    # every wait the report asked for fits the budget together (flush, close, the post), and
+    # the sink's and the poster's requests are cut inside it
+    assert len(waits) >= 3 and sum(waits) <= 2.0, waits  # (close flushes again, for 0 s)
+    assert made and all(t <= 1.0 for t in made), made
