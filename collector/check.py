@@ -57,6 +57,7 @@ from typing import Any
 from gpuwarden.collector.config import AgentConfig, load_config
 from gpuwarden.collector.gpucount import bus_gpus
 from gpuwarden.collector.sources.infiniband import discover
+from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding, Severity
@@ -454,7 +455,7 @@ REPORT_SECRETS = (
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden check", description=__doc__.split("\n")[0])
-    ap.add_argument("--config", help="the agent's TOML (its [check], [health], [nvml], sysfs)")
+    add_common(ap, config_help="the agent's TOML (its [check], [health], [nvml], sysfs)")
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
     ap.add_argument("--probes", help="comma-separated, instead of [check] probes")
     ap.add_argument(
@@ -463,9 +464,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also write the results to InfluxDB and post the finding to the engine",
     )
     args = ap.parse_args(argv)
+    configure_logging(args)
     try:
-        config = load_config(args.config)
-    except GpuwardenError as exc:
+        config = load_config(config_path(args))
+    except (GpuwardenError, UsageError) as exc:
         print(f"gpuwarden check: {exc}", file=sys.stderr)
         return 2
     names = args.probes.split(",") if args.probes else list(config["check"]["probes"])

@@ -45,13 +45,20 @@ class JsonFormatter(logging.Formatter):
 
 
 def add_common(
-    parser: argparse.ArgumentParser, *, sub: bool = False, config_help: str = ""
+    parser: argparse.ArgumentParser,
+    *,
+    sub: bool = False,
+    config_help: str = "",
+    config: bool = True,
 ) -> None:
     """``--config``, ``--log-level`` and ``--log-format`` on ``parser``. On a subparser
-    (``sub``) their defaults are suppressed, so a value given before the subcommand stands."""
+    (``sub``) their defaults are suppressed, so a value given before the subcommand stands.
+    A command that reads no configuration (``replay``) passes ``config=False``: it takes no
+    ``--config`` rather than one it would ignore."""
     default = argparse.SUPPRESS
-    parser.add_argument("--config", default=default if sub else None,
-                        help=config_help or "TOML configuration")  # fmt: skip
+    if config:
+        parser.add_argument("--config", default=default if sub else None,
+                            help=config_help or "TOML configuration")  # fmt: skip
     parser.add_argument("--log-level", choices=LEVELS, type=str.lower,
                         default=default if sub else "info")  # fmt: skip
     parser.add_argument("--log-format", choices=FORMATS,

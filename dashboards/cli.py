@@ -2,8 +2,8 @@
 
     gpuwarden dashboards export --out /etc/grafana/gpuwarden     # JSON + provisioning files
     gpuwarden dashboards push --url http://grafana:3000           # token: GRAFANA_TOKEN or file
-    gpuwarden dashboards render --influx-url http://127.0.0.1:8086 --database gpuwarden \\
-        --from 2026-11-01T00:00:00Z --to 2026-11-01T06:00:00Z --out /tmp/dashboards
+    gpuwarden dashboards render --url http://127.0.0.1:8086 --database gpuwarden \\
+        --start 2026-11-01T00:00:00Z --end 2026-11-01T06:00:00Z --out /tmp/dashboards
 """
 
 from __future__ import annotations
@@ -184,8 +184,8 @@ def _render(args: argparse.Namespace, cfg: Config) -> int:
     client = InfluxQLClient(
         args.influx_url or cfg["influxdb"]["url"], args.database or cfg["influxdb"]["database"]
     )
-    start = parse_when(args.from_) // 10**6
-    end = parse_when(args.to) // 10**6
+    start = parse_when(args.start) // 10**6
+    end = parse_when(args.end) // 10**6
     done = render_all(
         client,
         generate(),
@@ -219,10 +219,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     pu.add_argument("--url", help="Grafana URL (default: [grafana] url)")
     sub.add_parser("check", help="build and check every dashboard; print the problems")
     re_ = sub.add_parser("render", help="PNG panels on HTML pages, from InfluxDB, no Grafana")
-    re_.add_argument("--influx-url", default="")
+    # --url, --start and --end as every other command names them; the old names still work
+    re_.add_argument("--url", "--influx-url", dest="influx_url", default="",
+                     help="InfluxDB URL (default: [influxdb] url)")  # fmt: skip
     re_.add_argument("--database", default="")
-    re_.add_argument("--from", dest="from_", required=True, help="an RFC 3339 time")
-    re_.add_argument("--to", default="now")
+    re_.add_argument("--start", "--from", dest="start", required=True, help="an RFC 3339 time")
+    re_.add_argument("--end", "--to", dest="end", default="now", help="an RFC 3339 time or now")
     re_.add_argument("--out", required=True)
     re_.add_argument("--min-interval", default="", help="e.g. 30s (default: [influxdb])")
     re_.add_argument(

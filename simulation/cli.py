@@ -21,6 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
+from gpuwarden.core.cli import add_common, configure_logging
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.store.trace import NS, ReplayStats, TraceReader, TraceWriter, replay
@@ -144,6 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    add_common(ap, config=False)
     sub = ap.add_subparsers(dest="cmd", required=True)
     sub.add_parser("list", help="the named scenario library")
     g = sub.add_parser("generate", help="generate a scenario into a trace directory")
@@ -172,7 +174,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         w = p.add_mutually_exclusive_group()
         w.add_argument("--start", help="shift so the trace starts here (ISO time or 'now')")
         w.add_argument("--end", help="shift so the trace ends here, e.g. 'now'")
+    for sp in sub.choices.values():
+        add_common(sp, sub=True, config=False)
     args = ap.parse_args(argv)
+    configure_logging(args)
     try:
         if args.cmd == "list":
             for n in library_names():

@@ -77,3 +77,41 @@ def test_remediate_audit_of_a_missing_log_says_so(tmp_path: Path) -> None:
     """Before: ``remediate audit --log /nonexistent`` printed nothing and exited 0."""
     done = gw("remediate", "audit", "--log", str(tmp_path / "nonexistent.jsonl"))
     assert done.returncode == 2 and "no audit log at" in done.stderr
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["agent"],
+        ["check"],
+        ["analyze", "run"],
+        ["remediate", "serve"],
+        ["dashboards", "render"],
+        ["replay", "list"],
+        ["replay", "run"],
+    ],
+)
+def test_every_installed_command_takes_the_log_flags(argv: list[str]) -> None:
+    """Before: ``check`` and ``replay`` took neither ``--log-level`` nor ``--log-format``
+    (``check --log-format json`` was 'unrecognized arguments')."""
+    done = gw(*argv, "--help")
+    assert done.returncode == 0, done.stderr
+    assert "--log-level" in done.stdout and "--log-format" in done.stdout, done.stdout
+    assert ("--config" in done.stdout) == (argv[0] != "replay")  # replay reads no config
+
+
+def test_check_and_replay_write_json_logs(tmp_path: Path) -> None:
+    missing = gw("check", "--config", str(tmp_path / "none.toml"), "--log-format", "json")
+    assert missing.returncode == 2 and "no such file" in missing.stderr, missing.stderr
+    listed = gw("replay", "list", "--log-format", "json", "--log-level", "warning")
+    assert listed.returncode == 0 and "nodes" in listed.stdout, listed.stderr
+
+
+def test_render_names_its_flags_as_the_other_commands_do() -> None:
+    """``--url``, ``--start``, ``--end`` as ``analyze`` and ``replay`` name them (before:
+    ``--influx-url``, ``--from``, ``--to`` only); the old names are still taken."""
+    done = gw("dashboards", "render", "--help")
+    for flag in ("--url", "--start", "--end", "--influx-url", "--from", "--to"):
+        assert flag in done.stdout, flag
+    bad = gw("dashboards", "render", "--start", "yesterday-ish", "--out", "/tmp/x")
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr
