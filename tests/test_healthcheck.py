@@ -53,10 +53,17 @@ def agent_config(tmp: Path, disk: str, optional: tuple[str, ...] = ("gpu_count",
 
 
 def healthcheck(
-    slurm: LocalSlurm, tmp: Path, config: Path, *, path: str = "", node: str = "gpu01"
+    slurm: LocalSlurm,
+    tmp: Path,
+    config: Path,
+    *,
+    path: str = "",
+    node: str = "gpu01",
+    extra: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {
         **os.environ,
+        **(extra or {}),
         "SLURM_CONF": str(slurm.conf),
         "SLURMD_NODENAME": node,
         "GPUWARDEN_CHECK_CONFIG": str(config),
@@ -82,6 +89,20 @@ def test_gpuwarden_missing_drains_with_the_reason(slurm: LocalSlurm, tmp_path: P
     assert done.returncode == 1
     st, reason = state(slurm)
     assert st.startswith("drain") and "gpuwarden is not on PATH" in reason, (st, reason)
+
+
+def test_gpuwarden_off_path_is_found_where_it_was_installed(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """slurmd's PATH does not hold the venv docs/DEPLOY.md installs into: the script takes
+    GPUWARDEN_BIN (else the venv's path). Before: every node drained, 'not on PATH'."""
+    resume(slurm)
+    config = agent_config(tmp_path, str(tmp_path))
+    gw = shim(tmp_path / "elsewhere") / "gpuwarden"
+    done = healthcheck(slurm, tmp_path, config, path="/usr/bin:/bin",
+                       extra={"GPUWARDEN_BIN": str(gw)})  # fmt: skip
+    st, reason = state(slurm)
+    assert done.returncode == 0 and not st.startswith("drain"), (st, reason, done.stderr)
 
 
 def test_a_missing_or_broken_configuration_drains(slurm: LocalSlurm, tmp_path: Path) -> None:

@@ -5,7 +5,8 @@
 #                HealthCheckNodeState=IDLE,CYCLE    # probe idle nodes, a few at a time
 # It fails closed, as LBNL NHC does: a check that cannot run has failed.
 #   * a failing probe drains this node, with the probes that failed as the reason;
-#   * gpuwarden missing, its configuration missing or broken, a check that crashes or does not
+#   * gpuwarden missing (GPUWARDEN_BIN, else PATH, else /opt/gpuwarden/.venv/bin), its
+#     configuration missing or broken, a check that crashes or does not
 #     finish within GPUWARDEN_CHECK_TIMEOUT_S (55 s: slurmd kills the program at 60) drains it
 #     too, with what went wrong as the reason;
 #   * a passing check resumes the node only if this script drained it (its reason starts with
@@ -27,11 +28,13 @@ drain() {
   exit 1
 }
 
-command -v gpuwarden >/dev/null 2>&1 || drain "could not run: gpuwarden is not on PATH ($PATH)"
+# slurmd's PATH rarely holds the venv docs/DEPLOY.md installs into: that venv is looked in too
+gw=${GPUWARDEN_BIN:-$(command -v gpuwarden 2>/dev/null || echo /opt/gpuwarden/.venv/bin/gpuwarden)}
+[ -x "$gw" ] || drain "could not run: gpuwarden is not on PATH ($PATH) nor at $gw"
 [ -r "$config" ] || drain "could not run: no readable configuration at $config"
 report=""
 [ "${GPUWARDEN_CHECK_REPORT:-0}" = "1" ] && report="--report"
-out=$(timeout -k 2 "$limit" gpuwarden check --config "$config" $report 2>&1)
+out=$(timeout -k 2 "$limit" "$gw" check --config "$config" $report 2>&1)
 rc=$?
 last=$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c1-150)
 case $rc in

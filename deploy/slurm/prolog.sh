@@ -6,8 +6,10 @@ set -eu
 # Optional (GPUWARDEN_PROLOG_CHECK=1 in slurmd's environment): the quick probes of
 # `gpuwarden check` before the job starts. A prolog that fails makes Slurm drain this node and
 # requeue the job elsewhere, with the probes' summary in slurmd's log.
+# gpuwarden is GPUWARDEN_BIN, else the one on PATH, else the venv docs/DEPLOY.md installs into.
 if [ "${GPUWARDEN_PROLOG_CHECK:-0}" = 1 ]; then
-    gpuwarden check --config /etc/gpuwarden/agent.toml --probes gpu_count,infiniband,disk >&2 \
+    gw=${GPUWARDEN_BIN:-$(command -v gpuwarden 2>/dev/null || echo /opt/gpuwarden/.venv/bin/gpuwarden)}
+    "$gw" check --config /etc/gpuwarden/agent.toml --probes gpu_count,infiniband,disk >&2 \
         || exit 1
 fi
 dir="${GPUWARDEN_JOBMAP_DIR:-/run/gpuwarden/jobs}"
