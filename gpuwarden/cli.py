@@ -13,7 +13,8 @@ Each command imports only its own package (and ``core``), so a GPU node that ins
 whose extra is not installed says which one to install. ``gpuwarden <command> --help`` gives
 the command's own options. This module is the launcher: it imports the others by name and
 nothing of the product imports it. ``demo`` and ``backtest`` run from a source checkout only:
-the wheel carries neither the demo nor its models.
+the wheel carries neither the demo nor its models, and an installed ``gpuwarden`` neither lists
+them nor imports a top-level ``demo`` (another distribution's, where one is installed).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from __future__ import annotations
 import importlib
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 #: command -> (module with main(argv), the extra it needs, what it is)
 COMMANDS: dict[str, tuple[str, str, str]] = {
@@ -47,9 +49,25 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
 }
 
 
+#: the repository root when running from a checkout (site-packages when installed)
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def in_checkout() -> bool:
+    """Whether this is a source checkout, whose ``demo`` package is ours. Installed, a
+    top-level ``demo`` is some other distribution's (PyPI has one): never imported."""
+    return (ROOT / "pyproject.toml").is_file() and (ROOT / "demo" / "run.py").is_file()
+
+
+def offered() -> dict[str, tuple[str, str, str]]:
+    """The commands this installation runs: ``demo`` and ``backtest`` in a checkout only."""
+    return {n: c for n, c in COMMANDS.items() if in_checkout() or not c[0].startswith("demo.")}
+
+
 def usage() -> str:
-    width = max(map(len, COMMANDS))
-    lines = [f"  {name:<{width}}  {what}" for name, (_, _, what) in COMMANDS.items()]
+    commands = offered()
+    width = max(map(len, commands))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, _, what) in commands.items()]
     return (
         "usage: gpuwarden <command> [options]   (gpuwarden <command> --help for its options)\n\n"
         "commands:\n" + "\n".join(lines)
@@ -74,17 +92,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"gpuwarden: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module_name, extra, _ = COMMANDS[name]
+    if name not in offered():
+        print(
+            f"gpuwarden {name}: runs from a source checkout (bash scripts/demo.sh); "
+            "the installed package carries no demo",
+            file=sys.stderr,
+        )
+        return 2
     try:
         module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
-        if top == "demo" and module_name.startswith("demo."):
-            print(
-                f"gpuwarden {name}: runs from a source checkout (bash scripts/demo.sh); "
-                "the installed package carries no demo",
-                file=sys.stderr,
-            )
-            return 2
         if exc.name is None or top in ("gpuwarden", "demo", "testbed"):
             raise
         print(

@@ -56,13 +56,15 @@ def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess
 
 
 def squatter_wheel(where: Path) -> Path:
-    """A wheel of ``analytics-squatter`` with top-level ``analytics``, ``collector`` and
-    ``core`` packages: what a crowded training image may already hold."""
+    """A wheel of ``analytics-squatter`` with top-level ``analytics``, ``collector``, ``core``
+    and ``demo`` packages: what a crowded training image may already hold (PyPI has a
+    ``demo``; this one's ``demo.run.main`` says so if anything runs it)."""
     name, version = "analytics_squatter", "1.0"
     files = {
         f"{top}/__init__.py": f"SQUATTER = {top!r}\n".encode()
-        for top in ("analytics", "collector", "core")
+        for top in ("analytics", "collector", "core", "demo")
     }
+    files["demo/run.py"] = b"def main(argv):\n    print('THE SQUATTER RAN')\n    return 0\n"
     info = f"{name}-{version}.dist-info"
     files[f"{info}/METADATA"] = (
         f"Metadata-Version: 2.1\nName: analytics-squatter\nVersion: {version}\n".encode()
@@ -200,5 +202,11 @@ def test_agent_extra_alone_runs_the_agent_and_the_check_beside_a_squatter(
     analyze = run([str(venv / "gpuwarden"), "analyze", "run"], cwd=tmp_path)
     assert analyze.returncode == 2
     assert "pip install 'gpuwarden[analytics]'" in analyze.stderr
+    # the checkout-only commands: not offered, and another's top-level demo never run
+    # (before: gpuwarden demo imported the squatter's demo.run and ran it)
     demo = run([str(venv / "gpuwarden"), "demo"], cwd=tmp_path)
-    assert demo.returncode == 2 and "source checkout" in demo.stderr
+    assert demo.returncode == 2 and "source checkout" in demo.stderr, demo.stdout
+    assert "SQUATTER" not in demo.stdout + demo.stderr
+    listed = run([str(venv / "gpuwarden"), "--help"], cwd=tmp_path)
+    assert listed.returncode == 0 and "agent" in listed.stdout
+    assert "demo" not in listed.stdout and "backtest" not in listed.stdout, listed.stdout
