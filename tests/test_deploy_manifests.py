@@ -382,3 +382,15 @@ def _answers(port: int) -> bool:
         return ok
     except OSError:
         return False
+
+
+def test_the_namespace_admits_what_the_agent_needs() -> None:
+    """The agent uses hostPath, hostPID and SYS_PTRACE, which Pod Security's baseline level
+    refuses: the namespace says ``enforce: privileged`` (before: no label, so a cluster
+    enforcing baseline by default refused every agent pod)."""
+    docs = documents()
+    (ns,) = [d for d in docs if d["kind"] == "Namespace"]
+    labels = ns["metadata"].get("labels", {})
+    assert labels.get("pod-security.kubernetes.io/enforce") == "privileged", labels
+    spec = next(s for s in pod_specs(docs) if s.get("hostPID"))
+    assert any("hostPath" in v for v in spec["volumes"])
