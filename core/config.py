@@ -221,6 +221,10 @@ def merge_config(
             data[section][key] = _coerce(section, key, defaults[section][key], value, name)
         elif section in data:  # GPUWARDEN_SINK_TOKEN: refused, never silently ignored
             _secret_value_error(section, key, data[section], name)
+            # a typo (GPUWARDEN_HEALTH_EXPECTED_GPU) would leave the default in force: said,
+            # not refused, as scripts keep switches of their own under the same prefix
+            log.warning("%s names no setting of the %s configuration (no %s.%s): ignored",
+                        name, what, section, key)  # fmt: skip
     for section, values in data.items():
         for key, value in values.items():
             if key.endswith("url") and isinstance(value, str) and _url_password(value):

@@ -494,6 +494,19 @@ def test_reporter_never_blocks_and_counts_what_it_drops():
     assert not rep.close(timeout_s=0.2)
 
 
+def test_an_environment_variable_naming_no_setting_is_said(caplog):
+    """A typo in a DaemonSet's or a unit's variable left the default in force without a word
+    (GPUWARDEN_HEALTH_EXPECTED_GPU: expected_gpus stayed 0, and a node missing a GPU passed).
+    It is a warning, not a refusal: scripts keep switches of their own under the prefix."""
+    with caplog.at_level("WARNING", logger="gpuwarden.core.config"):
+        config = load_config(None, environ={"GPUWARDEN_HEALTH_EXPECTED_GPU": "8",
+                                            "GPUWARDEN_BIN": "/opt/x"})  # fmt: skip
+    assert config["health"]["expected_gpus"] == 0
+    said = [r.getMessage() for r in caplog.records]
+    assert any("GPUWARDEN_HEALTH_EXPECTED_GPU names no setting" in m for m in said), said
+    assert not any("GPUWARDEN_BIN" in m for m in said)  # no [bin] section: not ours
+
+
 def test_config_environment_overrides_and_errors(tmp_path):
     config = load_config(
         None,

@@ -34,7 +34,10 @@ gw=${GPUWARDEN_BIN:-$(command -v gpuwarden 2>/dev/null || echo /opt/gpuwarden/.v
 [ -r "$config" ] || drain "could not run: no readable configuration at $config"
 report=""
 [ "${GPUWARDEN_CHECK_REPORT:-0}" = "1" ] && report="--report"
-out=$(timeout -k 2 "$limit" "$gw" check --config "$config" $report 2>&1)
+# this script's own switches are not the check's settings (GPUWARDEN_CHECK_<KEY> would read
+# as [check] <key>): kept from it
+out=$(env -u GPUWARDEN_CHECK_CONFIG -u GPUWARDEN_CHECK_REPORT -u GPUWARDEN_CHECK_TIMEOUT_S \
+  timeout -k 2 "$limit" "$gw" check --config "$config" $report 2>&1)
 rc=$?
 last=$(printf '%s\n' "$out" | grep -v '^[[:space:]]*$' | tail -n 1 | cut -c1-150)
 case $rc in
