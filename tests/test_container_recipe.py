@@ -119,15 +119,20 @@ def build_by_hand(recipe: Path, root: Path, context: dict[str, Path]) -> list[st
     done = run(["debootstrap", "--variant=minbase", suite, str(root), mirror])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     # the build host's way to the registries, as a build would be given it: its resolver and
-    # the CAs it trusts (this sandbox's egress proxy signs with one of its own), and pip's
-    # settings for them; nothing else of the host's environment enters
+    # the CAs it trusts (this sandbox's egress proxy signs with one of its own; pip is told
+    # to trust them, as a build behind such a proxy is), and pip's index and proxy settings;
+    # nothing else of the host's environment enters
     shutil.copy("/etc/resolv.conf", root / "etc/resolv.conf")
     cas = root / "usr/local/share/ca-certificates"
     cas.mkdir(parents=True, exist_ok=True)
     for ca in Path("/usr/local/share/ca-certificates").glob("*.crt"):
         shutil.copy(ca, cas / ca.name)
     env = ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME=/root"]
-    keep = ("PIP_CERT", "PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "HTTPS_PROXY", "https_proxy",
+    host_cas = Path(os.environ.get("PIP_CERT") or "/etc/ssl/certs/ca-certificates.crt")
+    if host_cas.is_file():
+        shutil.copy(host_cas, root / "tmp/build-host-cas.pem")
+        env.append("PIP_CERT=/tmp/build-host-cas.pem")
+    keep = ("PIP_INDEX_URL", "PIP_EXTRA_INDEX_URL", "HTTPS_PROXY", "https_proxy",
             "HTTP_PROXY", "http_proxy", "NO_PROXY", "no_proxy")  # fmt: skip
     env += [f"{k}={os.environ[k]}" for k in keep if k in os.environ]
     path = env[0].removeprefix("PATH=")
