@@ -8,7 +8,8 @@ The command fails closed: ``unavailable`` is a failure for every probe the confi
 for, except those listed in ``[check] optional`` (by default ``dcgm``, ``gpu_matmul`` and
 ``allreduce``, which need DCGM, torch or a GPU), so a node whose GPUs NVML cannot see is not
 healthy. The probes run one after another; one not started by ``[check] deadline_s`` (45 s)
-fails as "not run", and one still running then is cut (its timeouts are cut to what is left),
+fails as "not run", and one still running then is cut (its timeouts are cut to what is left;
+one that cannot be cut is failed and left behind 2 s later),
 so the defaults, with ``--report``'s ``report_timeout_s`` (4 s), end inside slurmd's 60 s
 ``HealthCheckProgram`` limit. The agent's own gate, ``[health] check_probes``, runs the same
 strict check.
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import contextvars
 import json
+import math
 import os
 import shutil
 import socket
@@ -51,8 +53,9 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from gpuwarden.collector.config import AgentConfig, load_config
 from gpuwarden.collector.gpucount import bus_gpus
@@ -61,10 +64,12 @@ from gpuwarden.core.cli import UsageError, add_common, config_path, configure_lo
 from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.poster import FindingPoster
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink
 
 PASS, FAIL, UNAVAILABLE = "pass", "fail", "unavailable"
+T = TypeVar("T")
 
 
 @dataclass
@@ -156,24 +161,36 @@ def probe_infiniband(config: AgentConfig) -> Result:
     return Result("infiniband", PASS, f"{len(ports)} ports ACTIVE and LinkUp{at}")
 
 
-def _within(timeout_s: float, work: Callable[[], str]) -> tuple[bool, str]:
-    """Run ``work`` on a thread; ``(finished, its answer or error)``. A hung call is left
-    behind (a daemon thread): the check still answers."""
-    out: list[tuple[bool, str]] = []
+def _bounded(timeout_s: float, work: Callable[[], T]) -> tuple[str, T | str]:
+    """Run ``work`` on a thread, in this context (a strict check's deadline with it), for at
+    most ``timeout_s``: ``("done", its answer)``, ``("raised", the error)`` or ``("late",
+    why)``. A call still running is left behind (a daemon thread): the check still answers,
+    in time, whatever the call does (an NVML init that hangs, a server that trickles)."""
+    out: list[tuple[str, T | str]] = []
+    ctx = contextvars.copy_context()
 
     def run() -> None:
         try:
-            out.append((True, work()))
+            out.append(("done", ctx.run(work)))
         except Exception as exc:
-            out.append((False, f"{type(exc).__name__}: {exc}"))
+            out.append(("raised", f"{type(exc).__name__}: {exc}"))
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
-    t.join(timeout_s)
+    t.join(max(0.0, timeout_s))
     if not out:
-        return False, f"no answer within {timeout_s:g} s"
+        return "late", f"no answer within {timeout_s:g} s"
     return out[0]
 
+
+def _within(timeout_s: float, work: Callable[[], str]) -> tuple[bool, str]:
+    """:func:`_bounded` for a call that answers a string: ``(finished, answer or error)``."""
+    state, said = _bounded(timeout_s, work)
+    return state == "done", str(said)
+
+
+#: how long past the deadline a probe that cuts itself has to say so, before it is left behind
+GRACE_S = 2.0
 
 #: the monotonic time a strict check ends its probes by (``[check] deadline_s``); None: no end
 _ENDS: contextvars.ContextVar[float | None] = contextvars.ContextVar("check_ends", default=None)
@@ -298,10 +315,11 @@ def probe_allreduce(config: AgentConfig) -> Result:
         for r in range(2)
     ]
     timeout, within = _timeout(float(config["check"]["probe_timeout_s"]))
+    ends = time.monotonic() + timeout  # one end for both ranks, not a timeout each
     outs = []
     for p in procs:
         try:
-            out, err = p.communicate(timeout=timeout)
+            out, err = p.communicate(timeout=max(0.0, ends - time.monotonic()))
         except subprocess.TimeoutExpired:
             for q in procs:
                 q.kill()
@@ -328,7 +346,8 @@ def run_checks(config: AgentConfig, names: list[str], *, strict: bool = False) -
     """Run ``names`` in turn. ``strict`` (``gpuwarden check`` and the agent's gate): a probe
     asked for that cannot run fails unless ``[check] optional`` lists it, a probe not started
     by ``[check] deadline_s`` fails as not run, and a probe's own timeouts are cut to what is
-    left of it (the matrix product, in this process, is the one probe that cannot be cut)."""
+    left of it; one that cannot be cut (NVML's init, the matrix product: in this process) is
+    waited for until the deadline and :data:`GRACE_S`, then failed and left behind."""
     c = config["check"]
     optional = set(c["optional"])
     started = time.monotonic()
@@ -343,17 +362,27 @@ def _run_each(
     config: AgentConfig, names: list[str], strict: bool, optional: set[str], started: float
 ) -> list[Result]:
     c = config["check"]
+    deadline = float(c["deadline_s"])
     out = []
     for name in names:
         t0 = time.monotonic()
-        if strict and t0 - started > float(c["deadline_s"]):
+        if strict and t0 - started > deadline:
             out.append(Result(name, FAIL, f"not run: the check passed its deadline_s "
-                              f"({float(c['deadline_s']):g} s)"))  # fmt: skip
+                              f"({deadline:g} s)"))  # fmt: skip
             continue
-        try:
-            r = PROBES[name](config)
-        except Exception as exc:  # a probe's own bug is a failed check, not a crash
-            r = Result(name, FAIL, f"the probe failed: {type(exc).__name__}: {exc}")
+        # strict: every probe ends by the deadline, whether or not its own timeouts can cut
+        # it (NVML's init and the matrix product run in this process); GRACE_S lets one that
+        # cuts itself (a killed dcgmi) say so first
+        left = started + deadline - t0 + GRACE_S if strict else math.inf
+        state, got = _bounded(left, partial(PROBES[name], config))
+        if state == "done":
+            assert isinstance(got, Result)
+            r = got
+        elif state == "late":
+            r = Result(name, FAIL, f"did not finish by the check's deadline_s ({deadline:g} s); "
+                       "left running")  # fmt: skip
+        else:  # a probe's own bug is a failed check, not a crash
+            r = Result(name, FAIL, f"the probe failed: {got}")
         if strict and r.status == UNAVAILABLE and name not in optional:
             r = Result(name, FAIL, f"could not run: {r.detail} (asked for and not in "
                        "[check] optional)")  # fmt: skip
@@ -407,40 +436,66 @@ def check_finding(cluster: str, node: str, results: list[Result], now_ns: int) -
 
 
 def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -> str:
-    """Write the results to InfluxDB and post the finding to the engine, within ``[check]
-    report_timeout_s`` in all (the probes had ``deadline_s``: together they end inside
-    slurmd's limit, whether or not InfluxDB and the engine answer); what was done."""
+    """Post the finding to the engine and write the results to InfluxDB, within ``[check]
+    report_timeout_s`` in all, however the two answer (a server that trickles, a resolver
+    that hangs: the report runs on a thread the check stops waiting for). The probes had
+    ``deadline_s``: together they end inside slurmd's limit. What was done, as far as it got;
+    what InfluxDB did not take stays in the check's own spool for the next ``--report``."""
     budget = float(config["check"]["report_timeout_s"])
+    done: list[str] = []
+    posters: list[FindingPoster] = []
+    work = partial(_report, config, node, results, now_ns, budget, done, posters)
+    state, said = _bounded(budget, work)
+    if state == "done":
+        return "; ".join(done)
+    if state == "late":
+        said = f"not finished within [check] report_timeout_s ({budget:g} s)"
+    if posters and posters[0].posted and not any("posted to" in d for d in done):
+        done.append(f"{'node_check_failed' if not passed(results) else 'node_healthy'} "
+                    f"posted to {posters[0].url}")  # fmt: skip
+    return "; ".join([*done, f"the report stopped: {said}"])
+
+
+def _report(
+    config: AgentConfig,
+    node: str,
+    results: list[Result],
+    now_ns: int,
+    budget: float,
+    done: list[str],
+    posters: list[FindingPoster],
+) -> None:
     ends = time.monotonic() + budget
 
-    def left(share: float = 1.0) -> float:
-        return max(0.0, (ends - time.monotonic()) * share)
+    def left() -> float:
+        return max(0.0, ends - time.monotonic())
 
     cluster = str(config["agent"]["cluster"])
-    done = []
-    # a spool of its own beside the agent's: the running agent holds its spool's lock; what
-    # InfluxDB did not take in time stays in it for the next check --report
-    spool = config.sink.spool_dir
-    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else "",
-                              timeout_s=min(config.sink.timeout_s, budget / 4)))  # fmt: skip
-    try:
-        sink.write_points(check_points(cluster, node, results, now_ns))
-        wrote = sink.flush(timeout_s=left(0.4))
-    finally:  # at most one more request's timeout (budget / 4) for its writer to stop
-        sink.close(timeout_s=0.0)
-    done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
     a = config["agent"]
     finding = check_finding(cluster, node, results, now_ns)
-    poster = config.fast_path_poster(node, timeout_s=max(0.1, left(0.5)))
+    # the engine first (a passing check is what returns the node), on its own thread while
+    # InfluxDB is written
+    poster = config.fast_path_poster(node, timeout_s=budget)
     if poster is not None:
+        posters.append(poster)
         poster.post(finding)
-        poster.close(timeout_s=left(0.25))  # it may wait twice: for the queue, then the try
+    # a spool of its own beside the agent's: the running agent holds its spool's lock
+    spool = config.sink.spool_dir
+    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else "",
+                              timeout_s=min(config.sink.timeout_s, budget)))  # fmt: skip
+    try:
+        sink.write_points(check_points(cluster, node, results, now_ns))
+        wrote = sink.flush(timeout_s=left() / 2)  # the rest: the close, the engine's answer
+    finally:
+        sink.close(timeout_s=0.0)
+    done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
+    if poster is not None:
+        poster.close(timeout_s=left() / 2)  # it may wait twice: for the queue, then the try
         if poster.posted:
             done.append(f"{finding.kind} posted to {poster.url}")
         else:
             done.append(f"{finding.kind} NOT delivered to {a['remediation_url']} within "
                         f"[check] report_timeout_s ({budget:g} s)")  # fmt: skip
-    return "; ".join(done)
 
 
 #: what ``--report`` reads: the sink's credentials and the fast path's

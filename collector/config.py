@@ -8,6 +8,7 @@ comma-separated and booleans are ``true``/``false``/``1``/``0``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -112,13 +113,14 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "expected_gpus": 0,
         "gpu_count_check": True,
         # the node check run before node_healthy is said ([] = say it without one)
-        "check_probes": ["gpu_count", "infiniband", "disk"],
+        # what every node has; an InfiniBand (or RoCE) node adds "infiniband" (the samples do)
+        "check_probes": ["gpu_count", "disk"],
         # finding kinds besides critical ones that start the healthy stretch again
         "restart_on": ["link_flap"],
     },
     # gpuwarden check: the active node check (collector.check)
     "check": {
-        "probes": ["gpu_count", "infiniband", "disk", "dcgm"],
+        "probes": ["gpu_count", "disk", "dcgm"],
         "ib_rate_gbps": 0.0,
         "disk_paths": ["/tmp"],
         "disk_timeout_s": 10.0,
@@ -186,8 +188,15 @@ def load_config(
         raise ConfigError("agent.interval_s and agent.source_timeout_s must be positive")
     c = config["check"]
     for key in ("disk_timeout_s", "probe_timeout_s", "deadline_s", "report_timeout_s"):
-        if not float(c[key]) > 0:
-            raise ConfigError(f"check.{key} must be positive, got {c[key]!r}")
+        if not 0 < float(c[key]) < math.inf:
+            raise ConfigError(f"check.{key} must be a positive number of seconds, got {c[key]!r}")
+    for key in ("disk_timeout_s", "probe_timeout_s"):
+        # a strict check cuts a probe at the deadline: a longer timeout could never be used,
+        # and a diagnostic that needs it would fail every time
+        if float(c[key]) > float(c["deadline_s"]):
+            raise ConfigError(f"check.{key} ({c[key]:g} s) is longer than check.deadline_s "
+                              f"({c['deadline_s']:g} s), which cuts every probe: raise "
+                              "deadline_s (outside slurmd's 60 s) or lower it")  # fmt: skip
     a = config["agent"]
     if a["health_fail_cycles"] < 1:
         raise ConfigError("agent.health_fail_cycles must be at least 1")

@@ -150,6 +150,20 @@ def test_a_probe_that_cannot_run_keeps_the_node_out(tmp_path) -> None:
     assert "node_healthy" in kinds, kinds
 
 
+def test_the_default_gate_passes_a_node_without_infiniband(tmp_path) -> None:
+    """The defaults ask only for what every node has (gpu_count, disk): with the gate strict,
+    a default that asked for infiniband failed every node without it (a cloud VM, GKE) as
+    critical, and the engine's node-check-failed policy drained them (the review)."""
+    cfg = write_config(tmp_path, sources=["nvml", "xid"])
+    cfg.write_text(cfg.read_text() + "\n[health]\nhealthy_after_s = 0.2\nexpected_gpus = 8\n")
+    shutil.rmtree(tmp_path / "sys" / "class" / "infiniband")
+    sink = ListSink()
+    agent, _ = agent_cli.build_agent(load_config(cfg, environ={}), sink)
+    agent.run(threading.Event(), max_cycles=12)
+    kinds = {p.tags["kind"] for b in sink.batches for p in b if p.measurement == "finding"}
+    assert "node_healthy" in kinds and "node_check_failed" not in kinds, kinds
+
+
 def test_negative_health_settings_are_a_configuration_error(tmp_path) -> None:
     cfg = write_config(tmp_path, sources=["nvml"])
     cfg.write_text(cfg.read_text() + "\n[health]\nhealthy_after_s = -1.0\n")
