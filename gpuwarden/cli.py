@@ -99,8 +99,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if module_name.startswith("demo."):
+        # ours, from the checkout, even where another distribution's demo comes first on
+        # sys.path (site-packages precedes the editable install's root)
+        sys.path.insert(0, str(ROOT))
+        sys.modules.pop("demo", None)
     try:
         module = importlib.import_module(module_name)
+        where = Path(getattr(module, "__file__", "") or "").resolve()
+        if module_name.startswith("demo.") and not where.is_relative_to(ROOT / "demo"):
+            print(f"gpuwarden {name}: {module_name} came from {where}, not this checkout",
+                  file=sys.stderr)  # fmt: skip
+            return 2
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
         if exc.name is None or top in ("gpuwarden", "demo", "testbed"):

@@ -46,13 +46,17 @@ def uv() -> str:
     return found
 
 
-def run(argv: list[str], cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run outside the checkout (its folders would shadow the venv's), without our paths."""
+def run(
+    argv: list[str], cwd: Path | None = None, timeout: float = 1200.0
+) -> subprocess.CompletedProcess[str]:
+    """Run outside the checkout (its folders would shadow the venv's), without our paths.
+    ``timeout``: a guard against a stalled mirror or index holding CI (not a speed limit)."""
     env = {**os.environ, "UV_PYTHON_DOWNLOADS": "never"}
     env.pop("PYTHONPATH", None)
     env.pop("VIRTUAL_ENV", None)
     where = cwd or Path(os.environ.get("TMPDIR", "/tmp"))
-    return subprocess.run(argv, capture_output=True, text=True, check=False, env=env, cwd=where)
+    return subprocess.run(argv, capture_output=True, text=True, check=False, env=env, cwd=where,
+                          timeout=timeout)  # fmt: skip
 
 
 def squatter_wheel(where: Path) -> Path:
@@ -210,3 +214,21 @@ def test_agent_extra_alone_runs_the_agent_and_the_check_beside_a_squatter(
     listed = run([str(venv / "gpuwarden"), "--help"], cwd=tmp_path)
     assert listed.returncode == 0 and "agent" in listed.stdout
     assert "demo" not in listed.stdout and "backtest" not in listed.stdout, listed.stdout
+
+
+def test_a_checkout_runs_its_own_demo_before_anothers(tmp_path: Path) -> None:
+    """In a checkout (the editable install), another distribution's top-level ``demo`` that
+    comes first on sys.path (site-packages precedes the .pth's root; here PYTHONPATH) was
+    what ``gpuwarden demo`` imported and ran (the review: THE SQUATTER RAN)."""
+    squatter = tmp_path / "elsewhere" / "demo"
+    squatter.mkdir(parents=True)
+    (squatter / "__init__.py").write_text("")
+    (squatter / "run.py").write_text(
+        "def main(argv):\n    print('THE SQUATTER RAN')\n    return 0\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(tmp_path / "elsewhere")}
+    argv = [str(ROOT / ".venv/bin/gpuwarden"), "demo", "--help"]
+    done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                          check=False, timeout=300)  # fmt: skip
+    assert "SQUATTER" not in done.stdout, done.stdout
+    assert done.returncode == 0 and "usage: gpuwarden demo" in done.stdout, done.stderr
