@@ -5,12 +5,12 @@ with a one-screen summary (``--json``: ``{"node", "ok", "probes": [{"name", "sta
 "detail", "seconds"}]}``, ``status`` one of ``pass``, ``fail``, ``unavailable``). A probe that
 cannot run here (no GPU, no ``dcgmi``, no torch, no InfiniBand) says ``unavailable`` and why.
 The command fails closed: ``unavailable`` is a failure for every probe the configuration asks
-for, except those listed in ``[check] optional`` (by default ``dcgm``, ``gpu_matmul`` and
-``allreduce``, which need DCGM, torch or a GPU), so a node whose GPUs NVML cannot see is not
-healthy. The probes run one after another; one not started by ``[check] deadline_s`` (45 s)
-fails as "not run", and one still running then is cut (its timeouts are cut to what is left;
-one that cannot be cut is failed and left behind 2 s later),
-so the defaults, with ``--report``'s ``report_timeout_s`` (4 s), end inside slurmd's 60 s
+for, except those listed in ``[check] optional`` (by default ``infiniband``, ``dcgm``,
+``gpu_matmul`` and ``allreduce``, which need an HCA, DCGM, torch or a GPU), so a node whose
+GPUs NVML cannot see is not healthy. The probes run one after another; one not started by
+``[check] deadline_s`` (45 s) fails as "not run", and one still running then is cut (its
+timeouts are cut to what is left; one that cannot be cut is failed and left behind 2 s
+later), so the defaults, with ``--report``'s ``report_timeout_s`` (4 s), end inside slurmd's 60 s
 ``HealthCheckProgram`` limit. The agent's own gate, ``[health] check_probes``, runs the same
 strict check.
 
@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import contextvars
 import json
-import math
 import os
 import shutil
 import socket
@@ -161,7 +160,9 @@ def probe_infiniband(config: AgentConfig) -> Result:
     return Result("infiniband", PASS, f"{len(ports)} ports ACTIVE and LinkUp{at}")
 
 
-def _bounded(timeout_s: float, work: Callable[[], T]) -> tuple[str, T | str]:
+def _bounded(
+    timeout_s: float, work: Callable[[], T], started: list[threading.Thread] | None = None
+) -> tuple[str, T | str]:
     """Run ``work`` on a thread, in this context (a strict check's deadline with it), for at
     most ``timeout_s``: ``("done", its answer)``, ``("raised", the error)`` or ``("late",
     why)``. A call still running is left behind (a daemon thread): the check still answers,
@@ -177,6 +178,8 @@ def _bounded(timeout_s: float, work: Callable[[], T]) -> tuple[str, T | str]:
 
     t = threading.Thread(target=run, daemon=True)
     t.start()
+    if started is not None:
+        started.append(t)
     t.join(max(0.0, timeout_s))
     if not out:
         return "late", f"no answer within {timeout_s:g} s"
@@ -370,25 +373,43 @@ def _run_each(
             out.append(Result(name, FAIL, f"not run: the check passed its deadline_s "
                               f"({deadline:g} s)"))  # fmt: skip
             continue
-        # strict: every probe ends by the deadline, whether or not its own timeouts can cut
-        # it (NVML's init and the matrix product run in this process); GRACE_S lets one that
-        # cuts itself (a killed dcgmi) say so first
-        left = started + deadline - t0 + GRACE_S if strict else math.inf
-        state, got = _bounded(left, partial(PROBES[name], config))
-        if state == "done":
-            assert isinstance(got, Result)
-            r = got
-        elif state == "late":
-            r = Result(name, FAIL, f"did not finish by the check's deadline_s ({deadline:g} s); "
-                       "left running")  # fmt: skip
-        else:  # a probe's own bug is a failed check, not a crash
-            r = Result(name, FAIL, f"the probe failed: {got}")
+        r = _strict_probe(config, name, started + deadline - t0) if strict else _probe(config, name)
         if strict and r.status == UNAVAILABLE and name not in optional:
             r = Result(name, FAIL, f"could not run: {r.detail} (asked for and not in "
                        "[check] optional)")  # fmt: skip
         r.seconds = round(time.monotonic() - t0, 3)
         out.append(r)
     return out
+
+
+def _probe(config: AgentConfig, name: str) -> Result:
+    try:
+        return PROBES[name](config)
+    except Exception as exc:  # a probe's own bug is a failed check, not a crash
+        return Result(name, FAIL, f"the probe failed: {type(exc).__name__}: {exc}")
+
+
+#: probes a strict check stopped waiting for, still running (one per name, at most)
+_LEFT_BEHIND: dict[str, threading.Thread] = {}
+
+
+def _strict_probe(config: AgentConfig, name: str, left_s: float) -> Result:
+    """The probe, waited for until the deadline and :data:`GRACE_S` whether or not its own
+    timeouts can cut it (NVML's init and the matrix product run in this process; GRACE_S lets
+    one that cuts itself, a killed dcgmi, say so first). One left behind is not started again
+    while it runs (the agent's gate runs the check again and again): that check fails it."""
+    behind = _LEFT_BEHIND.get(name)
+    if behind is not None and behind.is_alive():
+        return Result(name, FAIL, "still running since an earlier check stopped waiting for "
+                      "it; not started again")  # fmt: skip
+    threads: list[threading.Thread] = []
+    state, got = _bounded(left_s + GRACE_S, partial(_probe, config, name), threads)
+    if state == "done":
+        assert isinstance(got, Result)
+        return got
+    _LEFT_BEHIND[name] = threads[0]
+    return Result(name, FAIL, f"did not finish by the check's deadline_s "
+                  f"({float(config['check']['deadline_s']):g} s); left running")  # fmt: skip
 
 
 def passed(results: list[Result]) -> bool:
@@ -481,8 +502,11 @@ def _report(
         poster.post(finding)
     # a spool of its own beside the agent's: the running agent holds its spool's lock
     spool = config.sink.spool_dir
+    # points on disk before the first send (no write-behind), so a report cut off mid-send
+    # leaves them for the next one; each request inside a quarter of the budget
     sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else "",
-                              timeout_s=min(config.sink.timeout_s, budget)))  # fmt: skip
+                              timeout_s=min(config.sink.timeout_s, budget / 4),
+                              spool_write_behind_s=0.0))  # fmt: skip
     try:
         sink.write_points(check_points(cluster, node, results, now_ns))
         wrote = sink.flush(timeout_s=left() / 2)  # the rest: the close, the engine's answer
@@ -525,7 +549,11 @@ def main(argv: list[str] | None = None) -> int:
     except (GpuwardenError, UsageError) as exc:
         print(f"gpuwarden check: {exc}", file=sys.stderr)
         return 2
-    names = args.probes.split(",") if args.probes else list(config["check"]["probes"])
+    given = args.probes.split(",") if args.probes is not None else config["check"]["probes"]
+    names = [n.strip() for n in given if n.strip()]  # "gpu_count, disk," as well
+    if not names:  # "healthy" after checking nothing would fail open
+        print("gpuwarden check: no probes to run ([check] probes or --probes)", file=sys.stderr)
+        return 2
     unknown = sorted(set(names) - set(PROBES))
     if unknown:
         print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",

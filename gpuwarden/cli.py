@@ -20,6 +20,7 @@ them nor imports a top-level ``demo`` (another distribution's, where one is inst
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -57,6 +58,16 @@ def in_checkout() -> bool:
     """Whether this is a source checkout, whose ``demo`` package is ours. Installed, a
     top-level ``demo`` is some other distribution's (PyPI has one): never imported."""
     return (ROOT / "pyproject.toml").is_file() and (ROOT / "demo" / "run.py").is_file()
+
+
+def _origin(package: str) -> Path | None:
+    """Where ``package`` is (already imported, or would be imported from), without running it."""
+    loaded = sys.modules.get(package)
+    if loaded is not None:
+        where = getattr(loaded, "__file__", None)
+        return Path(where).resolve() if where else None
+    spec = importlib.util.find_spec(package)
+    return Path(spec.origin).resolve() if spec is not None and spec.origin else None
 
 
 def offered() -> dict[str, tuple[str, str, str]]:
@@ -101,16 +112,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     if module_name.startswith("demo."):
         # ours, from the checkout, even where another distribution's demo comes first on
-        # sys.path (site-packages precedes the editable install's root)
-        sys.path.insert(0, str(ROOT))
-        sys.modules.pop("demo", None)
-    try:
-        module = importlib.import_module(module_name)
-        where = Path(getattr(module, "__file__", "") or "").resolve()
-        if module_name.startswith("demo.") and not where.is_relative_to(ROOT / "demo"):
-            print(f"gpuwarden {name}: {module_name} came from {where}, not this checkout",
+        # sys.path (site-packages precedes the editable install's root): looked up, not run,
+        # before it is imported
+        if str(ROOT) not in sys.path[:1]:
+            sys.path.insert(0, str(ROOT))
+        found = _origin("demo")
+        if found is None or not found.is_relative_to(ROOT / "demo"):
+            print(f"gpuwarden {name}: the demo package here is {found}, not this checkout's",
                   file=sys.stderr)  # fmt: skip
             return 2
+    try:
+        module = importlib.import_module(module_name)
     except ModuleNotFoundError as exc:
         top = (exc.name or "").split(".")[0]
         if exc.name is None or top in ("gpuwarden", "demo", "testbed"):

@@ -19,7 +19,8 @@ out=${1:?usage: nvml_real.sh OUTDIR}
 mkdir -p "$out"
 cd "$(dirname "$0")/.."
 exec 2>>"$out/log.txt"
-export PYTHONUNBUFFERED=1 GPUWARDEN_AGENT_REPORTER_LISTEN= GPUWARDEN_CHECK_PROBE_TIMEOUT_S=120
+export PYTHONUNBUFFERED=1 GPUWARDEN_AGENT_REPORTER_LISTEN= GPUWARDEN_CHECK_PROBE_TIMEOUT_S=120 \
+  GPUWARDEN_CHECK_DEADLINE_S=600  # not under slurmd here: the probes may take their time
 py=${PYTHON:-python3}
 export PYTHONPATH="${PYTHONPATH:+$PYTHONPATH:}$PWD"
 {

@@ -7,12 +7,13 @@ set -eu
 # `gpuwarden check` before the job starts. A prolog that fails makes Slurm drain this node and
 # requeue the job elsewhere, with the probes' summary in slurmd's log.
 # gpuwarden is GPUWARDEN_BIN, else the one on PATH, else the venv docs/DEPLOY.md installs into.
-# GPUWARDEN_PROLOG_PROBES: which probes (without InfiniBand, leave infiniband out: a probe
-# that cannot run fails). healthcheck.sh's switches in slurmd's environment are not settings.
+# GPUWARDEN_PROLOG_PROBES: which probes (comma-separated); GPUWARDEN_CHECK_CONFIG: the
+# configuration, as for healthcheck.sh, whose switches are kept out of the check's environment.
 if [ "${GPUWARDEN_PROLOG_CHECK:-0}" = 1 ]; then
     gw=${GPUWARDEN_BIN:-$(command -v gpuwarden 2>/dev/null || echo /opt/gpuwarden/.venv/bin/gpuwarden)}
+    config=${GPUWARDEN_CHECK_CONFIG:-/etc/gpuwarden/agent.toml}
     env -u GPUWARDEN_CHECK_CONFIG -u GPUWARDEN_CHECK_REPORT -u GPUWARDEN_CHECK_TIMEOUT_S \
-        "$gw" check --config /etc/gpuwarden/agent.toml \
+        "$gw" check --config "$config" \
         --probes "${GPUWARDEN_PROLOG_PROBES:-gpu_count,infiniband,disk}" >&2 || exit 1
 fi
 dir="${GPUWARDEN_JOBMAP_DIR:-/run/gpuwarden/jobs}"
