@@ -17,7 +17,8 @@ strict check.
 * ``gpu_count``: NVIDIA GPUs on the PCI bus, NVML's count and ``[health] expected_gpus`` agree
   (:mod:`collector.gpucount`), and every GPU NVML lists runs the same driver;
 * ``infiniband``: every port (``<sysfs>/class/infiniband``) is ACTIVE and LinkUp, at
-  ``[check] ib_rate_gbps`` or faster when set;
+  ``[check] ib_rate_gbps`` or faster when set; InfiniBand controllers on the PCI bus (class
+  0x0207) with no port fail (their driver did not come up), none at all is ``unavailable``;
 * ``disk``: each of ``[check] disk_paths`` (local scratch, the shared filesystem) takes a
   1 MiB write, fsync and read back within ``disk_timeout_s`` (a hung NFS mount fails here
   instead of hanging the check);
@@ -57,7 +58,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from gpuwarden.collector.config import AgentConfig, load_config
-from gpuwarden.collector.gpucount import bus_gpus
+from gpuwarden.collector.gpucount import bus_gpus, bus_hcas
 from gpuwarden.collector.sources.infiniband import discover
 from gpuwarden.core.cli import UsageError, add_common, config_path, configure_logging
 from gpuwarden.core.config import check_secrets
@@ -132,7 +133,15 @@ def probe_infiniband(config: AgentConfig) -> Result:
     root = os.path.join(config["agent"]["sysfs"], "class", "infiniband")
     ports = discover(root)
     if not ports:
-        return Result("infiniband", UNAVAILABLE, f"no InfiniBand port under {root}")
+        # InfiniBand controllers on the bus but no port: the driver did not come up, or the
+        # HCAs failed. A failure, not "cannot run", so [check] optional does not pass it
+        hcas = bus_hcas(config["agent"]["sysfs"])
+        if hcas:
+            return Result("infiniband", FAIL, f"{len(hcas)} InfiniBand controllers on the PCI "
+                          f"bus ({', '.join(hcas[:4])}), but no port under {root}: their "
+                          "driver (mlx5_ib) is not loaded, or they failed")  # fmt: skip
+        return Result("infiniband", UNAVAILABLE, f"no InfiniBand port under {root}, and no "
+                      "InfiniBand controller on the PCI bus")  # fmt: skip
     want = float(config["check"]["ib_rate_gbps"])
     bad = []
     for p in ports:
@@ -173,7 +182,7 @@ def _bounded(
     def run() -> None:
         try:
             out.append(("done", ctx.run(work)))
-        except Exception as exc:
+        except BaseException as exc:  # SystemExit too: it ends this thread only, said here
             out.append(("raised", f"{type(exc).__name__}: {exc}"))
 
     t = threading.Thread(target=run, daemon=True)
@@ -184,12 +193,6 @@ def _bounded(
     if not out:
         return "late", f"no answer within {timeout_s:g} s"
     return out[0]
-
-
-def _within(timeout_s: float, work: Callable[[], str]) -> tuple[bool, str]:
-    """:func:`_bounded` for a call that answers a string: ``(finished, answer or error)``."""
-    state, said = _bounded(timeout_s, work)
-    return state == "done", str(said)
 
 
 #: how long past the deadline a probe that cuts itself has to say so, before it is left behind
@@ -230,8 +233,16 @@ def probe_disk(config: AgentConfig) -> Result:
                     raise OSError("read back differs from what was written")
             return f"{path} {time.monotonic() - t0:.3f} s"
 
-        ok, said = _within(_timeout(float(c["disk_timeout_s"]))[0], io)
-        (fine if ok else problems).append(said if ok else f"{path}: {said}")
+        key = f"disk:{path}"
+        with _BEHIND_LOCK:
+            if _still_running(key):
+                problems.append(f"{path}: an earlier write there has not returned yet")
+                continue
+            threads: list[threading.Thread] = []
+            _LEFT_BEHIND[key] = threads
+        state, said = _bounded(_timeout(float(c["disk_timeout_s"]))[0], io, threads)
+        ok = state == "done"
+        (fine if ok else problems).append(str(said) if ok else f"{path}: {said}")
     if problems:
         return Result("disk", FAIL, "; ".join(problems))
     return Result("disk", PASS, "1 MiB written, fsynced, read back: " + ", ".join(fine))
@@ -389,8 +400,10 @@ def _probe(config: AgentConfig, name: str) -> Result:
         return Result(name, FAIL, f"the probe failed: {type(exc).__name__}: {exc}")
 
 
-#: probes a strict check stopped waiting for, still running (one per name, at most)
-_LEFT_BEHIND: dict[str, threading.Thread] = {}
+#: the thread each probe (or disk path) last ran on, by name: one still running is not
+#: started again (a hung probe, a hung mount, would pile up one thread a gate run)
+_LEFT_BEHIND: dict[str, list[threading.Thread]] = {}
+_BEHIND_LOCK = threading.Lock()
 
 
 def _strict_probe(config: AgentConfig, name: str, left_s: float) -> Result:
@@ -398,18 +411,26 @@ def _strict_probe(config: AgentConfig, name: str, left_s: float) -> Result:
     timeouts can cut it (NVML's init and the matrix product run in this process; GRACE_S lets
     one that cuts itself, a killed dcgmi, say so first). One left behind is not started again
     while it runs (the agent's gate runs the check again and again): that check fails it."""
-    behind = _LEFT_BEHIND.get(name)
-    if behind is not None and behind.is_alive():
-        return Result(name, FAIL, "still running since an earlier check stopped waiting for "
-                      "it; not started again")  # fmt: skip
-    threads: list[threading.Thread] = []
+    with _BEHIND_LOCK:  # two checks at once (the gate's, overlapping) start it once
+        if _still_running(name):
+            return Result(name, FAIL, "still running since an earlier check stopped waiting "
+                          "for it; not started again")  # fmt: skip
+        threads: list[threading.Thread] = []
+        _LEFT_BEHIND[name] = threads
     state, got = _bounded(left_s + GRACE_S, partial(_probe, config, name), threads)
     if state == "done":
         assert isinstance(got, Result)
         return got
-    _LEFT_BEHIND[name] = threads[0]
+    if state == "raised":
+        return Result(name, FAIL, f"the probe failed: {got}")
     return Result(name, FAIL, f"did not finish by the check's deadline_s "
                   f"({float(config['check']['deadline_s']):g} s); left running")  # fmt: skip
+
+
+def _still_running(key: str) -> bool:
+    """Whether the work last started under ``key`` is still running (or about to start)."""
+    threads = _LEFT_BEHIND.get(key)
+    return threads is not None and (not threads or threads[0].is_alive())
 
 
 def passed(results: list[Result]) -> bool:
@@ -500,19 +521,29 @@ def _report(
     if poster is not None:
         posters.append(poster)
         poster.post(finding)
-    # a spool of its own beside the agent's: the running agent holds its spool's lock
+    # a spool of its own beside the agent's (the running agent holds its spool's lock), with
+    # the points on disk before the first send (no write-behind), so a report cut off
+    # mid-send leaves them for the next one; each request inside a quarter of the budget.
+    # With no [sink] spool_dir, a temporary one (not the working directory: slurmd's)
     spool = config.sink.spool_dir
-    # points on disk before the first send (no write-behind), so a report cut off mid-send
-    # leaves them for the next one; each request inside a quarter of the budget
-    sink = InfluxSink(replace(config.sink, spool_dir=f"{spool.rstrip('/')}-check" if spool else "",
+    own = f"{spool.rstrip('/')}-check" if spool else tempfile.mkdtemp(prefix="gpuwarden-check-")
+    sink = InfluxSink(replace(config.sink, spool_dir=own,
                               timeout_s=min(config.sink.timeout_s, budget / 4),
                               spool_write_behind_s=0.0))  # fmt: skip
+    points = check_points(cluster, node, results, now_ns)
     try:
-        sink.write_points(check_points(cluster, node, results, now_ns))
-        wrote = sink.flush(timeout_s=left() / 2)  # the rest: the close, the engine's answer
+        sink.write_points(points)
+        sink.flush(timeout_s=left() / 2)  # the rest: the close, the engine's answer
     finally:
         sink.close(timeout_s=0.0)
-    done.append(f"{len(results)} node_check points " + ("written" if wrote else "spooled"))
+    stats = sink.stats()
+    if stats.points_written == len(points):
+        done.append(f"{len(points)} node_check points written")
+    elif stats.points_rejected:  # InfluxDB said no (a field type conflict, a redirect)
+        done.append(f"{stats.points_rejected} of {len(points)} node_check points REFUSED "
+                    "by InfluxDB")  # fmt: skip
+    else:
+        done.append(f"{len(points)} node_check points spooled" + ("" if spool else f" in {own}"))
     if poster is not None:
         poster.close(timeout_s=left() / 2)  # it may wait twice: for the queue, then the try
         if poster.posted:

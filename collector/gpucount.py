@@ -48,6 +48,24 @@ def bus_gpus(sysfs: str | Path) -> list[str]:
     return sorted(out)
 
 
+def bus_hcas(sysfs: str | Path) -> list[str]:
+    """The PCI addresses of InfiniBand controllers (PCI class 0x0207, any vendor) on the bus,
+    sorted: a ConnectX port set to InfiniBand shows as one, set to Ethernet (RoCE) it does
+    not, so an Ethernet-only node has none."""
+    out: list[str] = []
+    devices = Path(sysfs) / "bus/pci/devices"
+    if not devices.is_dir():
+        return out
+    for dev in devices.iterdir():
+        try:
+            klass = (dev / "class").read_text().strip().lower()
+        except OSError:
+            continue
+        if klass.startswith("0x0207"):
+            out.append(dev.name.lower())
+    return sorted(out)
+
+
 class GpuCountWatch:
     def __init__(
         self,

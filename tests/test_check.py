@@ -178,7 +178,7 @@ class _Trickle:
     """An HTTP listener that answers one byte every 0.3 s (``trickle``), or at once with 204
     (counting the POSTs): a socket timeout does not bound the first."""
 
-    def __init__(self, trickle: bool) -> None:
+    def __init__(self, trickle: bool, status: bytes = b"204 No Content") -> None:
         import socket
         import threading
 
@@ -187,7 +187,7 @@ class _Trickle:
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.trickle = trickle
+        self.trickle, self.status = trickle, status
         threading.Thread(target=self._serve, daemon=True).start()
 
     def _serve(self) -> None:
@@ -208,7 +208,9 @@ class _Trickle:
             conn.recv(65536)
             if not self.trickle:
                 self.posts += 1
-                conn.sendall(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+                body = b'{"error":"field type conflict"}' if self.status[:1] == b"4" else b""
+                conn.sendall(b"HTTP/1.1 " + self.status + b"\r\nContent-Type: application/json"
+                             b"\r\nContent-Length: %d\r\n\r\n" % len(body) + body)  # fmt: skip
                 return
             for byte in b"HTTP/1.1 204 No Content\r\nX-Slow: " + b"y" * 10_000:
                 conn.sendall(bytes([byte]))
@@ -382,3 +384,92 @@ def test_the_points_are_on_disk_when_influxdb_never_answers(tmp_path: Path) -> N
     engine.sock.close()
     stored = sum(f.stat().st_size for f in (tmp_path / "spool-check").glob("*") if f.is_file())
     assert stored > 0, said
+
+
+def test_hcas_on_the_bus_without_ports_fail_even_when_optional(tmp_path: Path) -> None:
+    """infiniband is optional by default (a node with no HCA passes it). A node whose HCAs
+    are on the PCI bus (class 0x0207) but show no port (mlx5_ib not loaded after a repair,
+    a failed card) passed too, and was handed back as checked (the review). It fails now,
+    whatever [check] optional says; an Ethernet-only node (no 0x0207) is still unavailable."""
+    pci_tree(tmp_path / "sys", 8)  # two ConnectX set to InfiniBand, no class/infiniband
+    r = probe(tmp_path, "infiniband")
+    assert r.status == "fail" and "2 InfiniBand controllers on the PCI bus" in r.detail, r
+    cfg = load_config(str(config(tmp_path)))
+    assert "infiniband" in cfg["check"]["optional"]
+    (strict,) = check.run_checks(cfg, ["infiniband"], strict=True)
+    assert strict.status == "fail", strict
+    for dev in (tmp_path / "sys/bus/pci/devices").iterdir():
+        if (dev / "class").read_text().startswith("0x0207"):
+            (dev / "class").write_text("0x020000\n")  # the same cards set to Ethernet
+    assert probe(tmp_path, "infiniband").status == "unavailable"
+
+
+def test_a_hung_mount_is_not_written_to_again_while_a_write_hangs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A hung NFS mount left one thread (and one open temporary file) behind per check: the
+    agent's gate piled them up (the review: 1, 2, ... 5 alive). While a write there hangs,
+    the next check fails that path without starting another."""
+    import threading
+
+    never = threading.Event()
+    calls: list[int] = []
+
+    def hung(fd: int) -> None:
+        calls.append(fd)
+        never.wait()
+
+    (tmp_path / "scratch").mkdir()
+    monkeypatch.setattr(check.os, "fsync", hung)
+    monkeypatch.setattr(check, "_LEFT_BEHIND", {})
+    cfg = load_config(str(config(tmp_path, disk_paths=[str(tmp_path / "scratch")],
+                                 disk_timeout_s=0.2)))  # fmt: skip
+    first = check.PROBES["disk"](cfg)
+    again = [check.PROBES["disk"](cfg) for _ in range(3)]
+    assert first.status == "fail" and "no answer within 0.2 s" in first.detail, first
+    assert all(r.status == "fail" and "has not returned yet" in r.detail for r in again), again
+    assert len(calls) == 1
+    never.set()
+
+
+def test_points_influxdb_refused_are_not_called_written(tmp_path: Path) -> None:
+    """A 400 (a field type conflict) drops the batch for good; the report said 'written'
+    (the review). It says REFUSED now."""
+    influx, engine = _Trickle(trickle=False, status=b"400 Bad Request"), _Trickle(trickle=False)
+    cfg = load_config(str(_report_config(tmp_path, influx.url, engine.url)))
+    said = check.report(cfg, "node-7", [check.Result("disk", check.PASS, "")], time.time_ns())
+    influx.sock.close()
+    engine.sock.close()
+    assert "REFUSED by InfluxDB" in said and "written" not in said, said
+
+
+def test_two_checks_at_once_start_a_hung_probe_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate can start a check while another still waits (a critical event, a short
+    healthy_after_s): the probe was recorded only after the wait, so both started it (the
+    review: 2 instances). It is recorded before, under a lock."""
+    import threading
+
+    never = threading.Event()
+    starts: list[int] = []
+
+    def hung(cfg: object) -> check.Result:
+        starts.append(1)
+        never.wait()
+        return check.Result("gpu_count", check.PASS, "")
+
+    monkeypatch.setattr(check, "GRACE_S", 0.0)
+    monkeypatch.setitem(check.PROBES, "gpu_count", hung)
+    monkeypatch.setattr(check, "_LEFT_BEHIND", {})
+    cfg = load_config(str(config(tmp_path, deadline_s=0.5, probe_timeout_s=0.5,
+                                 disk_timeout_s=0.5)))  # fmt: skip
+    got: list[check.Result] = []
+    checks = [threading.Thread(target=lambda: got.extend(check.run_checks(
+        cfg, ["gpu_count"], strict=True))) for _ in range(2)]  # fmt: skip
+    for t in checks:
+        t.start()
+    for t in checks:
+        t.join()
+    assert len(starts) == 1 and [r.status for r in got] == ["fail", "fail"], got
+    never.set()
