@@ -31,8 +31,9 @@ NVIDIA = "0x10de"
 GPU_CLASSES = ("0x0300", "0x0302")  # VGA-compatible, 3D controller
 
 
-def bus_gpus(sysfs: str | Path) -> list[str]:
-    """The PCI addresses of NVIDIA GPUs on the bus, sorted (lower case)."""
+def _bus(sysfs: str | Path, wanted: Callable[[str, str], bool]) -> list[str]:
+    """The PCI addresses (sorted, lower case) of the devices on the bus whose vendor and
+    class (``0x10de``, ``0x030200``) ``wanted`` takes."""
     out: list[str] = []
     devices = Path(sysfs) / "bus/pci/devices"
     if not devices.is_dir():
@@ -43,27 +44,21 @@ def bus_gpus(sysfs: str | Path) -> list[str]:
             klass = (dev / "class").read_text().strip().lower()
         except OSError:
             continue
-        if vendor == NVIDIA and klass[:6] in GPU_CLASSES:
+        if wanted(vendor, klass):
             out.append(dev.name.lower())
     return sorted(out)
+
+
+def bus_gpus(sysfs: str | Path) -> list[str]:
+    """The PCI addresses of NVIDIA GPUs on the bus, sorted (lower case)."""
+    return _bus(sysfs, lambda vendor, klass: vendor == NVIDIA and klass[:6] in GPU_CLASSES)
 
 
 def bus_hcas(sysfs: str | Path) -> list[str]:
     """The PCI addresses of InfiniBand controllers (PCI class 0x0207, any vendor) on the bus,
     sorted: a ConnectX port set to InfiniBand shows as one, set to Ethernet (RoCE) it does
     not, so an Ethernet-only node has none."""
-    out: list[str] = []
-    devices = Path(sysfs) / "bus/pci/devices"
-    if not devices.is_dir():
-        return out
-    for dev in devices.iterdir():
-        try:
-            klass = (dev / "class").read_text().strip().lower()
-        except OSError:
-            continue
-        if klass.startswith("0x0207"):
-            out.append(dev.name.lower())
-    return sorted(out)
+    return _bus(sysfs, lambda vendor, klass: klass.startswith("0x0207"))
 
 
 class GpuCountWatch:

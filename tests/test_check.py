@@ -11,6 +11,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -323,14 +324,9 @@ def test_a_check_that_is_not_strict_runs_its_probes(tmp_path: Path) -> None:
     assert r.status == "pass", r
 
 
-def test_a_probe_left_behind_is_not_started_again(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The agent's gate runs the check again and again: a hung probe left behind at each
-    deadline piled up one thread a run (the review: 2, 3, 4, 5 alive). While it still runs,
-    the next check fails it without starting another."""
-    import threading
-
+def _hung_gpu_count(monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, list[int]]:
+    """gpu_count replaced by a probe that hangs until the event is set (NVML's init on a GPU
+    off the bus), no grace, nothing left behind yet; the event and a list of its starts."""
     never = threading.Event()
     starts: list[int] = []
 
@@ -342,6 +338,16 @@ def test_a_probe_left_behind_is_not_started_again(
     monkeypatch.setattr(check, "GRACE_S", 0.0)
     monkeypatch.setitem(check.PROBES, "gpu_count", hung)
     monkeypatch.setattr(check, "_LEFT_BEHIND", {})
+    return never, starts
+
+
+def test_a_probe_left_behind_is_not_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent's gate runs the check again and again: a hung probe left behind at each
+    deadline piled up one thread a run (the review: 2, 3, 4, 5 alive). While it still runs,
+    the next check fails it without starting another."""
+    never, starts = _hung_gpu_count(monkeypatch)
     cfg = load_config(str(config(tmp_path, deadline_s=0.3, probe_timeout_s=0.3,
                                  disk_timeout_s=0.3)))  # fmt: skip
     results = [check.run_checks(cfg, ["gpu_count"], strict=True)[0] for _ in range(3)]
@@ -449,19 +455,7 @@ def test_two_checks_at_once_start_a_hung_probe_once(
     """The gate can start a check while another still waits (a critical event, a short
     healthy_after_s): the probe was recorded only after the wait, so both started it (the
     review: 2 instances). It is recorded before, under a lock."""
-    import threading
-
-    never = threading.Event()
-    starts: list[int] = []
-
-    def hung(cfg: object) -> check.Result:
-        starts.append(1)
-        never.wait()
-        return check.Result("gpu_count", check.PASS, "")
-
-    monkeypatch.setattr(check, "GRACE_S", 0.0)
-    monkeypatch.setitem(check.PROBES, "gpu_count", hung)
-    monkeypatch.setattr(check, "_LEFT_BEHIND", {})
+    never, starts = _hung_gpu_count(monkeypatch)
     cfg = load_config(str(config(tmp_path, deadline_s=0.5, probe_timeout_s=0.5,
                                  disk_timeout_s=0.5)))  # fmt: skip
     got: list[check.Result] = []
