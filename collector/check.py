@@ -486,22 +486,21 @@ def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -
     budget = float(config["check"]["report_timeout_s"])
     done: list[str] = []
     posters: list[FindingPoster] = []
-    cluster = str(config["agent"]["cluster"])
-    finding = check_finding(cluster, node, results, now_ns)
-    work = partial(_report, config, finding, results, now_ns, budget, done, posters)
+    work = partial(_report, config, node, results, now_ns, budget, done, posters)
     state, said = _bounded(budget, work)
     if state == "done":
         return "; ".join(done)
     if state == "late":
         said = f"not finished within [check] report_timeout_s ({budget:g} s)"
     if posters and posters[0].posted and not any("posted to" in d for d in done):
-        done.append(f"{finding.kind} posted to {posters[0].url}")
+        done.append(f"{'node_check_failed' if not passed(results) else 'node_healthy'} "
+                    f"posted to {posters[0].url}")  # fmt: skip
     return "; ".join([*done, f"the report stopped: {said}"])
 
 
 def _report(
     config: AgentConfig,
-    finding: Finding,
+    node: str,
     results: list[Result],
     now_ns: int,
     budget: float,
@@ -513,8 +512,9 @@ def _report(
     def left() -> float:
         return max(0.0, ends - time.monotonic())
 
-    cluster, node = finding.subject["cluster"], finding.subject["node"]
+    cluster = str(config["agent"]["cluster"])
     a = config["agent"]
+    finding = check_finding(cluster, node, results, now_ns)
     # the engine first (a passing check is what returns the node), on its own thread while
     # InfluxDB is written
     poster = config.fast_path_poster(node, timeout_s=budget)
