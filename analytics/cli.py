@@ -38,6 +38,7 @@ from gpuwarden.core.cli import UsageError, add_common, config_path, configure_lo
 from gpuwarden.core.config import ConfigError, check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.metrics import Metric
+from gpuwarden.core.signals import stop_event
 from gpuwarden.core.timeparse import duration_arg, parse_when
 
 log = logging.getLogger("gpuwarden.analyze")
@@ -232,9 +233,7 @@ def _run(args: argparse.Namespace) -> int:
             return 2
     executor = executor_from_config(cfg, local=args.local)
     print(f"executor: {executor.describe()}", flush=True)
-    stop = threading.Event()
-    if args.every:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stop = stop_event(signal.SIGTERM) if args.every else threading.Event()
     failing = ""
     confirmed = Confirmed()  # a silence is named once two analyses running see it
     counts = ServiceCounts()

@@ -20,7 +20,6 @@ import re
 import signal
 import socket
 import sys
-import threading
 from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
@@ -38,6 +37,7 @@ from gpuwarden.core.config import check_secrets
 from gpuwarden.core.errors import GpuwardenError
 from gpuwarden.core.finding import Finding
 from gpuwarden.core.poster import FindingPoster
+from gpuwarden.core.signals import stop_event
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink
 
@@ -246,9 +246,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             int(config["agent"]["health_fail_cycles"]),
             (lambda: influx.parked) if influx is not None else (lambda: ""),
         )
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+    stop = stop_event(signal.SIGTERM, signal.SIGINT)
     log.info("agent: %d sources every %.1fs", len(agent.sources), agent.interval_s)
     try:
         agent.run(stop, max_cycles=1 if args.once else args.cycles)

@@ -36,6 +36,7 @@ from gpuwarden.core.cli import UsageError, add_common, config_path, configure_lo
 from gpuwarden.core.config import ConfigError, check_secrets, read_secret
 from gpuwarden.core.finding import Finding, FindingError
 from gpuwarden.core.names import NodeName
+from gpuwarden.core.signals import stop_event
 from gpuwarden.core.signing import agent_key, sign_request
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
@@ -167,13 +168,7 @@ def build_engine(
 
 def serve(config: RemediationConfig) -> int:
     e = config["engine"]
-    stop = threading.Event()
-
-    def on_signal(signum: int, frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_event(signal.SIGTERM, signal.SIGINT)
     try:
         acting, lease = standby(config, stop)
         if not acting:

@@ -105,11 +105,15 @@ class Serve:
             '[[policy]]\nname = "sweep"\nkinds = ["failure_risk"]\n'
             'actions = ["checkpoint", "drain", "requeue"]\n'
         )  # fmt: skip
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "SLURM_CONF": str(slurm.conf)}
+        # PYTHONFAULTHANDLER: an engine that will not stop is ended with SIGABRT (below), which
+        # then prints every thread's stack to its log
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONFAULTHANDLER": "1",
+               "SLURM_CONF": str(slurm.conf)}  # fmt: skip
         env.pop("GPUWARDEN_TEST_CRASH_AT", None)
         if crash_at:
             env["GPUWARDEN_TEST_CRASH_AT"] = crash_at
-        self.out = (work / f"engine-{crash_at or 'after'}.log").open("wb")
+        self.log = work / f"engine-{crash_at or 'after'}.log"
+        self.out = self.log.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],
             cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT, env=env,
@@ -137,10 +141,25 @@ class Serve:
             return 0  # the engine died mid-request
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            self.proc.wait(timeout=60)
-        self.out.close()
+        """SIGTERM, as systemd stops it; an engine still running a minute later is a failure,
+        and its stacks (SIGABRT) say where it was."""
+        try:
+            if self.proc.poll() is None:
+                self.proc.send_signal(signal.SIGTERM)
+                try:
+                    self.proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    self.proc.send_signal(signal.SIGABRT)
+                    self.proc.wait(timeout=30)
+                    raise AssertionError(
+                        "the engine did not stop within 60 s of SIGTERM:\n"
+                        + self.log.read_text(errors="replace")[-6000:]
+                    ) from None
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+                self.proc.wait()
+            self.out.close()
 
 
 def plan_done(audit: Path) -> bool:
@@ -152,6 +171,10 @@ def plan_done(audit: Path) -> bool:
 def test_a_crash_at_any_boundary_loses_nothing_and_repeats_nothing(
     slurm: LocalSlurm, tmp_path: Path, crash_at: str
 ) -> None:
+    # each case starts from an empty node: a case that failed before its own scancel (below)
+    # left its requeued job there, and every later case would fail behind it
+    slurm.run("scancel", "-w", NODE, check=False)
+    poll(lambda: not slurm.run("squeue", "-h", "-w", NODE, check=False).strip(), 60, "no job")
     slurm.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME", check=False)
     poll(lambda: node_flags(slurm)[0].startswith("IDLE"), 60, f"{NODE} back in service")
     job = start_job(slurm, tmp_path)
