@@ -292,6 +292,72 @@ def serving(text: str) -> str:
     return "\n".join(rows)
 
 
+def aggregate(text: str) -> str:
+    """docs/SCALE.md's fields per node, from ``benchmarks/aggregate.py``'s output."""
+    raw, aggregated = (
+        float(find(rf"^\s*{kind}: .*?, +([\d.]+) fields/s per node", text)[1])
+        for kind in ("raw", "aggregated")
+    )
+    ratio = find(r"^ingest_ratio=(\S+)$", text)[1]
+    return "\n".join(
+        [
+            "| what a node writes (8 GPUs with NVLink, 8 HCAs) | fields/s | per GPU |",
+            "|---|---|---|",
+            f"| every reading at 1 Hz | {_int(raw)} | {_int(raw / 8)} |",
+            f"| the same with `[agent] write_every_s = 10` ({ratio}x fewer) | {_int(aggregated)} "
+            f"| {_int(aggregated / 8)} |",
+        ]
+    )
+
+
+def scale_runs(text: str) -> dict[int, list[list[str]]]:
+    """``benchmarks/scale.py``'s closing table, its rows by GPU count, one per worker count:
+    GPUs, workers, analysis s, s per M points, driver MiB, worker MiB, read MiB."""
+    runs: dict[int, list[list[str]]] = {}
+    for line in text[find(r"^\s*GPUs\s+workers\s+analysis s", text).end() :].splitlines()[1:]:
+        cells = line.split()
+        if len(cells) != 7:
+            break
+        runs.setdefault(int(cells[0].replace(",", "")), []).append(cells)
+    return runs
+
+
+def scale(text: str) -> str:
+    """docs/SCALE.md's table, from ``benchmarks/scale.py``'s output: for each size, what was
+    loaded and how fast influxd took it, then the analysis with each worker count (the last
+    worker count's cost per point and bytes read, the higher peak of the runs)."""
+    loads = {
+        int(g.replace(",", "")): (points, rate)
+        for g, points, rate in re.findall(
+            r"^SIMULATED ([\d,]+) GPUs .*?: ([\d,]+) points, .*?\(([\d,]+) fields/s into influxd",
+            text,
+            re.MULTILINE,
+        )
+    }
+    runs = scale_runs(text)
+    if not runs or set(runs) != set(loads):
+        raise ValueError("not benchmarks/scale.py's output: no load line or table for a size")
+    counts = [r[1] for r in next(iter(runs.values()))]
+    plural = {n: "worker" if n == "1" else "workers" for n in counts}
+    last = counts[-1]
+    out = [
+        "| GPUs | points | load into influxd | "
+        + " | ".join(f"{n} {plural[n]}" for n in counts)
+        + f" | s per M points ({last} {plural[last]}) | driver peak | worker peak | read |",
+        "|---" * (len(counts) + 7) + "|",
+    ]
+    for gpus, rows in sorted(runs.items()):
+        points, rate = loads[gpus]
+        per_m, read = rows[-1][3], rows[-1][6]
+        driver, worker = (max(float(r[i]) for r in rows) for i in (4, 5))  # either run's
+        times = " | ".join(f"{r[2]} s" for r in rows)
+        out.append(
+            f"| {gpus:,} | {points} | {rate} fields/s | {times} | {per_m} | {_int(driver)} MiB "
+            f"| {_int(worker)} MiB | {_int(read)} MiB |"
+        )
+    return "\n".join(out)
+
+
 TABLES: dict[str, Callable[[str], str]] = {
     "verdicts": verdicts,
     "goodput": goodput,
@@ -301,6 +367,8 @@ TABLES: dict[str, Callable[[str], str]] = {
     "xid_wait": xid_wait,
     "failover": failover,
     "serving": serving,
+    "scale": scale,
+    "aggregate": aggregate,
 }
 
 

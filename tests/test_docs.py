@@ -35,11 +35,6 @@ UNCHECKED = {
         1,
         "wall and CPU times on a lent H200; the output was not kept and CI has no GPU",
     ),
-    ("SCALE.md", "benchmarks/scale.py"): (
-        4,
-        "hours of ingest and analysis at 16,384 GPUs; the output the runs printed was not kept "
-        "(only the docs quote it), and a rerun is far past the suite's budget",
-    ),
 }
 
 

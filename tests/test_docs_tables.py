@@ -108,6 +108,38 @@ def test_the_serving_table_is_the_recorded_runs() -> None:
         assert quoted("serving", f"serving/{runs}") in page("BENCHMARKS.md")
 
 
+SCALE_RUN = "scale/2026-11-27.txt"
+AGGREGATE_RUN = "aggregate/2026-11-27.txt"
+
+
+def test_the_scale_table_is_the_recorded_run() -> None:
+    assert quoted("scale", SCALE_RUN) in page("SCALE.md")
+
+
+def test_the_scale_fit_the_page_quotes_is_the_recorded_run() -> None:
+    """The run's last two lines, and its fit with one worker, as the page gives them."""
+    text = doc_tables.output(DATA / SCALE_RUN)
+    lines = text.strip().splitlines()
+    prose = " ".join(page("SCALE.md").split())
+    assert f"`{lines[-2]}`" in prose and f"`{lines[-1]}`" in prose
+    one = doc_tables.find(r"^exponent with 1 worker\(s\): (\S+)$", text)[1]
+    assert f"with 1 worker, {one}" in prose
+
+
+def test_the_side_by_side_the_page_quotes_is_the_recorded_runs() -> None:
+    """The third run's code and main on the same stores, 1 and 2 workers, as the page says."""
+    text = doc_tables.output(DATA / "scale/side-by-side-2026-11-27.txt")
+    third, main = (doc_tables.scale_runs(part) for part in text.split("== now ", 1))
+    prose = " ".join(page("SCALE.md").split())
+    for gpus in (1024, 4096):
+        a, b = ("/".join(row[2] for row in run[gpus]) for run in (third, main))
+        assert f"{gpus:,} GPUs: {a} s with the third run's code, {b} s with main" in prose
+
+
+def test_the_fields_per_node_table_is_the_recorded_run() -> None:
+    assert quoted("aggregate", AGGREGATE_RUN) in page("SCALE.md")
+
+
 def test_an_output_that_is_not_the_benchmarks_is_refused() -> None:
     with pytest.raises(ValueError):
         doc_tables.failover("plans=20 killed_at_journal_boundary=31\n")
@@ -115,6 +147,10 @@ def test_an_output_that_is_not_the_benchmarks_is_refused() -> None:
         doc_tables.goodput("median_saved_pct=62.4\n")
     with pytest.raises(ValueError):
         doc_tables.serving("findings_p99_s=0.3\nfindings_lost=0\n")
+    with pytest.raises(ValueError):
+        doc_tables.scale("scale_exponent=1.00\ngpus_16384_s=76.2\n")
+    with pytest.raises(ValueError):
+        doc_tables.aggregate("ingest_ratio=6.8\n")
 
 
 def number(cell: str) -> tuple[float, float]:
@@ -146,8 +182,13 @@ def test_the_ingest_sizing_is_the_fleet_times_the_measured_fields() -> None:
         re.DOTALL,
     )
     assert per_gpu, "the per-GPU fields are not stated above the table"
-    node = re.search(r"\| ([\d,]+) fields/s \((\d+) per GPU\)", text)
-    assert node and round(int(node[1].replace(",", "")) / 8) == int(per_gpu[1])
+    recorded = doc_tables.output(DATA / AGGREGATE_RUN)
+    raw, aggregated = (
+        float(doc_tables.find(rf"^\s*{kind}: .*?, +([\d.]+) fields/s per node", recorded)[1])
+        for kind in ("raw", "aggregated")
+    )  # a node of 8 GPUs
+    assert per_gpu[1] == f"{raw / 8:.0f}" and per_gpu[2] == f"{aggregated / 8:.0f}"
+    assert float(per_gpu[3]) == float(per_gpu[1]) / 10  # one reading in ten
     rates = [float(x) for x in per_gpu.groups()]
     rows = table_after(text, "from: `benchmarks/ingest.py`")
     assert len(rows) == 3
@@ -162,6 +203,11 @@ def test_the_analysis_sizing_is_the_fleet_times_the_measured_cost() -> None:
     text = page("SCALE.md")
     measured = re.search(r"\(([\d.]+) s / ([\d,]+)\)\. The job's step log", text)
     assert measured, "the cost per GPU-hour is not derived above the table"
+    # the recorded run's largest size, the slower of its worker counts
+    runs = doc_tables.scale_runs(doc_tables.output(DATA / SCALE_RUN))
+    largest = max(runs)
+    assert int(measured[2].replace(",", "")) == largest
+    assert measured[1] == max((row[2] for row in runs[largest]), key=float)
     cost = float(measured[1]) / float(measured[2].replace(",", ""))
     assert f"At {cost:.4f} s per GPU-hour" in text
     cost = round(cost, 4)
