@@ -19,6 +19,8 @@ strict check.
 * ``infiniband``: every port (``<sysfs>/class/infiniband``) is ACTIVE and LinkUp, at
   ``[check] ib_rate_gbps`` or faster when set; InfiniBand controllers on the PCI bus (class
   0x0207) with no port fail (their driver did not come up), none at all is ``unavailable``;
+  with ``[check] expected_hcas`` set, another count of InfiniBand devices fails (one HCA of
+  eight gone from the bus leaves seven that pass), and none at all fails too;
 * ``disk``: each of ``[check] disk_paths`` (local scratch, the shared filesystem) takes a
   1 MiB write, fsync and read back within ``disk_timeout_s`` (a hung NFS mount fails here
   instead of hanging the check);
@@ -132,6 +134,10 @@ def probe_gpu_count(config: AgentConfig) -> Result:
 def probe_infiniband(config: AgentConfig) -> Result:
     root = os.path.join(config["agent"]["sysfs"], "class", "infiniband")
     ports = discover(root)
+    expected = int(config["check"]["expected_hcas"])
+    if not ports and expected:
+        return Result("infiniband", FAIL, f"no InfiniBand port under {root}; {expected} HCAs "
+                      "expected ([check] expected_hcas)")  # fmt: skip
     if not ports:
         # InfiniBand controllers on the bus but no port: the driver did not come up, or the
         # HCAs failed. A failure, not "cannot run", so [check] optional does not pass it
@@ -162,9 +168,13 @@ def probe_infiniband(config: AgentConfig) -> Result:
         speed = float(rate.split()[0]) if rate[:1].isdigit() else 0.0
         if not state.startswith("4") or not phys.startswith("5") or (want and speed < want):
             bad.append(f"{p.hca}/{p.port}: {state or '?'}, {phys or '?'}, {rate or '?'}")
-    if bad:
-        return Result("infiniband", FAIL, f"{len(bad)} of {len(ports)} ports down or slow: "
-                      + "; ".join(bad))  # fmt: skip
+    said = [f"{len(bad)} of {len(ports)} ports down or slow: " + "; ".join(bad)] if bad else []
+    hcas = sorted({p.hca for p in ports})
+    if expected and len(hcas) != expected:
+        said.insert(0, f"{len(hcas)} HCAs with ports ({', '.join(hcas[:8])}), {expected} "
+                    "expected ([check] expected_hcas)")  # fmt: skip
+    if said:
+        return Result("infiniband", FAIL, "; ".join(said))
     at = f" at >= {want:g} Gb/s" if want else ""
     return Result("infiniband", PASS, f"{len(ports)} ports ACTIVE and LinkUp{at}")
 

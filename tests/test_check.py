@@ -19,6 +19,7 @@ import pytest
 
 from gpuwarden.collector import check
 from gpuwarden.collector.config import load_config
+from gpuwarden.core.config import ConfigError
 from testbed.sysfstree import build_node_tree, hca_port
 from tests.test_gpucount import pci_tree
 
@@ -408,6 +409,34 @@ def test_hcas_on_the_bus_without_ports_fail_even_when_optional(tmp_path: Path) -
         if (dev / "class").read_text().startswith("0x0207"):
             (dev / "class").write_text("0x020000\n")  # the same cards set to Ethernet
     assert probe(tmp_path, "infiniband").status == "unavailable"
+
+
+def test_an_hca_gone_from_a_node_fails_when_the_count_is_set(tmp_path: Path) -> None:
+    """One HCA of eight fallen off the bus leaves seven ports ACTIVE, which pass; with
+    [check] expected_hcas = 8 the node fails (and with none left, it fails too, not
+    'unavailable', so [check] optional cannot pass it)."""
+    import shutil
+
+    build_node_tree(tmp_path / "sys", hcas=8)
+    assert probe(tmp_path, "infiniband", expected_hcas=8).status == "pass"
+    shutil.rmtree(tmp_path / "sys/class/infiniband/mlx5_5")
+    assert probe(tmp_path, "infiniband").status == "pass"  # the gap the setting closes
+    r = probe(tmp_path, "infiniband", expected_hcas=8)
+    assert r.status == "fail" and "7 HCAs with ports" in r.detail and "8 expected" in r.detail, r
+    (hca_port(tmp_path / "sys", "mlx5_2") / "state").write_text("1: DOWN\n")
+    r = probe(tmp_path, "infiniband", expected_hcas=8)
+    assert "7 HCAs with ports" in r.detail and "1 of 7 ports down or slow" in r.detail, r
+    shutil.rmtree(tmp_path / "sys/class/infiniband")
+    cfg = load_config(str(config(tmp_path, expected_hcas=8)))
+    (strict,) = check.run_checks(cfg, ["infiniband"], strict=True)
+    assert strict.status == "fail" and "8 HCAs expected" in strict.detail, strict
+    assert probe(tmp_path, "infiniband").status == "unavailable"  # not set: as before
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, True, "eight"])
+def test_an_hca_count_that_is_not_one_is_refused(tmp_path: Path, value: object) -> None:
+    with pytest.raises(ConfigError, match="expected_hcas"):
+        load_config(str(config(tmp_path, expected_hcas=value)))
 
 
 def test_a_hung_mount_is_not_written_to_again_while_a_write_hangs(
