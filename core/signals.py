@@ -33,7 +33,12 @@ def stop_event(*signums: signal.Signals) -> threading.Event:
         os.read(read_end, 1)  # the first signal; later ones change nothing
         stop.set()
 
+    try:
+        for signum in signums or (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, handler)
+    except ValueError:  # not the main thread: nothing is left open
+        os.close(read_end)
+        os.close(write_end)
+        raise
     threading.Thread(target=relay, daemon=True, name="signals").start()
-    for signum in signums or (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, handler)
     return stop

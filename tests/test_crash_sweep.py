@@ -171,10 +171,15 @@ def plan_done(audit: Path) -> bool:
 def test_a_crash_at_any_boundary_loses_nothing_and_repeats_nothing(
     slurm: LocalSlurm, tmp_path: Path, crash_at: str
 ) -> None:
-    # each case starts from an empty node: a case that failed before its own scancel (below)
-    # left its requeued job there, and every later case would fail behind it
-    slurm.run("scancel", "-w", NODE, check=False)
-    poll(lambda: not slurm.run("squeue", "-h", "-w", NODE, check=False).strip(), 60, "no job")
+    # each case starts from an empty cluster (this module's own): a case that failed before
+    # its scancel (below) left its job requeued, pending for gpu02 (so not on it: squeue -w
+    # and scancel -w would not see it), and it took the node back before the next case's job
+    def left() -> list[str]:
+        return slurm.run("squeue", "-h", "-o", "%i", check=False).split()
+
+    if left():
+        slurm.run("scancel", *left(), check=False)
+    poll(lambda: not left(), 60, "no job left")
     slurm.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME", check=False)
     poll(lambda: node_flags(slurm)[0].startswith("IDLE"), 60, f"{NODE} back in service")
     job = start_job(slurm, tmp_path)
@@ -182,9 +187,11 @@ def test_a_crash_at_any_boundary_loses_nothing_and_repeats_nothing(
     body = json.dumps(finding.to_json()).encode()
 
     doomed = Serve(slurm, tmp_path, crash_at)
-    doomed.post(body)
-    doomed.proc.wait(timeout=120)
-    doomed.stop()
+    try:
+        doomed.post(body)
+        doomed.proc.wait(timeout=120)
+    finally:
+        doomed.stop()  # one that never reached its point is not left running
     assert doomed.proc.returncode == -signal.SIGKILL, f"never reached {crash_at}"
 
     engine = Serve(slurm, tmp_path)

@@ -3,9 +3,11 @@ stops the service (CONSTRUCTED: the landing is placed by hand).
 
 A Python signal handler runs in the thread that was interrupted. ``Event.wait`` holds the
 event's lock for a few bytecodes on its way in and out; a handler that calls ``Event.set``
-there waits for that lock forever. The engine, the agent and the analysis service all waited
-for their stop so, with ``stop.set`` as the handler: once in a clean-clone CI run (e1ef300,
-2026-11-27) the engine was still running a minute after its SIGTERM.
+there waits for that lock forever. The engine (and its standby) and ``analyze --every`` waited
+for their stop so in the main thread, with ``stop.set`` as the handler (the agent's main thread
+waits in a join instead, so it was not exposed; it uses the same helper now). Once, in a
+clean-clone CI run (e1ef300, 2026-11-27), the engine was still running a minute after its
+SIGTERM; this is a likely cause, not a proven one.
 """
 
 from __future__ import annotations
@@ -68,6 +70,26 @@ def test_a_real_signal_sets_it(restore_handler: None) -> None:
     assert stop.wait(30)
     signal.raise_signal(SIG)  # a second one changes nothing, raises nothing
     assert stop.is_set()
+
+
+def test_off_the_main_thread_it_is_refused_and_leaves_nothing_open() -> None:
+    import os
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    before, raised = fds(), []
+
+    def elsewhere() -> None:
+        try:
+            stop_event(SIG)
+        except ValueError as exc:
+            raised.append(exc)
+
+    worker = threading.Thread(target=elsewhere)
+    worker.start()
+    worker.join()
+    assert raised and fds() == before
 
 
 def test_the_services_wait_for_their_stop_so() -> None:
