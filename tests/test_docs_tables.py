@@ -126,6 +126,37 @@ def test_the_scale_fit_the_page_quotes_is_the_recorded_run() -> None:
     assert f"with 1 worker, {one}" in prose
 
 
+def test_the_scale_prose_is_the_recorded_run() -> None:
+    """The figures the page derives from the run beside its table: cost per point, points per
+    GPU-hour, bytes per point, the load, the worker's peak, and the 2-worker cost per
+    GPU-hour it compares with earlier runs."""
+    text = doc_tables.output(DATA / SCALE_RUN)
+    runs = doc_tables.scale_runs(text)
+    prose = " ".join(page("SCALE.md").split())
+    (one, two), small = runs[16384], runs[1024][-1]
+    assert (
+        f"{one[3]} µs at 16,384 GPUs with 1 worker and {two[3]} µs with 2 ({small[3]} µs" in prose
+    )
+    load = doc_tables.find(r"^SIMULATED 16,384 GPUs .*?: ([\d,]+) points, .* loaded in (\d+) s "
+                           r"\(([\d,]+) fields/s", text)  # fmt: skip
+    points = int(load[1].replace(",", ""))
+    assert f"about {points / 16384:,.0f} of them ({load[1]} / 16,384" in prose
+    assert f"about **{float(two[6]) * 2**20 / points:.0f} B per point**" in prose
+    assert f"**{int(load[2]) / 60:.0f} minutes** ({int(load[2]):,} s at {load[3]}" in prose
+    assert f"({max(float(r[5]) for r in runs[16384]):,.0f} MiB at 16,384 GPUs)" in prose
+    assert f"With 2 workers this run gives {float(two[2]) / 16384:.4f}" in prose
+    side = doc_tables.output(DATA / "scale/side-by-side-2026-11-27.txt")
+    third, main = (doc_tables.scale_runs(part) for part in side.split("== now ", 1))
+    drivers = [float(r[4]) for run in (third, main) for rows in run.values() for r in rows]
+    assert f"driver peaked at {min(drivers):.0f}-{max(drivers):.0f} MiB" in prose
+    slower = [
+        float(b[2]) / float(a[2]) - 1
+        for gpus in third
+        for a, b in zip(third[gpus], main[gpus], strict=True)
+    ]
+    assert f"Main is {100 * min(slower):.0f} to {100 * max(slower):.0f} % slower" in prose
+
+
 def test_the_side_by_side_the_page_quotes_is_the_recorded_runs() -> None:
     """The third run's code and main on the same stores, 1 and 2 workers, as the page says."""
     text = doc_tables.output(DATA / "scale/side-by-side-2026-11-27.txt")
