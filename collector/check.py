@@ -19,8 +19,9 @@ strict check.
 * ``infiniband``: every port (``<sysfs>/class/infiniband``) is ACTIVE and LinkUp, at
   ``[check] ib_rate_gbps`` or faster when set; InfiniBand controllers on the PCI bus (class
   0x0207) with no port fail (their driver did not come up), none at all is ``unavailable``;
-  with ``[check] expected_hcas`` set, another count of InfiniBand devices fails (one HCA of
-  eight gone from the bus leaves seven that pass), and none at all fails too;
+  with ``[check] expected_hcas`` set, fewer physical InfiniBand devices with ports fail (one
+  HCA of eight gone from the bus leaves seven that pass), and none at all fails too; only the
+  devices ``[infiniband] hcas`` lists are judged, when it lists any;
 * ``disk``: each of ``[check] disk_paths`` (local scratch, the shared filesystem) takes a
   1 MiB write, fsync and read back within ``disk_timeout_s`` (a hung NFS mount fails here
   instead of hanging the check);
@@ -133,21 +134,22 @@ def probe_gpu_count(config: AgentConfig) -> Result:
 
 def probe_infiniband(config: AgentConfig) -> Result:
     root = os.path.join(config["agent"]["sysfs"], "class", "infiniband")
-    ports = discover(root)
+    # the devices the agent watches ([infiniband] hcas; [] = all) are the ones judged here
+    ports = discover(root, frozenset(config["infiniband"]["hcas"]))
     expected = int(config["check"]["expected_hcas"])
-    if not ports and expected:
-        return Result("infiniband", FAIL, f"no InfiniBand port under {root}; {expected} HCAs "
-                      "expected ([check] expected_hcas)")  # fmt: skip
+    want_n = f"; {expected} expected ([check] expected_hcas)" if expected else ""
     if not ports:
         # InfiniBand controllers on the bus but no port: the driver did not come up, or the
-        # HCAs failed. A failure, not "cannot run", so [check] optional does not pass it
+        # HCAs failed. A failure, not "cannot run", so [check] optional does not pass it; nor
+        # does it pass a node with none at all that was said to have some
         hcas = bus_hcas(config["agent"]["sysfs"])
         if hcas:
             return Result("infiniband", FAIL, f"{len(hcas)} InfiniBand controllers on the PCI "
                           f"bus ({', '.join(hcas[:4])}), but no port under {root}: their "
-                          "driver (mlx5_ib) is not loaded, or they failed")  # fmt: skip
-        return Result("infiniband", UNAVAILABLE, f"no InfiniBand port under {root}, and no "
-                      "InfiniBand controller on the PCI bus")  # fmt: skip
+                          f"driver (mlx5_ib) is not loaded, or they failed{want_n}")  # fmt: skip
+        status = FAIL if expected else UNAVAILABLE
+        return Result("infiniband", status, f"no InfiniBand port under {root}, and no "
+                      f"InfiniBand controller on the PCI bus{want_n}")  # fmt: skip
     want = float(config["check"]["ib_rate_gbps"])
     bad = []
     for p in ports:
@@ -169,10 +171,14 @@ def probe_infiniband(config: AgentConfig) -> Result:
         if not state.startswith("4") or not phys.startswith("5") or (want and speed < want):
             bad.append(f"{p.hca}/{p.port}: {state or '?'}, {phys or '?'}, {rate or '?'}")
     said = [f"{len(bad)} of {len(ports)} ports down or slow: " + "; ".join(bad)] if bad else []
-    hcas = sorted({p.hca for p in ports})
-    if expected and len(hcas) != expected:
-        said.insert(0, f"{len(hcas)} HCAs with ports ({', '.join(hcas[:8])}), {expected} "
-                    "expected ([check] expected_hcas)")  # fmt: skip
+    # physical devices: an SR-IOV virtual function (device/physfn) comes and goes with
+    # sriov_numvfs and with pods that take it, and is not a card that can fall off the bus
+    cards = {
+        p.hca for p in ports if not os.path.exists(os.path.join(root, p.hca, "device", "physfn"))
+    }
+    if len(cards) < expected:  # more is not a fault: a RoCE bond not formed yet, a new card
+        said.insert(0, f"{len(cards)} of the {expected} InfiniBand devices expected have "
+                    "ports ([check] expected_hcas)")  # fmt: skip
     if said:
         return Result("infiniband", FAIL, "; ".join(said))
     at = f" at >= {want:g} Gb/s" if want else ""

@@ -123,9 +123,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "check": {
         "probes": ["gpu_count", "infiniband", "disk", "dcgm"],
         "ib_rate_gbps": 0.0,
-        # how many InfiniBand devices a node has (ls /sys/class/infiniband, ibstat's CAs, RoCE
-        # ones included); 0: not set. Set, a node showing another count fails infiniband: one
-        # HCA of eight fallen off the bus leaves seven ports ACTIVE, which pass otherwise
+        # how many physical InfiniBand devices a node has (under /sys/class/infiniband, RoCE
+        # ones and a RoCE bond included, SR-IOV virtual functions not; of [infiniband] hcas
+        # when it lists them); 0: not set. Set, a node showing fewer fails infiniband: one HCA
+        # of eight fallen off the bus leaves seven ports ACTIVE, which pass otherwise
         "expected_hcas": 0,
         "disk_paths": ["/tmp"],
         "disk_timeout_s": 10.0,
@@ -200,9 +201,8 @@ def load_config(
         if not 0 < float(c[key]) <= MAX_TIMEOUT_S:
             raise ConfigError(f"check.{key} must be more than 0 and at most {MAX_TIMEOUT_S:g} s, "
                               f"got {c[key]!r}")  # fmt: skip
-    hcas = c["expected_hcas"]
-    if isinstance(hcas, bool) or not isinstance(hcas, int) or hcas < 0:
-        raise ConfigError(f"check.expected_hcas must be a whole number, 0 or more; got {hcas!r}")
+    if c["expected_hcas"] < 0:  # an integer already (merge_config)
+        raise ConfigError(f"check.expected_hcas must be 0 or more, got {c['expected_hcas']}")
     a = config["agent"]
     if a["health_fail_cycles"] < 1:
         raise ConfigError("agent.health_fail_cycles must be at least 1")

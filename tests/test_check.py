@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -415,28 +416,55 @@ def test_an_hca_gone_from_a_node_fails_when_the_count_is_set(tmp_path: Path) -> 
     """One HCA of eight fallen off the bus leaves seven ports ACTIVE, which pass; with
     [check] expected_hcas = 8 the node fails (and with none left, it fails too, not
     'unavailable', so [check] optional cannot pass it)."""
-    import shutil
-
     build_node_tree(tmp_path / "sys", hcas=8)
     assert probe(tmp_path, "infiniband", expected_hcas=8).status == "pass"
     shutil.rmtree(tmp_path / "sys/class/infiniband/mlx5_5")
     assert probe(tmp_path, "infiniband").status == "pass"  # the gap the setting closes
     r = probe(tmp_path, "infiniband", expected_hcas=8)
-    assert r.status == "fail" and "7 HCAs with ports" in r.detail and "8 expected" in r.detail, r
+    assert r.status == "fail" and "7 of the 8 InfiniBand devices expected" in r.detail, r
     (hca_port(tmp_path / "sys", "mlx5_2") / "state").write_text("1: DOWN\n")
     r = probe(tmp_path, "infiniband", expected_hcas=8)
-    assert "7 HCAs with ports" in r.detail and "1 of 7 ports down or slow" in r.detail, r
+    assert "7 of the 8" in r.detail and "1 of 7 ports down or slow" in r.detail, r
     shutil.rmtree(tmp_path / "sys/class/infiniband")
     cfg = load_config(str(config(tmp_path, expected_hcas=8)))
     (strict,) = check.run_checks(cfg, ["infiniband"], strict=True)
-    assert strict.status == "fail" and "8 HCAs expected" in strict.detail, strict
+    assert strict.status == "fail" and "8 expected ([check] expected_hcas)" in strict.detail
     assert probe(tmp_path, "infiniband").status == "unavailable"  # not set: as before
+    pci_tree(tmp_path / "sys", 8)  # the controllers still on the bus: the driver is named
+    r = probe(tmp_path, "infiniband", expected_hcas=8)
+    assert r.status == "fail" and "mlx5_ib" in r.detail and "8 expected" in r.detail, r
 
 
-@pytest.mark.parametrize("value", [-1, 1.5, True, "eight"])
-def test_an_hca_count_that_is_not_one_is_refused(tmp_path: Path, value: object) -> None:
-    with pytest.raises(ConfigError, match="expected_hcas"):
-        load_config(str(config(tmp_path, expected_hcas=value)))
+def test_the_hca_count_is_of_cards_not_ports_functions_or_extras(tmp_path: Path) -> None:
+    """A card with two ports is one; an SR-IOV virtual function (device/physfn) comes and
+    goes with sriov_numvfs and is not counted; more cards than expected pass (a RoCE bond
+    not formed yet); [infiniband] hcas, when it lists some, is what is judged."""
+    sysfs = tmp_path / "sys"
+    build_node_tree(sysfs, hcas=4)
+    shutil.copytree(hca_port(sysfs, "mlx5_0"), hca_port(sysfs, "mlx5_0").parent / "2")
+    assert probe(tmp_path, "infiniband", expected_hcas=4).status == "pass"
+    assert probe(tmp_path, "infiniband", expected_hcas=5).status == "fail"  # 5 ports, 4 cards
+    assert probe(tmp_path, "infiniband", expected_hcas=3).status == "pass"
+    (sysfs / "class/infiniband/mlx5_3/device").mkdir()
+    (sysfs / "class/infiniband/mlx5_3/device/physfn").symlink_to(sysfs / "class/infiniband/mlx5_0")
+    r = probe(tmp_path, "infiniband", expected_hcas=4)
+    assert r.status == "fail" and "3 of the 4" in r.detail, r
+    path = config(tmp_path, expected_hcas=2)
+    path.write_text(path.read_text() + '[infiniband]\nhcas = ["mlx5_1", "mlx5_2"]\n')
+    (hca_port(sysfs, "mlx5_0") / "state").write_text("1: DOWN\n")  # not one it watches
+    assert check.probe_infiniband(load_config(str(path))).status == "pass"
+    shutil.rmtree(sysfs / "class/infiniband/mlx5_2")
+    r = check.probe_infiniband(load_config(str(path)))
+    assert r.status == "fail" and "1 of the 2" in r.detail, r
+
+
+def test_an_hca_count_below_zero_is_refused_and_one_from_the_environment_is_taken(
+    tmp_path: Path,
+) -> None:
+    with pytest.raises(ConfigError, match="expected_hcas must be 0 or more"):
+        load_config(str(config(tmp_path, expected_hcas=-1)))
+    cfg = load_config(str(config(tmp_path)), environ={"GPUWARDEN_CHECK_EXPECTED_HCAS": "8"})
+    assert cfg["check"]["expected_hcas"] == 8
 
 
 def test_a_hung_mount_is_not_written_to_again_while_a_write_hangs(
