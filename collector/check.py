@@ -135,7 +135,11 @@ def probe_gpu_count(config: AgentConfig) -> Result:
 def probe_infiniband(config: AgentConfig) -> Result:
     root = os.path.join(config["agent"]["sysfs"], "class", "infiniband")
     # the devices the agent watches ([infiniband] hcas; [] = all) are the ones judged here
-    ports = discover(root, frozenset(config["infiniband"]["hcas"]))
+    only = frozenset(config["infiniband"]["hcas"])
+    ports = discover(root, only)
+    where = root  # a name there that is not the node's is said, not taken for a lost driver
+    if only:
+        where += f" (of [infiniband] hcas: {', '.join(sorted(only)[:8])})"
     expected = int(config["check"]["expected_hcas"])
     want_n = f"; {expected} expected ([check] expected_hcas)" if expected else ""
     if not ports:
@@ -145,10 +149,10 @@ def probe_infiniband(config: AgentConfig) -> Result:
         hcas = bus_hcas(config["agent"]["sysfs"])
         if hcas:
             return Result("infiniband", FAIL, f"{len(hcas)} InfiniBand controllers on the PCI "
-                          f"bus ({', '.join(hcas[:4])}), but no port under {root}: their "
+                          f"bus ({', '.join(hcas[:4])}), but no port under {where}: their "
                           f"driver (mlx5_ib) is not loaded, or they failed{want_n}")  # fmt: skip
         status = FAIL if expected else UNAVAILABLE
-        return Result("infiniband", status, f"no InfiniBand port under {root}, and no "
+        return Result("infiniband", status, f"no InfiniBand port under {where}, and no "
                       f"InfiniBand controller on the PCI bus{want_n}")  # fmt: skip
     want = float(config["check"]["ib_rate_gbps"])
     bad = []

@@ -456,6 +456,9 @@ def test_the_hca_count_is_of_cards_not_ports_functions_or_extras(tmp_path: Path)
     shutil.rmtree(sysfs / "class/infiniband/mlx5_2")
     r = check.probe_infiniband(load_config(str(path)))
     assert r.status == "fail" and "1 of the 2" in r.detail, r
+    path.write_text(path.read_text().replace('"mlx5_1", "mlx5_2"', '"mlx5-1"'))  # a typo
+    r = check.probe_infiniband(load_config(str(path)))
+    assert r.status == "fail" and "of [infiniband] hcas: mlx5-1" in r.detail, r
 
 
 def test_an_hca_count_below_zero_is_refused_and_one_from_the_environment_is_taken(
