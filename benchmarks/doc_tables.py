@@ -310,6 +310,66 @@ def aggregate(text: str) -> str:
     )
 
 
+def _part(text: str, pattern: str, part: str) -> re.Match[str] | str:
+    """The match of ``pattern`` in a ``benchmarks/nvml_calls.py`` output, or what its ``part``
+    said when it failed (``<part>: failed: <error>``): a cell then says so."""
+    match = re.search(pattern, text, re.MULTILINE)
+    if match is not None:
+        return match
+    return f"failed: {find(rf'^{part}: failed: (.*)$', text)[1]}"
+
+
+def nvml_calls(text: str) -> str:
+    """docs/NVML-REAL.md's table of single NVML calls, from ``benchmarks/nvml_calls.py``'s
+    output (median wall ms of its repetitions, GPU 0)."""
+    agent = find(r"^agent field request \((\d+) fields\): ([\d.]+) ms$", text)
+    fields = {
+        int(f): float(ms) for f, ms in re.findall(r"^  field +(\d+): +([\d.]+) ms", text, re.M)
+    }
+    pcie = _part(text, r"^pcie throughput: one call ([\d.]+) ms; TX then RX ([\d.]+) ms; "
+                 r"TX and RX on two threads ([\d.]+) ms$", "pcie")  # fmt: skip
+    energy = _part(text, r"^nvmlDeviceGetTotalEnergyConsumption: ([\d.]+) ms", "energy")
+    one, seq, par = (pcie, pcie, pcie) if isinstance(pcie, str) else pcie.groups()
+    others = [ms for f, ms in fields.items() if f != 83]
+    return "\n".join(
+        [
+            "| call | wall ms |",
+            "|---|---|",
+            f"| `nvmlDeviceGetPcieThroughput` (one direction) | **{one}** |",
+            f"| TX then RX | {seq} |",
+            f"| TX and RX on two threads | {par} |",
+            f"| field 83, total energy (alone) | {fields[83]:.3f} |",
+            f"| `nvmlDeviceGetTotalEnergyConsumption` | "
+            f"{energy if isinstance(energy, str) else energy[1]} |",
+            f"| the agent's whole field request ({agent[1]} fields) | {agent[2]} |",
+            f"| any other field, alone ({len(others)} of them) | {_span(others, 3)} |",
+        ]
+    )
+
+
+#: each line of ``benchmarks/nvml_real.py``'s output the table shows: (its row, wall in bold)
+NVML_REAL_ROWS = {
+    "nvml_source_real_in_turn_baseline": (
+        "NVML source, the PCIe samples asked in turn (the baseline: the agent before)",
+        False,
+    ),
+    "nvml_source_real": ("NVML source, the PCIe samples at once", True),
+    "nvml_source_recorded": ("NVML source on the recording of the same GPU (no driver)", False),
+    "real_full_cycle": ("the agent's whole cycle, every default source", True),
+}
+
+
+def nvml_real(text: str) -> str:
+    """docs/NVML-REAL.md's table of collection cycles, from ``benchmarks/nvml_real.py``'s
+    output (median block, wall and CPU ms a cycle)."""
+    rows = ["| | wall ms | CPU ms |", "|---|---|---|"]
+    for label, (row, bold) in NVML_REAL_ROWS.items():
+        match = find(rf"^{label}: wall_ms median=([\d.]+) .* cpu_ms median=([\d.]+)$", text)
+        wall = f"{float(match[1]):.2f}"
+        rows.append(f"| {row} | {f'**{wall}**' if bold else wall} | {float(match[2]):.2f} |")
+    return "\n".join(rows)
+
+
 def scale_runs(text: str) -> dict[int, list[list[str]]]:
     """``benchmarks/scale.py``'s closing table, its rows by GPU count, one per worker count:
     GPUs, workers, analysis s, s per M points, driver MiB, worker MiB, read MiB."""
@@ -369,6 +429,8 @@ TABLES: dict[str, Callable[[str], str]] = {
     "serving": serving,
     "scale": scale,
     "aggregate": aggregate,
+    "nvml_calls": nvml_calls,
+    "nvml_real": nvml_real,
 }
 
 

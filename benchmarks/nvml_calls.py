@@ -15,12 +15,16 @@ busy (``scripts/nvml_real.sh`` starts a load). Prints, for GPU 0:
 
     python3 -m benchmarks.nvml_calls [--reps 20]
 
-The last line is ``pcie_throughput_ms=<x>`` (one call, median).
+The last line is ``pcie_throughput_ms=<x>`` (one call, median). Its first line labels the run:
+REAL over the driver's library, CONSTRUCTED over anything else (CI runs it over a stand-in,
+``python -m testbed.nvml.standin``, whose times are not a GPU's). ``benchmarks/doc_tables.py``
+turns the output into docs/NVML-REAL.md's table of calls.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
 import functools
 import statistics
 import sys
@@ -44,6 +48,14 @@ def timed(fn: Callable[[], Any], reps: int) -> tuple[float, Any]:
     return statistics.median(spent), answer
 
 
+def input_label(nv: Any) -> str:
+    """REAL when pynvml has the driver's library loaded (a ``ctypes.CDLL``), else what it is."""
+    library = getattr(nv, "nvmlLib", None)
+    if isinstance(library, ctypes.CDLL):
+        return "REAL"
+    return f"CONSTRUCTED: not a driver ({type(library).__name__}); the times are not a GPU's"
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=20)
@@ -56,7 +68,8 @@ def main() -> int:
         print(f"nvml_calls: no NVIDIA driver here ({exc})", file=sys.stderr)
         return 2
     h = nv.nvmlDeviceGetHandleByIndex(0)
-    print(f"device: {nv.nvmlDeviceGetName(h)}, driver {nv.nvmlSystemGetDriverVersion()}; REAL")
+    print(f"device: {nv.nvmlDeviceGetName(h)}, driver {nv.nvmlSystemGetDriverVersion()}; "
+          f"{input_label(nv)}")  # fmt: skip
 
     def fields(ids: list[int]) -> list[tuple[int, Any]]:
         out = []
@@ -65,7 +78,7 @@ def main() -> int:
         return out
 
     ms_one = float("nan")
-    for part in (per_field, pcie, memory, gpm_dram):
+    for part in (per_field, pcie, energy, memory, gpm_dram):
         try:
             got = part(nv, h, fields, args.reps)
         except Exception as exc:  # one part's failure must not lose the others'
@@ -105,8 +118,6 @@ def pcie(nv: Any, h: Any, fields: Any, reps: int) -> float:
             t.join()
 
     ms_par, _ = timed(both_threads, max(1, reps // 4))
-    ms_energy, joules = timed(lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), reps)
-    print(f"nvmlDeviceGetTotalEnergyConsumption: {ms_energy:.3f} ms ({joules} mJ)")
     print(f"pcie throughput: one call {ms_one:.3f} ms; TX then RX {ms_seq:.3f} ms; "
           f"TX and RX on two threads {ms_par:.3f} ms")  # fmt: skip
     a = fields([TX_BYTES, RX_BYTES])
@@ -122,6 +133,11 @@ def pcie(nv: Any, h: Any, fields: Any, reps: int) -> float:
     else:
         print(f"pcie counters: not answered ({a}, {b})")
     return ms_one
+
+
+def energy(nv: Any, h: Any, fields: Any, reps: int) -> None:
+    ms, joules = timed(lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h), reps)
+    print(f"nvmlDeviceGetTotalEnergyConsumption: {ms:.3f} ms ({joules} mJ)")
 
 
 def memory(nv: Any, h: Any, fields: Any, reps: int) -> None:

@@ -1,7 +1,7 @@
 """One agent collection cycle on a REAL GPU node: wall and CPU time, driver time included.
 
-Needs a machine with an NVIDIA driver (it exits 2 without one); CI has none, so this runs on
-a lent GPU machine only (``docs/NVML-REAL.md`` says how, and what it gave).
+Needs a machine with an NVIDIA driver (it exits 2 without one); CI has none, so its figures come
+from a lent GPU machine only (``docs/NVML-REAL.md`` says how, and what it gave).
 
 Three things are timed, in interleaved blocks so that all see the same machine:
 
@@ -21,6 +21,9 @@ cycle, with how often each is made (the PCIe samples overlap: they are asked at 
     python3 benchmarks/nvml_real.py --recording nvml.json [--cycles 200] [--blocks 10]
 
 The last line is ``real_cycle_ms=<x>`` (wall time of one full collection cycle, median block).
+The ``input:`` line says REAL only over the driver's library; CI runs this over a stand-in
+(``python -m testbed.nvml.standin``) and it says CONSTRUCTED there. ``benchmarks/doc_tables.py``
+turns the output into docs/NVML-REAL.md's table of cycle times.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.nvml_calls import input_label
 from gpuwarden.collector import sources
 from gpuwarden.collector.agent import Agent
 from gpuwarden.collector.config import load_config
@@ -150,7 +154,13 @@ def main() -> int:
     n_nvml = per_block * args.blocks
     print(f"device: {gpus}x {name}, driver {driver}; sources: {','.join(names)}; "
           f"{n_nvml} cycles in {args.blocks} blocks; {points} points/cycle")  # fmt: skip
-    print("input: REAL GPU and driver through NVML; the host's real /sys, /proc and kernel log")
+    import pynvml
+
+    label = input_label(pynvml)
+    if label == "REAL":
+        print("input: REAL GPU and driver through NVML; the host's real /sys, /proc and kernel log")
+    else:
+        print(f"input: {label}; the host's real /sys, /proc and kernel log")
     for label, blocks in (("real_full_cycle", real_b), ("nvml_source_real", nvml_b),
                           ("nvml_source_real_in_turn_baseline", in_turn_b),
                           ("nvml_source_recorded", rec_b)):  # fmt: skip

@@ -8,9 +8,10 @@
 #   nvml-idle.json  3 cycles with the GPUs idle
 #   environ.txt     the load process's /proc/<pid>/environ, NULs as spaces (for proc.csv)
 #   once.lp         gpuwarden agent --once (its stdout)
-#   check.json      gpuwarden check --json
+#   check.json      gpuwarden check --json, every probe (gpu_matmul and allreduce named)
 #   bench.txt       benchmarks/nvml_calls.py, then benchmarks/nvml_real.py (last line
-#                   real_cycle_ms=)
+#                   real_cycle_ms=); keep it under docs/data/nvml-real/ (docs/NVML-REAL.md,
+#                   "How to run it again": benchmarks/doc_tables.py renders the page's tables)
 #   smi.txt         nvidia-smi -q during the load, and nvidia-smi's own time per query
 #   log.txt         everything else said on the way
 # docs/NVML-REAL.md says what a run gave and how it became tests/golden/nvml-real-*.
@@ -67,7 +68,10 @@ echo "calls: exit $?" >>"$out/log.txt"
 "$py" -m benchmarks.nvml_real --recording "$out/nvml-load.json" >>"$out/bench.txt"
 echo "bench: exit $?" >>"$out/log.txt"
 wait "$load_pid"
-"$py" -m gpuwarden check --json >"$out/check.json"
+# every probe, named: the default list leaves gpu_matmul and allreduce out (since 2ba405b), and
+# docs/NVML-REAL.md reports what they said on a real GPU
+"$py" -m gpuwarden check --json --probes gpu_count,infiniband,disk,dcgm,gpu_matmul,allreduce \
+  >"$out/check.json"
 echo "check: exit $?" >>"$out/log.txt"
 GPUWARDEN_AGENT_INTERVAL_S=2 "$py" -m gpuwarden agent --print --cycles 3 \
   --record-nvml "$out/nvml-idle.json" >/dev/null
