@@ -497,13 +497,21 @@ def check_finding(cluster: str, node: str, results: list[Result], now_ns: int) -
     )  # fmt: skip
 
 
-def report(config: AgentConfig, node: str, results: list[Result], now_ns: int) -> str:
-    """Post the finding to the engine and write the results to InfluxDB, within ``[check]
-    report_timeout_s`` in all, however the two answer (a server that trickles, a resolver
+def report(
+    config: AgentConfig,
+    node: str,
+    results: list[Result],
+    now_ns: int,
+    budget: float | None = None,
+) -> str:
+    """Post the finding to the engine and write the results to InfluxDB, within ``budget``
+    (default ``[check] report_timeout_s``; ``main`` passes what reading the secret files
+    left of it) in all, however the two answer (a server that trickles, a resolver
     that hangs: the report runs on a thread the check stops waiting for). The probes had
     ``deadline_s``: together they end inside slurmd's limit. What was done, as far as it got;
     what InfluxDB did not take stays in the check's own spool for the next ``--report``."""
-    budget = float(config["check"]["report_timeout_s"])
+    if budget is None:
+        budget = float(config["check"]["report_timeout_s"])
     done: list[str] = []
     posters: list[FindingPoster] = []
     work = partial(_report, config, node, results, now_ns, budget, done, posters)
@@ -583,6 +591,20 @@ REPORT_SECRETS = (
 )
 
 
+def _secrets_read(config: AgentConfig, budget: float) -> float:
+    """Read ``--report``'s secret files within ``budget`` (a bounded thread: a secret on a
+    hung network mount must not hold the check past slurmd's limit, nor before the probes).
+    ``budget`` when they are read and good; 0.0, said on stderr, when the report is off (the
+    verdict stands either way)."""
+    state, said = _bounded(budget, partial(check_secrets, config.sections, only=REPORT_SECRETS))
+    if state == "done":
+        return budget
+    if state == "late":
+        said = f"its secret files were not read within [check] report_timeout_s ({budget:g} s)"
+    print(f"gpuwarden check: the results will not be reported: {said}", file=sys.stderr)
+    return 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="gpuwarden check", description=__doc__.split("\n")[0])
     add_common(ap, config_help="the agent's TOML (its [check], [health], [nvml], sysfs)")
@@ -610,19 +632,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"gpuwarden check: unknown probes {unknown}; known: {sorted(PROBES)}",
               file=sys.stderr)  # fmt: skip
         return 2
-    if args.report:  # its secret files, checked before the probes run (not after 45 s)
-        try:
-            check_secrets(config.sections, only=REPORT_SECRETS)
-        except GpuwardenError as exc:  # the verdict stands; only the report is off
-            print(f"gpuwarden check: the results will not be reported: {exc}", file=sys.stderr)
-            args.report = False
+    report_s = float(config["check"]["report_timeout_s"])
+    if args.report:  # its secret files, read before the probes run (not after 45 s)
+        started = time.monotonic()
+        report_s = _secrets_read(config, report_s)
+        args.report = report_s > 0.0
+        report_s -= time.monotonic() - started  # the report's budget covers the read too
     results = run_checks(config, names, strict=True)
     ok = passed(results)
     node = config["agent"]["node"] or socket.gethostname()
     if args.report:
         try:
-            print(f"gpuwarden check: {report(config, node, results, time.time_ns())}",
-                  file=sys.stderr)  # fmt: skip
+            said = report(config, node, results, time.time_ns(), max(0.0, report_s))
+            print(f"gpuwarden check: {said}", file=sys.stderr)
         except (GpuwardenError, OSError) as exc:  # the verdict stands; the report is extra
             print(f"gpuwarden check: the results were not reported: {exc}", file=sys.stderr)
     if args.json:

@@ -249,6 +249,35 @@ def test_the_report_is_cut_at_its_budget_whatever_the_servers_do(
     assert said == "the report stopped: not finished within [check] report_timeout_s (2 s)"
 
 
+def test_a_secret_on_a_hung_mount_does_not_hold_the_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--report`` reads its secret files before the probes; on a hung network mount a read
+    never returns. Before, the check read them on its main thread and waited with it (past
+    slurmd's limit, before a single probe ran); now the read gets the report's budget, the
+    report is off, and the probes run and give their verdict. A hung read is played by a
+    ``read_secret`` that waits (up to 60 s, so the code before this ends too, and fails)."""
+    from gpuwarden.core import config as core_config
+
+    pci_tree(tmp_path / "sys", 8)
+    token = tmp_path / "token"
+    token.write_text("t0ken\n")
+    token.chmod(0o600)
+    path = _report_config(tmp_path, "http://127.0.0.1:9", "http://127.0.0.1:9")
+    path.write_text(path.read_text() + f'token_file = "{token}"\n')  # in [sink], the last
+    hung = threading.Event()
+    monkeypatch.setattr(core_config, "read_secret", lambda *a, **k: hung.wait(60) and "")
+    try:
+        code = check.main(["--config", str(path), "--probes", "gpu_count", "--report"])
+    finally:
+        hung.set()
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert ("the results will not be reported: its secret files were not read within "
+            "[check] report_timeout_s (2 s)") in err, err  # fmt: skip
+    assert "posted to" not in err and "points" not in err, err
+
+
 def test_the_engine_hears_a_pass_while_influxdb_trickles(tmp_path: Path) -> None:
     """The finding goes to the engine first, beside the write to InfluxDB: a passing check
     is what returns the node. Before, the post waited for the sink, and with InfluxDB
