@@ -34,7 +34,8 @@ time *re-done* (steps executed, then rolled back to a checkpoint by a restart) a
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import polars as pl
@@ -75,9 +76,25 @@ class UnknownGpuError(AnalyticsError, ValueError):
     """No peak FLOP/s is known for this GPU model or dtype."""
 
 
+def _squash(name: str) -> str:
+    return name.upper().replace(" ", "").replace("-", "")
+
+
 def gpu_family(name: str) -> str:
-    """The :data:`PEAK_DENSE_FLOPS` key for an NVML product name ("NVIDIA H100 80GB HBM3")."""
-    upper = name.upper().replace(" ", "")
+    """The :data:`PEAK_DENSE_FLOPS` key for an NVML product name ("NVIDIA H100 80GB HBM3").
+
+    Refused (:class:`UnknownGpuError`) rather than guessed: an NVL card ("NVIDIA H100 NVL",
+    "NVIDIA H200 NVL": PCIe cards whose peaks are not the SXM part's, and which NVIDIA has
+    quoted per card and per bridged pair) and a Grace-Blackwell superchip ("NVIDIA GB200",
+    whose GPU's peak is not the HGX B200's). An operator states those in ``[mfu]
+    peak_tflops`` (:func:`peak_flops`)."""
+    upper = _squash(name)
+    if "NVL" in upper or "GB200" in upper or "GB300" in upper:
+        raise UnknownGpuError(
+            f"no peak FLOP/s built in for GPU {name!r} (an NVL card or a Grace-Blackwell "
+            "superchip: its peak is not its SXM or HGX sibling's); state its dense peak per "
+            "GPU from its data sheet in [mfu] peak_tflops"
+        )
     for family in ("B200", "H200"):
         if family in upper:
             return family
@@ -85,10 +102,28 @@ def gpu_family(name: str) -> str:
         return "H100-PCIE" if "PCIE" in upper else "H100-SXM"
     if "A100" in upper or "A800" in upper:
         return "A100"
-    raise UnknownGpuError(f"no peak FLOP/s known for GPU {name!r}; known: {list(PEAK_DENSE_FLOPS)}")
+    raise UnknownGpuError(
+        f"no peak FLOP/s known for GPU {name!r}; known: {list(PEAK_DENSE_FLOPS)}; another GPU's "
+        "dense peak can be stated in [mfu] peak_tflops"
+    )
 
 
-def peak_flops(gpu_model: str, dtype: str) -> float:
+def peak_flops(
+    gpu_model: str, dtype: str, stated: Mapping[str, Mapping[str, float]] | None = None
+) -> float:
+    """The dense peak FLOP/s of one GPU of ``gpu_model`` at ``dtype``: from ``stated`` (``[mfu]
+    peak_tflops``: a name, case, spaces and dashes ignored, that the GPU's name contains ->
+    {dtype: TFLOP/s}; the longest such name first) when it names this GPU, else from
+    :data:`PEAK_DENSE_FLOPS`."""
+    upper = _squash(gpu_model)
+    for key in sorted(stated or {}, key=len, reverse=True):
+        if _squash(key) and _squash(key) in upper:
+            table = (stated or {})[key]
+            if dtype not in table:
+                raise UnknownGpuError(
+                    f"[mfu] peak_tflops states {key!r} without {dtype!r}; it has {list(table)}"
+                )
+            return float(table[dtype]) * T
     family = gpu_family(gpu_model)
     table = PEAK_DENSE_FLOPS[family]
     if dtype not in table:
@@ -375,8 +410,11 @@ class Mfu:
     """The FLOPs per token behind it, and what was assumed to count them."""
 
 
-def compute_mfu(shape: ModelShape, tp: JobThroughput) -> Mfu:
-    peak = peak_flops(shape.gpu_model, shape.dtype)
+def compute_mfu(
+    shape: ModelShape, tp: JobThroughput, stated: Mapping[str, Mapping[str, float]] | None = None
+) -> Mfu:
+    """MFU (and HFU when the job recomputes) of one job; ``stated``: ``[mfu] peak_tflops``."""
+    peak = peak_flops(shape.gpu_model, shape.dtype, stated)
     flops = flops_per_token(shape)
     per_gpu = tp.tokens_per_s * flops.model / shape.world_size
     hfu = None
@@ -421,12 +459,29 @@ class MfuConfig:
     info_lookback_s: float = 1800.0
     """A job that does not report its GPU model: its GPUs' ``gpu_info`` is looked for from this
     long before the window's start (the agent writes it every ``[nvml] info_every_s``)."""
+    peak_tflops: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    """Dense peaks the operator states, per GPU, in TFLOP/s: ``{"H100 NVL": {"bf16": ...}}``
+    (a name the GPU's NVML name contains -> dtype -> TFLOP/s); they come before the built-in
+    table, and are the only way to an MFU for a GPU it lacks or refuses (:func:`gpu_family`)."""
 
     def __post_init__(self) -> None:
         if self.mismatch_ratio <= 0 or not 0 <= self.mismatch_min < 1:
             raise ValueError("mfu.mismatch_ratio must be positive, mismatch_min in [0, 1)")
         if self.info_lookback_s < 0:
             raise ValueError("mfu.info_lookback_s must not be negative")
+        for name, table in self.peak_tflops.items():
+            if not isinstance(table, Mapping) or not _squash(str(name)) or not table:
+                raise ValueError(
+                    f"mfu.peak_tflops.{name}: a GPU name and a table of dtype = TFLOP/s, "
+                    'e.g. "H100 NVL" = { bf16 = 835.5 }'
+                )
+            for dtype, tflops in table.items():
+                ok = isinstance(tflops, int | float) and not isinstance(tflops, bool)
+                if not ok or not 0 < float(tflops) < 1e6:
+                    raise ValueError(
+                        f"mfu.peak_tflops.{name}.{dtype}: a dense peak in TFLOP/s (a positive "
+                        f"number under a million), got {tflops!r}"
+                    )
 
 
 #: dtypes whose matmuls run on tensor cores (GPM's tensor activity sees them)

@@ -366,7 +366,7 @@ def _mfu(
     if shape is None:
         return
     try:
-        result.mfu = compute_mfu(shape, tp)
+        result.mfu = compute_mfu(shape, tp, cfg.mfu.peak_tflops)
     except UnknownGpuError as exc:
         result.problems.append(str(exc))
         return

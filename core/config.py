@@ -87,6 +87,10 @@ def _coerce(section: str, key: str, default: Any, value: Any, where: str) -> Any
             return float(value)
         except (TypeError, ValueError):
             raise ConfigError(f"{what} must be a number, got {value!r}") from None
+    if isinstance(default, dict):  # a TOML table (not from the environment: no syntax there)
+        if not isinstance(value, dict):
+            raise ConfigError(f"{what} must be a table (set it in the TOML file), got {value!r}")
+        return copy.deepcopy(value)
     if isinstance(default, list):
         if isinstance(value, str):
             value = [v.strip() for v in value.split(",") if v.strip()]

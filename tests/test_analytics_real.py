@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 from gpuwarden.analytics.cli import main
+from gpuwarden.analytics.config import load_config as analytics_load_config
 from gpuwarden.analytics.counters import IB32_MAX, increases
 from gpuwarden.analytics.importers import TraceFormatError, read_minibatch_csv, read_whatif_trace
 from gpuwarden.analytics.mfu import (
@@ -30,6 +31,7 @@ from gpuwarden.analytics.mfu import (
 )
 from gpuwarden.analytics.stragglers import detect
 from gpuwarden.analytics.whatif import job_slowdown, makespan, one_f_one_b
+from gpuwarden.core.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 if not DATA.exists():
@@ -192,6 +194,45 @@ def test_peak_table_and_gpu_names():
         peak_flops("Tesla V100-SXM2-32GB", "fp16")
     with pytest.raises(UnknownGpuError, match="dtype"):
         peak_flops("NVIDIA A100", "fp8")
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H100 NVL", "NVIDIA H200 NVL", "NVIDIA GB200"])
+def test_a_gpu_whose_peak_is_not_its_siblings_is_not_guessed(name: str, tmp_path: Path) -> None:
+    """An NVL card is a PCIe card with a lower peak than the SXM part its name contains, and a
+    GB200's GPU is not an HGX B200; before, the name's "H100"/"H200"/"B200" gave the sibling's
+    peak and an MFU off by its ratio, silently. Now refused, until the operator states it in
+    [mfu] peak_tflops (a dense peak per GPU: the figure here is CONSTRUCTED, not a data sheet's)."""
+    with pytest.raises(UnknownGpuError, match=r"\[mfu\] peak_tflops"):
+        peak_flops(name, "bf16")
+    toml = tmp_path / "analytics.toml"
+    toml.write_text('[mfu]\npeak_tflops = { "h100 nvl" = { bf16 = 800 }, "H200-NVL" = '
+                    '{ bf16 = 801 }, "GB200" = { bf16 = 802, fp8 = 1604 } }\n')  # fmt: skip
+    stated = analytics_load_config(str(toml)).mfu.peak_tflops
+    assert peak_flops(name, "bf16", stated) in (800e12, 801e12, 802e12)
+    assert peak_flops("NVIDIA H200", "bf16", stated) == 989.4e12  # a name it does not contain
+    with pytest.raises(UnknownGpuError, match="without 'fp16'"):
+        peak_flops("NVIDIA GB200", "fp16", stated)
+
+
+@pytest.mark.parametrize(
+    ("toml", "environ", "said"),
+    [
+        ('peak_tflops = { "H100 NVL" = { bf16 = -1 } }', {}, "positive number"),
+        ('peak_tflops = { "H100 NVL" = { bf16 = inf } }', {}, "positive number"),
+        ('peak_tflops = { "H100 NVL" = { bf16 = true } }', {}, "positive number"),
+        ('peak_tflops = { "H100 NVL" = 835.5 }', {}, "a table of dtype"),
+        ('peak_tflops = { "" = { bf16 = 835.5 } }', {}, "a table of dtype"),
+        ('peak_tflops = "H100 NVL=835.5"', {}, "must be a table"),
+        ("", {"GPUWARDEN_MFU_PEAK_TFLOPS": "835.5"}, "must be a table"),
+    ],
+)
+def test_stated_peaks_are_refused_unless_they_are_peaks(
+    toml: str, environ: dict[str, str], said: str, tmp_path: Path
+) -> None:
+    path = tmp_path / "analytics.toml"
+    path.write_text(f"[mfu]\n{toml}\n")
+    with pytest.raises(ConfigError, match=said):
+        analytics_load_config(str(path), environ=environ)
 
 
 def test_counter_increases_handle_reset_and_saturation():
