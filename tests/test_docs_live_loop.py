@@ -24,3 +24,19 @@ def test_the_page_quotes_every_recorded_run_exactly() -> None:
 def test_a_summary_that_is_not_one_is_refused() -> None:
     with pytest.raises(ValueError):
         row("reactive (x)\n  job (its step log) 1 run\n")
+
+
+def test_the_stated_fault_rate_is_in_one_unit() -> None:
+    """The page compares the scenario's job MTBF (2.75 h: two faults in 330 s at 60x) with
+    StepFun's for a 3-node job, both in the same (compressed, cluster) hours. Before, it set
+    2.75 compressed hours against 32 hours of loop time and said "12 times"; it is ~700."""
+    from demo.live import TIME_SCALE
+    from gpuwarden.analytics.cadence import stepfun_rate_per_node_s
+
+    prose = " ".join((ROOT / "docs/LIVE-LOOP.md").read_text(encoding="utf-8").split())
+    scenario_h = 330 * TIME_SCALE / 3600 / 2
+    stepfun_h = 1 / (3 * stepfun_rate_per_node_s()) / 3600
+    assert f"a job MTBF of {scenario_h:g} h" in prose
+    assert f"MTBF of about {round(stepfun_h, -1):,.0f} h" in prose
+    assert f"{stepfun_h / TIME_SCALE:.0f} h of loop time at {TIME_SCALE:g}x" in prose
+    assert f"about {round(stepfun_h / scenario_h, -2):.0f} times as faulty" in prose
