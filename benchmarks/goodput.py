@@ -17,6 +17,13 @@ asynchronous save (the ``async_save`` lever: gpuwarden's job-side background sav
 saving is also printed at 30 s, 2 min and 10 min, and against a reactive job that already
 saves in the background, so that the result does not rest on that lever alone.
 
+Cadence learns the fleet's failure rate as the analyze service does, from the faults in its
+store: the day's so far and those of the 29 days before it (``[cadence] lookback_s`` is 30
+days), drawn from the same SIMULATED fault process with seeds of their own
+(:func:`history`), beside the StepFun prior at the product's default. Until 2026-11-27 the
+prior was scaled 150x instead, the scenario's own fault compression: the model was told the
+rate (issue 40's review); the fresh seeds 7001-7020 were measured so.
+
 It also prints a BOUND, not a result: the same levers with a perfect predictor (an alert a
 minute before every fatal fault, taken from the scenario's ground truth), to tell how much of
 the gap to the targets is the predictor's and how much the levers' own.
@@ -103,6 +110,22 @@ def alerts_for(
     return alerts
 
 
+#: ``[cadence] lookback_s`` is 30 days: the 29 before the day, and the day
+HISTORY_DAYS = 29
+
+
+def history(spec: Any, seed: int, names: list[str]) -> tuple[int, float]:
+    """The fleet's past as its store would hold it: the outages of the :data:`HISTORY_DAYS`
+    days before the day, each drawn from the same SIMULATED fault process with a seed of its
+    own (``10**7 + 100 * seed + k``), and the node-seconds they were seen over. Observed
+    faults, never the scenario's rate."""
+    faults = sum(
+        len(outages_of(ScenarioGenerator(spec, 10**7 + 100 * seed + k).faults, names))
+        for k in range(1, HISTORY_DAYS + 1)
+    )
+    return faults, HISTORY_DAYS * len(names) * float(spec.duration_s)
+
+
 def oracle_alerts(outages: list[Outage]) -> list[Alert]:
     """A perfect predictor: an alert :data:`ORACLE_LEAD_S` before every fatal fault. Built from
     the scenario's ground truth, so it is a BOUND on what prediction could give with these
@@ -124,10 +147,12 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             gen = ScenarioGenerator(spec, seed)
             alerts = alerts_for(influx, Path(tmp), seed, model, args.cache)
+            past, past_node_s = history(spec, seed, list(gen.node_names))
             setup = Setup(
                 pool=tuple(gen.node_names), job_nodes=js.nodes, day_s=float(spec.duration_s),
                 interval_s=js.checkpoint_interval_s, cost_s=COST_S, snapshot_s=SNAPSHOT_S,
                 restart_s=js.restart_s, horizon_s=model.meta.horizon_s,
+                history_faults=past, history_node_s=past_node_s,
             )  # fmt: skip
             outages = outages_of(gen.faults, gen.node_names)
             runs = every_subset(outages, alerts, setup)
@@ -172,12 +197,14 @@ def main(argv: list[str] | None = None) -> int:
             # the background, against every lever
             async_both = saved_pct(runs[frozenset({"async_save"})], arms["all"])
             rows.append({"seed": seed, "faults": len(outages), "alerts": len(alerts),
+                         "history": past,
                          "arms": arms, "at_cost": at_cost, "share": share,
                          "operator": helped, "oracle": bound, "async_both": async_both,
                          "unwarned": unwarned, "save_only": save_only})  # fmt: skip
             r, a = arms["reactive"], arms["all"]
             print(f"[{time.monotonic() - t0:6.1f}s] seed {seed}: {len(outages)} outages, "
-                  f"{len(alerts)} alerts, saved {saved_pct(r, a):.1f} %", flush=True)  # fmt: skip
+                  f"{len(alerts)} alerts, {past} outages in the {HISTORY_DAYS} days before, "
+                  f"saved {saved_pct(r, a):.1f} %", flush=True)  # fmt: skip
     report(rows, setup_gpus=js.nodes * spec.gpus_per_node)
     return 0
 

@@ -24,9 +24,13 @@ The levers, each on or off:
 * ``prediction``: a failure-risk alert on one of the job's nodes checkpoints the job and moves
   it off the node before the fault (one restart, nothing recomputed);
 * ``cadence``: at each start the job checkpoints at the interval :func:`analytics.cadence.advise`
-  gives for the failure rate seen so far (the fleet's faults, the StepFun prior scaled to the
-  scenario's time compression); with prediction on and ``Setup.discount_announced``, the
-  faults an alert warned of are left out (:meth:`analytics.cadence.FailureRate.unannounced`);
+  gives for the failure rate the fleet has seen: the faults in its store from before the day
+  (``Setup.history_faults`` over ``history_node_s``: the analyze service reads ``[cadence]
+  lookback_s``, 30 days) and the day's so far, with the StepFun prior at the product's default
+  weight and scale. Nothing tells it the scenario's rate: before, the prior was scaled 150x,
+  the scenario's fault compression (issue 40's review); with prediction on and
+  ``Setup.discount_announced``, the faults an alert warned of are left out
+  (:meth:`analytics.cadence.FailureRate.unannounced`);
 * ``isolation``: the fast path drains a node whose GPU broke within seconds, so no restart
   lands on it until it is repaired;
 * ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
@@ -115,8 +119,14 @@ class Setup:
     """With ``async_save``: how long a save holds training up (the copy to host memory)."""
     restart_s: float = 600.0
     horizon_s: float = 7200.0
-    prior_scale: float = 150.0
+    prior_scale: float = 1.0
+    """The StepFun prior's rate times this: 1, the product's default (``[cadence]
+    prior_scale``); a constructed test may set a fleet of its own."""
     prior_faults: float = 5.0
+    history_faults: int = 0
+    """Faults in the fleet's store from before the day (the fleet's past, which the analyze
+    service learns its rate from), seen over ``history_node_s`` node-seconds."""
+    history_node_s: float = 0.0
     max_out: int = 3
     cooldown_s: float = 1800.0
     min_gain: float = 0.01
@@ -266,8 +276,8 @@ class _Day:
                     warnings.setdefault(alert.node, []).append(alert.at_s)
             announced = count_announced(faults, warnings, self.s.horizon_s)
         rate = failure_rate(
-            len(seen),
-            len(self.s.pool) * t,
+            len(seen) + self.s.history_faults,
+            len(self.s.pool) * t + self.s.history_node_s,
             prior_per_node_s=stepfun_rate_per_node_s() * self.s.prior_scale,
             prior_faults=self.s.prior_faults,
             announced=announced,

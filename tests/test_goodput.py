@@ -158,6 +158,22 @@ def test_cadence_saves_more_often_when_faults_are_frequent() -> None:
     assert tuned.recompute_s < flat.recompute_s  # ... and less to recompute
 
 
+def test_cadence_learns_the_rate_from_the_fleets_past_not_from_a_setting() -> None:
+    """The model's cadence is told nothing of the scenario: the prior is the product's
+    (StepFun's rate, scale 1: before, 150, the scenario's compression). With no past it
+    advises saving less often than the job's hour (StepFun's fleet fails rarely); the same
+    fleet with 30 days of its faults in the store (here 4 nodes, a fault an hour per node)
+    learns the rate and saves more often than hourly."""
+    assert _setup().prior_scale == 1.0
+    blind = simulate([XID79], [], _setup(), Levers(cadence=True))
+    assert blind.intervals and min(blind.intervals) > 3600.0
+    days = 29 * 86_400.0
+    past = _setup(history_faults=int(4 * days / 3_600), history_node_s=4 * days)
+    learned = simulate([XID79], [], past, Levers(cadence=True))
+    assert max(learned.intervals) < 3600.0
+    assert learned.recompute_s < blind.recompute_s
+
+
 def test_cadence_leaves_out_the_faults_prediction_warned_of() -> None:
     """Every fault warned of an hour before: with prediction on, the interval is set by the
     unwarned rate (the prior alone), so the job saves less often than when it counts them."""
