@@ -10,8 +10,8 @@ import argparse
 import statistics
 import time
 
-from influxdb_client import Point as ClientPoint
-from influxdb_client import WritePrecision
+from influxdb_client.client.write.point import Point as ClientPoint
+from influxdb_client.domain.write_precision import WritePrecision
 
 from gpuwarden.core.store.lineprotocol import Point, encode_points
 from gpuwarden.core.store.lineprotocol.frame import encode_frame

@@ -148,8 +148,8 @@ def main() -> int:
             in_turn_b.append(block(in_turn.collect, per_block))
             rec_b.append(block(recorded.collect, per_block))
         points = len(agent.collect(time.time_ns()))
-        for s in (nvml, in_turn, recorded):
-            s.close()
+        for source in (nvml, in_turn, recorded):
+            source.close()
         agent.close()
     n_nvml = per_block * args.blocks
     print(f"device: {gpus}x {name}, driver {driver}; sources: {','.join(names)}; "
