@@ -90,8 +90,54 @@ def test_the_verdicts_prose_is_the_recorded_run() -> None:
     assert "the 20-node crash drew exactly one job finding and no removal on every seed" in prose
 
 
-def test_the_fresh_goodput_table_is_the_recorded_run() -> None:
-    assert on_page(quoted("goodput", "fresh-seeds/goodput-7001-7020.txt"), "BENCHMARKS.md")
+@pytest.mark.parametrize("run", ["goodput-7301-7320.txt", "goodput-7001-7020.txt"])
+def test_the_fresh_goodput_tables_are_the_recorded_runs(run: str) -> None:
+    assert on_page(quoted("goodput", f"fresh-seeds/{run}"), "BENCHMARKS.md")
+
+
+def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
+    """The figures the page gives beside the table of seeds 7301-7320, from its output."""
+    text = doc_tables.output(DATA / "fresh-seeds/goodput-7301-7320.txt")
+    prose = " ".join(page("BENCHMARKS.md").split())
+    share = dict(re.findall(r"^  (\w+) +[\d.-]+ GPU-h +([\d.-]+) % of the saving$", text, re.M))
+    assert (
+        f"async saves {share['async_save']} %, isolation {share['isolation']} %, cadence "
+        f"{share['cadence']} %, prediction {share['prediction']} %, lemon nodes {share['lemon']} %"
+    ) in prose
+    history = [int(n) for n in re.findall(r"(\d+) outages in the 29 days before", text)]
+    assert len(history) == 20
+    assert f"{min(history)} to {max(history)} outages" in prose
+    assert f"{round(sum(history) / 20)} on average" in prose
+    rows = [r for r in text.splitlines() if re.match(r"^ +73\d\d \|", r)]
+    outages = sum(int(r.split("|")[1]) for r in rows)
+    alerts = [int(r.split("|")[2]) for r in rows]
+    assert f"({outages} outages on the 20 days)" in prose
+    assert f"({sum(alerts)} alerts, on {sum(a > 0 for a in alerts)} of the 20 days)" in prose
+    printed = {
+        label: (median, low)
+        for label, median, low in re.findall(
+            r"^  (.+): median saved ([\d.-]+) %, min ([\d.-]+) %$", text, re.M
+        )
+    }
+
+    def fig(label: str) -> str:
+        median, low = printed[label]
+        return f"{median} % (min {low} %)"
+
+    held = "a reactive job that already saves in the background (12 s held per save; async on "
+    assert f"every lever: median {fig(held + 'both arms), every lever')}" in prose
+    person = "reactive helped by a person who drains the broken node 30 min after the stop"
+    assert f"after 30 min: {fig(person)}" in prose
+    discount = "[cadence] discount_announced (cadence counts only faults no alert warned of)"
+    assert f"`discount_announced`: {fig(discount)}" in prose
+    saving = "a risk alert only checkpoints (actions notify, checkpoint), every lever"
+    assert f"checkpoint-only risk policy: {fig(saving)}" in prose
+    bound = "BOUND, a perfect predictor (ground truth: an alert 60 s before every fatal fault)"
+    assert f"perfect predictor: {fig(bound + ', every lever')}" in prose
+    costs = [printed[f"checkpoint cost {c:>4} s"] for c in (30, 120, 600)]
+    assert (
+        f"median {' / '.join(m for m, _ in costs)} % (min {' / '.join(lo for _, lo in costs)} %)"
+    ) in prose
 
 
 def test_the_goodput_scale_table_is_the_recorded_run() -> None:
