@@ -510,16 +510,19 @@ def report(
     that hangs: the report runs on a thread the check stops waiting for). The probes had
     ``deadline_s``: together they end inside slurmd's limit. What was done, as far as it got;
     what InfluxDB did not take stays in the check's own spool for the next ``--report``."""
-    if budget is None:
-        budget = float(config["check"]["report_timeout_s"])
+    setting = float(config["check"]["report_timeout_s"])
+    budget = setting if budget is None else budget
+    within = f"[check] report_timeout_s ({budget:g} s)"
+    if budget != setting:  # what reading the secret files left of it
+        within = f"what was left of [check] report_timeout_s ({budget:g} of {setting:g} s)"
     done: list[str] = []
     posters: list[FindingPoster] = []
-    work = partial(_report, config, node, results, now_ns, budget, done, posters)
+    work = partial(_report, config, node, results, now_ns, budget, within, done, posters)
     state, said = _bounded(budget, work)
     if state == "done":
         return "; ".join(done)
     if state == "late":
-        said = f"not finished within [check] report_timeout_s ({budget:g} s)"
+        said = f"not finished within {within}"
     if posters and posters[0].posted and not any("posted to" in d for d in done):
         done.append(f"{'node_check_failed' if not passed(results) else 'node_healthy'} "
                     f"posted to {posters[0].url}")  # fmt: skip
@@ -532,6 +535,7 @@ def _report(
     results: list[Result],
     now_ns: int,
     budget: float,
+    within: str,
     done: list[str],
     posters: list[FindingPoster],
 ) -> None:
@@ -578,7 +582,7 @@ def _report(
             done.append(f"{finding.kind} posted to {poster.url}")
         else:
             done.append(f"{finding.kind} NOT delivered to {a['remediation_url']} within "
-                        f"[check] report_timeout_s ({budget:g} s)")  # fmt: skip
+                        f"{within}")  # fmt: skip
 
 
 #: what ``--report`` reads: the sink's credentials and the fast path's
@@ -596,8 +600,16 @@ def _secrets_read(config: AgentConfig, budget: float) -> float:
     hung network mount must not hold the check past slurmd's limit, nor before the probes).
     ``budget`` when they are read and good; 0.0, said on stderr, when the report is off (the
     verdict stands either way)."""
-    state, said = _bounded(budget, partial(check_secrets, config.sections, only=REPORT_SECRETS))
-    if state == "done":
+
+    def read() -> str:  # "" when every file is read and good, else what is wrong, as said
+        try:
+            check_secrets(config.sections, only=REPORT_SECRETS)
+        except GpuwardenError as exc:
+            return str(exc)
+        return ""
+
+    state, said = _bounded(budget, read)
+    if state == "done" and not said:
         return budget
     if state == "late":
         said = f"its secret files were not read within [check] report_timeout_s ({budget:g} s)"
