@@ -34,6 +34,7 @@ time *re-done* (steps executed, then rolled back to a checkpoint by a restart) a
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,31 +77,45 @@ class UnknownGpuError(AnalyticsError, ValueError):
     """No peak FLOP/s is known for this GPU model or dtype."""
 
 
-def _squash(name: str) -> str:
-    return name.upper().replace(" ", "").replace("-", "")
+def _words(name: str) -> list[str]:
+    """A GPU name's words, upper-case, split at anything not a letter or digit: "NVIDIA
+    H100-SXM5-80GB" -> NVIDIA, H100, SXM5, 80GB. Names are matched on whole words, so that
+    "H20" is not found in "H200", nor "A100" in "RTX A1000"."""
+    return re.findall(r"[A-Z0-9]+", name.upper())
+
+
+def _named_at(words: list[str], key: list[str]) -> int:
+    """Where ``key``'s words, one after the other, end in ``words`` (the last such place);
+    -1 when they do not appear."""
+    ends = [
+        i + len(key) for i in range(len(words) - len(key) + 1) if words[i : i + len(key)] == key
+    ]
+    return ends[-1] if key and ends else -1
 
 
 def gpu_family(name: str) -> str:
-    """The :data:`PEAK_DENSE_FLOPS` key for an NVML product name ("NVIDIA H100 80GB HBM3").
+    """The :data:`PEAK_DENSE_FLOPS` key for an NVML product name ("NVIDIA H100 80GB HBM3"),
+    on whole words (:func:`_words`; a GH200's GPU is an H200's).
 
     Refused (:class:`UnknownGpuError`) rather than guessed: an NVL card ("NVIDIA H100 NVL",
     "NVIDIA H200 NVL": PCIe cards whose peaks are not the SXM part's, and which NVIDIA has
     quoted per card and per bridged pair) and a Grace-Blackwell superchip ("NVIDIA GB200",
     whose GPU's peak is not the HGX B200's). An operator states those in ``[mfu]
     peak_tflops`` (:func:`peak_flops`)."""
-    upper = _squash(name)
-    if "NVL" in upper or "GB200" in upper or "GB300" in upper:
+    words = set(_words(name))
+    if words & {"NVL", "GB200", "GB300"}:
         raise UnknownGpuError(
             f"no peak FLOP/s built in for GPU {name!r} (an NVL card or a Grace-Blackwell "
             "superchip: its peak is not its SXM or HGX sibling's); state its dense peak per "
             "GPU from its data sheet in [mfu] peak_tflops"
         )
-    for family in ("B200", "H200"):
-        if family in upper:
-            return family
-    if "H100" in upper or "H800" in upper:
-        return "H100-PCIE" if "PCIE" in upper else "H100-SXM"
-    if "A100" in upper or "A800" in upper:
+    if "B200" in words:
+        return "B200"
+    if words & {"H200", "GH200"}:
+        return "H200"
+    if words & {"H100", "H800"}:
+        return "H100-PCIE" if "PCIE" in words else "H100-SXM"
+    if words & {"A100", "A800"}:
         return "A100"
     raise UnknownGpuError(
         f"no peak FLOP/s known for GPU {name!r}; known: {list(PEAK_DENSE_FLOPS)}; another GPU's "
@@ -112,18 +127,25 @@ def peak_flops(
     gpu_model: str, dtype: str, stated: Mapping[str, Mapping[str, float]] | None = None
 ) -> float:
     """The dense peak FLOP/s of one GPU of ``gpu_model`` at ``dtype``: from ``stated`` (``[mfu]
-    peak_tflops``: a name, case, spaces and dashes ignored, that the GPU's name contains ->
-    {dtype: TFLOP/s}; the longest such name first) when it names this GPU, else from
-    :data:`PEAK_DENSE_FLOPS`."""
-    upper = _squash(gpu_model)
-    for key in sorted(stated or {}, key=len, reverse=True):
-        if _squash(key) and _squash(key) in upper:
-            table = (stated or {})[key]
-            if dtype not in table:
-                raise UnknownGpuError(
-                    f"[mfu] peak_tflops states {key!r} without {dtype!r}; it has {list(table)}"
-                )
-            return float(table[dtype]) * T
+    peak_tflops``: a name whose words, case ignored, appear one after the other in the GPU's
+    name -> {dtype: TFLOP/s}) when one names this GPU, else from :data:`PEAK_DENSE_FLOPS`.
+    A key applies to every GPU whose name holds its words ("H100" to an "H100 NVL" too), so a
+    variant is named to tell it apart; of several, the one of most words wins, then the one
+    reaching furthest into the name (NVML puts the variant last: "H100 NVL" before "NVIDIA
+    H100" for "NVIDIA H100 NVL")."""
+    words = _words(gpu_model)
+    best: tuple[int, int, str] | None = None
+    for key in stated or {}:
+        end = _named_at(words, _words(key))
+        if end >= 0 and (best is None or (len(_words(key)), end) > best[:2]):
+            best = (len(_words(key)), end, key)
+    if best is not None:
+        table = (stated or {})[best[2]]
+        if dtype not in table:
+            raise UnknownGpuError(
+                f"[mfu] peak_tflops states {best[2]!r} without {dtype!r}; it has {list(table)}"
+            )
+        return float(table[dtype]) * T
     family = gpu_family(gpu_model)
     table = PEAK_DENSE_FLOPS[family]
     if dtype not in table:
@@ -470,7 +492,7 @@ class MfuConfig:
         if self.info_lookback_s < 0:
             raise ValueError("mfu.info_lookback_s must not be negative")
         for name, table in self.peak_tflops.items():
-            if not isinstance(table, Mapping) or not _squash(str(name)) or not table:
+            if not isinstance(table, Mapping) or not _words(str(name)) or not table:
                 raise ValueError(
                     f"mfu.peak_tflops.{name}: a GPU name and a table of dtype = TFLOP/s, "
                     'e.g. "H100 NVL" = { bf16 = 835.5 }'

@@ -210,10 +210,33 @@ def test_a_gpu_whose_peak_is_not_its_siblings_is_not_guessed(name: str, tmp_path
     toml.write_text('[mfu]\npeak_tflops = { "h100 nvl" = { bf16 = 800 }, "H200-NVL" = '
                     '{ bf16 = 801 }, "GB200" = { bf16 = 802, fp8 = 1604 } }\n')  # fmt: skip
     stated = analytics_load_config(str(toml)).mfu.peak_tflops
-    assert peak_flops(name, "bf16", stated) in (800e12, 801e12, 802e12)
+    expected = {"NVIDIA H100 NVL": 800e12, "NVIDIA H200 NVL": 801e12, "NVIDIA GB200": 802e12}
+    assert peak_flops(name, "bf16", stated) == expected[name]
     assert peak_flops("NVIDIA H200", "bf16", stated) == 989.4e12  # a name it does not contain
     with pytest.raises(UnknownGpuError, match="without 'fp16'"):
         peak_flops("NVIDIA GB200", "fp16", stated)
+
+
+def test_names_are_matched_on_whole_words() -> None:
+    """A stated GPU that is not built in must not take a built-in sibling's name (a review:
+    "H20" matched "H200", "A10" "A100", "L4" "L40", by substring), nor a built-in family a
+    GPU it is not ("A100" in "RTX A1000"). Of two keys that both name a GPU, the one of most
+    words, then the one reaching furthest into its name, wins."""
+    stated = {"H20": {"bf16": 148.0}, "A10": {"bf16": 125.0}, "L4": {"bf16": 121.0},
+              "L40S": {"bf16": 362.0}, "NVIDIA H100": {"bf16": 1.0},
+              "H100 NVL": {"bf16": 835.0}}  # fmt: skip
+    for gpu, tflops in [("NVIDIA H200", 989.4), ("NVIDIA A100-SXM4-80GB", 312.0),
+                        ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0), ("NVIDIA H20", 148.0),
+                        ("NVIDIA A10", 125.0), ("NVIDIA H100 NVL", 835.0),
+                        ("NVIDIA H100 80GB HBM3", 1.0)]:  # fmt: skip
+        assert peak_flops(gpu, "bf16", stated) == pytest.approx(tflops * 1e12), gpu
+    with pytest.raises(UnknownGpuError, match="no peak"):
+        peak_flops("NVIDIA L40", "bf16", stated)
+    with pytest.raises(UnknownGpuError, match="no peak"):
+        gpu_family("NVIDIA RTX A1000")
+    assert gpu_family("NVIDIA GH200 480GB") == "H200"
+    assert gpu_family("NVIDIA H100-SXM5-80GB") == "H100-SXM"
+    assert gpu_family("NVIDIA A800 80GB PCIe") == "A100"
 
 
 @pytest.mark.parametrize(
