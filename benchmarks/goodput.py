@@ -60,6 +60,7 @@ from demo.goodput import (
     Setup,
     ablation,
     every_subset,
+    fault_onsets,
     outages_of,
     saved_pct,
     shapley,
@@ -115,14 +116,16 @@ HISTORY_DAYS = 29
 
 
 def history(spec: Any, seed: int, names: list[str]) -> tuple[int, float]:
-    """The fleet's past as its store would hold it: the outages of the :data:`HISTORY_DAYS`
+    """The fleet's past as its store would hold it: the faults of the :data:`HISTORY_DAYS`
     days before the day, each drawn from the same SIMULATED fault process with a seed of its
-    own (``10**7 + 100 * seed + k``), and the node-seconds they were seen over. Observed
-    faults, never the scenario's rate."""
-    faults = sum(
-        len(outages_of(ScenarioGenerator(spec, 10**7 + 100 * seed + k).faults, names))
-        for k in range(1, HISTORY_DAYS + 1)
-    )
+    own (``10**7 + 100 * seed + k``), a node's outages within ``[cadence] merge_s`` counted
+    once as the analyze service counts them (:func:`demo.goodput.fault_onsets`), and the
+    node-seconds they were seen over. Observed faults, never the scenario's rate."""
+    merge_s = Setup(pool=(), job_nodes=0, day_s=0.0).merge_s
+    faults = 0
+    for k in range(1, HISTORY_DAYS + 1):
+        day = outages_of(ScenarioGenerator(spec, 10**7 + 100 * seed + k).faults, names)
+        faults += sum(len(times) for times in fault_onsets(day, merge_s).values())
     return faults, HISTORY_DAYS * len(names) * float(spec.duration_s)
 
 
@@ -203,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
                          "unwarned": unwarned, "save_only": save_only})  # fmt: skip
             r, a = arms["reactive"], arms["all"]
             print(f"[{time.monotonic() - t0:6.1f}s] seed {seed}: {len(outages)} outages, "
-                  f"{len(alerts)} alerts, {past} outages in the {HISTORY_DAYS} days before, "
+                  f"{len(alerts)} alerts, {past} faults in the {HISTORY_DAYS} days before, "
                   f"saved {saved_pct(r, a):.1f} %", flush=True)  # fmt: skip
     report(rows, setup_gpus=js.nodes * spec.gpus_per_node)
     return 0

@@ -65,6 +65,7 @@ from gpuwarden.analytics.cadence import (
     failure_rate,
     stepfun_rate_per_node_s,
 )
+from gpuwarden.analytics.config import DEFAULTS as ANALYTICS_DEFAULTS
 from gpuwarden.simulation.faulttypes import Fault, of
 
 LEVERS = ("prediction", "cadence", "isolation", "lemon", "async_save")
@@ -108,6 +109,9 @@ class Levers:
         return "+".join(on) if on else "reactive"
 
 
+CADENCE_DEFAULTS = ANALYTICS_DEFAULTS["cadence"]
+
+
 @dataclass(frozen=True)
 class Setup:
     pool: tuple[str, ...]
@@ -127,6 +131,9 @@ class Setup:
     """Faults in the fleet's store from before the day (the fleet's past, which the analyze
     service learns its rate from), seen over ``history_node_s`` node-seconds."""
     history_node_s: float = 0.0
+    merge_s: float = float(CADENCE_DEFAULTS["merge_s"])
+    """A node's outages this close count as one fault, as the analyze service merges a node's
+    critical findings (``[cadence] merge_s``; :func:`fault_onsets`)."""
     max_out: int = 3
     cooldown_s: float = 1800.0
     min_gain: float = 0.01
@@ -263,20 +270,17 @@ class _Day:
     def interval(self, t: float, nodes: int) -> float:
         if not self.levers.cadence:
             return self.s.interval_s
-        seen = [o for o in self.outages if o.at_s < t]
+        faults = fault_onsets([o for o in self.outages if o.at_s < t], self.s.merge_s)
         discount = self.levers.prediction and self.s.discount_announced
         announced = 0
         if discount:  # the alerts so far, on the node, within the predictor's horizon
-            faults: dict[str, list[float]] = {}
-            for o in seen:
-                faults.setdefault(o.node, []).append(o.at_s)
             warnings: dict[str, list[float]] = {}
             for alert in self.alerts:
                 if alert.at_s < t:
                     warnings.setdefault(alert.node, []).append(alert.at_s)
             announced = count_announced(faults, warnings, self.s.horizon_s)
         rate = failure_rate(
-            len(seen) + self.s.history_faults,
+            sum(len(times) for times in faults.values()) + self.s.history_faults,
             len(self.s.pool) * t + self.s.history_node_s,
             prior_per_node_s=stepfun_rate_per_node_s() * self.s.prior_scale,
             prior_faults=self.s.prior_faults,
@@ -418,6 +422,19 @@ def shapley(runs: dict[frozenset[str], Badput]) -> dict[str, float]:
                 total += weight * (runs[key].total_s - runs[key | {lever}].total_s)
         share[lever] = total
     return share
+
+
+def fault_onsets(outages: Iterable[Outage], merge_s: float) -> dict[str, list[float]]:
+    """The faults the analyze service would count in ``outages``, per node, their times: a
+    node's outage within ``merge_s`` of its last one is the same fault
+    (:func:`analytics.cadence.fleet_failure_rate` merges a node's critical findings so)."""
+    onsets: dict[str, list[float]] = {}
+    last: dict[str, float] = {}
+    for o in sorted(outages, key=lambda o: o.at_s):
+        if o.node not in last or o.at_s - last[o.node] > merge_s:
+            onsets.setdefault(o.node, []).append(o.at_s)
+        last[o.node] = o.at_s
+    return onsets
 
 
 def outages_of(faults: Iterable[Fault], names: Sequence[str]) -> list[Outage]:
