@@ -322,7 +322,7 @@ def _part(text: str, pattern: str, part: str) -> re.Match[str] | str:
 def nvml_calls(text: str) -> str:
     """docs/NVML-REAL.md's table of single NVML calls, from ``benchmarks/nvml_calls.py``'s
     output (median wall ms of its repetitions, GPU 0)."""
-    agent = find(r"^agent field request \((\d+) fields\): ([\d.]+) ms$", text)
+    agent = _part(text, r"^agent field request \((\d+) fields\): ([\d.]+) ms$", "per_field")
     fields = {
         int(f): float(ms) for f, ms in re.findall(r"^  field +(\d+): +([\d.]+) ms", text, re.M)
     }
@@ -330,6 +330,10 @@ def nvml_calls(text: str) -> str:
                  r"TX and RX on two threads ([\d.]+) ms$", "pcie")  # fmt: skip
     energy = _part(text, r"^nvmlDeviceGetTotalEnergyConsumption: ([\d.]+) ms", "energy")
     one, seq, par = (pcie, pcie, pcie) if isinstance(pcie, str) else pcie.groups()
+    stopped = re.search(r"^per_field: failed: (.*)$", text, re.MULTILINE)  # at once or midway
+    fields_said = f"failed: {stopped[1]}" if stopped else "not printed"
+    count, whole = ("?", agent) if isinstance(agent, str) else agent.groups()
+    field_83 = f"{fields[83]:.3f}" if 83 in fields else fields_said
     others = [ms for f, ms in fields.items() if f != 83]
     return "\n".join(
         [
@@ -338,11 +342,12 @@ def nvml_calls(text: str) -> str:
             f"| `nvmlDeviceGetPcieThroughput` (one direction) | **{one}** |",
             f"| TX then RX | {seq} |",
             f"| TX and RX on two threads | {par} |",
-            f"| field 83, total energy (alone) | {fields[83]:.3f} |",
+            f"| field 83, total energy (alone) | {field_83} |",
             f"| `nvmlDeviceGetTotalEnergyConsumption` | "
             f"{energy if isinstance(energy, str) else energy[1]} |",
-            f"| the agent's whole field request ({agent[1]} fields) | {agent[2]} |",
-            f"| any other field, alone ({len(others)} of them) | {_span(others, 3)} |",
+            f"| the agent's whole field request ({count} fields) | {whole} |",
+            f"| any other field, alone ({len(others)} of them) | "
+            f"{_span(others, 3) if others else fields_said} |",
         ]
     )
 

@@ -29,14 +29,15 @@ def page(name: str) -> str:
 
 def on_page(table: str, name: str) -> bool:
     """``table`` is on page ``name`` whole: its lines, one after the other, with no table row
-    just above or below them (a row added to the page's table, which a plain substring test
-    lets through, fails)."""
+    just above them and a blank line (or the page's end) below (a row added to the page's
+    table, which a plain substring test lets through, fails; so does any text right below it,
+    which Markdown renders as one more row)."""
     lines, want = page(name).splitlines(), table.strip().splitlines()
     for i in range(len(lines) - len(want) + 1):
         if lines[i : i + len(want)] == want:
             above = lines[i - 1] if i else ""
             below = lines[i + len(want)] if i + len(want) < len(lines) else ""
-            if not above.startswith("|") and not below.startswith("|"):
+            if not above.lstrip().startswith("|") and not below.strip():
                 return True
     return False
 
@@ -354,3 +355,28 @@ def test_the_real_h200_column_is_the_recording() -> None:
     gpm = [tick["0|nvmlGpmMetricsGet|[[2,3,5,10]]"] for tick in ticks]
     assert "e" in gpm[0] and all("v" in answer for answer in gpm[1:])
     assert rows["GPM"] == "the same; first call not ready, then values"
+
+
+def test_the_nvml_calls_table_says_which_part_failed() -> None:
+    """docs/NVML-REAL.md's table of calls from a run where parts of
+    ``benchmarks/nvml_calls.py`` failed (CONSTRUCTED outputs in its print format): each cell
+    of a failed part says so, whether it failed at once or midway; none is left out."""
+    at_once = (
+        "per_field: failed: NVMLError_Unknown(999)\n"
+        "pcie throughput: one call 20.760 ms; TX then RX 41.550 ms; TX and RX on two threads "
+        "21.270 ms\nenergy: failed: NVMLError_FunctionNotFound(13)\n"
+    )
+    rows = doc_tables.nvml_calls(at_once).splitlines()
+    assert len(rows) == 9 and "| **20.760** |" in rows[2]
+    assert sum("failed: NVMLError_Unknown(999)" in r for r in rows) == 3
+    assert "failed: NVMLError_FunctionNotFound(13)" in rows[6]
+    midway = (
+        "agent field request (14 fields): 3.850 ms\n  field   3:    0.077 ms  answer (0, 0)\n"
+        "per_field: failed: NVMLError_Unknown(999)\npcie: failed: NVMLError_Unknown(999)\n"
+        "nvmlDeviceGetTotalEnergyConsumption: 3.350 ms (1 mJ)\n"
+    )
+    rows = doc_tables.nvml_calls(midway).splitlines()
+    assert rows[5] == "| field 83, total energy (alone) | failed: NVMLError_Unknown(999) |"
+    assert rows[7:] == ["| the agent's whole field request (14 fields) | 3.850 |",
+                        "| any other field, alone (1 of them) | 0.077 |"]  # fmt: skip
+    assert "| **failed: NVMLError_Unknown(999)** |" in rows[2]
