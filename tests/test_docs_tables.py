@@ -380,3 +380,21 @@ def test_the_nvml_calls_table_says_which_part_failed() -> None:
     assert rows[7:] == ["| the agent's whole field request (14 fields) | 3.850 |",
                         "| any other field, alone (1 of them) | 0.077 |"]  # fmt: skip
     assert "| **failed: NVMLError_Unknown(999)** |" in rows[2]
+
+
+def test_the_fresh_attribution_prose_is_the_recorded_run() -> None:
+    """docs/ANALYTICS.md's figures for the fresh seeds 7001-7005, from the kept output."""
+    text = doc_tables.output(DATA / "fresh-seeds/attribution-7001-7005.txt")
+    prose = " ".join((ROOT / "docs/ANALYTICS.md").read_text(encoding="utf-8").split())
+    rows = doc_tables.rows_under(
+        text, "scenario | stragglers | blamed right | slowed, not found | macro F1"
+    )
+    total = sum(int(r[1]) for r in rows)
+    assert len(rows) == 5 and all(r[1] == r[2] and r[3] == "0" for r in rows)
+    causes = doc_tables.rows_under(text, "cause | precision | recall | F1 | stragglers")
+    by_cause = ", ".join(f"{r[0]} {r[4]}" for r in causes)
+    assert (
+        f"{total} stragglers, every one blamed right ({by_cause}), no slowed rank missed" in prose
+    )
+    f1 = doc_tables.find(r"^attribution_macro_f1=(\S+)$", text)[1]
+    assert f"macro F1 **{f1}** (the output as printed" in prose
