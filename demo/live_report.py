@@ -92,10 +92,10 @@ def action_outcomes(
 ) -> list[ActionOutcome]:
     """Each cordon and drain done for real in ``audit`` (the engine's records, as
     :func:`gpuwarden.remediation.audit.read_records` gives them), with its outcome."""
-    policy_of = {
+    policy_of = {  # a duplicate's decision (the finding sent again) names no policy
         str(r.get("finding_id")): str(r.get("policy", ""))
         for r in audit
-        if r.get("event") == "decision"
+        if r.get("event") == "decision" and r.get("verdict") != "duplicate"
     }
     verdicts = [r for r in audit if r.get("event") == "outcome"]
     out = []

@@ -60,6 +60,10 @@ def constructed(path: Path) -> list[dict[str, Any]]:
     finding(30, "f3", "gpu_xid", "n3", xid=48)
     plan(30, "f3", "fatal-gpu-event", "n3", "notify", "drain", "requeue")
     act(30.4, "f3", "drain", "n3")
+    # the agent sends f3 again (a retry): the engine records a duplicate decision, no policy
+    # (the live runs of seeds 5201-5203 printed "(, gpu_xid)": the duplicate hid the policy)
+    log.append("decision", T0 + 31, finding_id="f3", verdict="duplicate", policy="",
+               actions=[], node="n3", why="seen")  # fmt: skip
     finding(60, "h3", "node_healthy", "n3", check="pass", checked_ns=int((T0 + 59) * 1e9))
     act(61, "h3", "uncordon", "n3")
     # n4: drained long ago, never returned: unknown
