@@ -3,7 +3,9 @@ printed: one row per seed, both arms' step logs and work lost, work saved and th
 delays. The summaries are kept as they were printed (``docs/data/live-loop/seed-<N>.txt``);
 ``tests/test_docs_live_loop.py`` checks that the page's table is what this prints from them.
 
-    python -m demo.live_table docs/data/live-loop/seed-*.txt
+    python -m demo.live_table docs/data/live-loop/seed-520?.txt
+
+A kept summary may start with ``# `` lines saying how it was made; they are not read.
 """
 
 from __future__ import annotations
@@ -43,7 +45,12 @@ def row(summary: str) -> str:
 
 
 def table(paths: list[Path]) -> str:
-    return "\n".join([HEADER, *(row(p.read_text(encoding="utf-8")) for p in paths)])
+    summaries = (p.read_text(encoding="utf-8") for p in paths)
+    return "\n".join([HEADER, *(row(_without_header(text)) for text in summaries)])
+
+
+def _without_header(text: str) -> str:
+    return "".join(line for line in text.splitlines(keepends=True) if not line.startswith("# "))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,11 +14,21 @@ from tests.test_docs_tables import on_page
 
 ROOT = Path(__file__).resolve().parent.parent
 RUNS = sorted((ROOT / "docs/data/live-loop").glob("seed-*.txt"))
+#: each table on the page: the fresh seeds of one measurement (5101-5103 at 7d86ee6; 5201-5203
+#: at 8f42cec)
+GROUPS = ["seed-510?.txt", "seed-520?.txt"]
 
 
-def test_the_page_quotes_every_recorded_run_exactly() -> None:
-    assert len(RUNS) >= 3
-    assert on_page(table(RUNS), "LIVE-LOOP.md")  # whole: no row more, none less
+@pytest.mark.parametrize("group", GROUPS)
+def test_the_page_quotes_every_recorded_run_exactly(group: str) -> None:
+    runs = sorted((ROOT / "docs/data/live-loop").glob(group))
+    assert len(runs) == 3
+    assert on_page(table(runs), "LIVE-LOOP.md")  # whole: no row more, none less
+
+
+def test_every_recorded_run_is_in_a_table() -> None:
+    grouped = {p for g in GROUPS for p in (ROOT / "docs/data/live-loop").glob(g)}
+    assert set(RUNS) == grouped
 
 
 def test_a_summary_that_is_not_one_is_refused() -> None:
@@ -40,3 +50,33 @@ def test_the_stated_fault_rate_is_in_one_unit() -> None:
     assert f"MTBF of about {round(stepfun_h, -1):,.0f} h" in prose
     assert f"{stepfun_h / TIME_SCALE:.0f} h of loop time at {TIME_SCALE:g}x" in prose
     assert f"about {round(stepfun_h / scenario_h, -2):.0f} times as faulty" in prose
+
+
+def _value(pattern: str, text: str) -> str:
+    import re
+
+    found = re.search(pattern, text, re.MULTILINE)
+    assert found is not None, pattern
+    return found[1]
+
+
+def test_the_prose_beside_todays_table_is_the_recorded_runs() -> None:
+    """The work saved, the alerts' leads and the XID-to-DRAIN span the page gives for seeds
+    5201-5203, from their kept summaries."""
+    prose = " ".join((ROOT / "docs/LIVE-LOOP.md").read_text(encoding="utf-8").split())
+    runs = [
+        p.read_text(encoding="utf-8")
+        for p in sorted(ROOT.glob("docs/data/live-loop/seed-520?.txt"))
+    ]
+    saved = [float(_value(r"^work_saved_pct=(\S+)$", r)) for r in runs]
+    mean = sum(saved) / len(saved)
+    assert f"**Work saved: {saved[0]}, {saved[1]} and {saved[2]} % (mean {mean:.1f} %)**" in prose
+    leads = []
+    for r in runs:
+        proactive = r[r.index("\nproactive (") :]
+        fault = int(_value(r"ecc_row_remap \S+ gpu \d+ at (\d+) s", proactive))
+        alert = int(_value(r"failure-risk alerts \(analyze\)\s+\S+ GPU \d+ at (\d+) s", proactive))
+        leads.append(fault - alert)
+    assert f"{leads[0]}, {leads[1]} and {leads[2]} s before its row-remap failure" in prose
+    delays = [float(_value(r"^XID line to Slurm DRAIN \(proactive\): (\S+) s$", r)) for r in runs]
+    assert f"drained {min(delays):.2f} to {max(delays):.2f} s after its line" in prose
