@@ -22,15 +22,18 @@ store: the day's so far and those of the 29 days before it (``[cadence] lookback
 days), drawn from the same SIMULATED fault process with seeds of their own
 (:func:`history`), beside the StepFun prior at the product's default. Until 2026-11-27 the
 prior was scaled 150x instead, the scenario's own fault compression: the model was told the
-rate (issue 40's review); the fresh seeds 7001-7020 were measured so.
+rate (issue 40's review); the fresh seeds 7001-7020 were measured so. Seeds 7301-7320 were
+measured with the history before a node's outages were merged as the service merges them, and
+7401-7420 after (docs/BENCHMARKS.md): all of these have been looked at now.
 
 It also prints a BOUND, not a result: the same levers with a perfect predictor (an alert a
 minute before every fatal fault, taken from the scenario's ground truth), to tell how much of
 the gap to the targets is the predictor's and how much the levers' own.
 
 Default seeds 200-219: development seeds (re-run and published while the levers were changed,
-issue 40). Fresh seeds 7001-7020 were drawn once for a result, reported in
-docs/BENCHMARKS.md; nothing may be tuned on them (a change made after them needs new ones).
+issue 40). Fresh seeds 7001-7020, 7301-7320 and 7401-7420 were each drawn once for a result,
+reported in docs/BENCHMARKS.md; nothing may be tuned on them (a change made after them needs
+new ones).
 The levers model was built and checked on seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10
 and 11); the predictor was trained on predictor-day seeds 1-8.
 

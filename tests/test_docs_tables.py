@@ -91,25 +91,33 @@ def test_the_verdicts_prose_is_the_recorded_run() -> None:
     assert "the 20-node crash drew exactly one job finding and no removal on every seed" in prose
 
 
-@pytest.mark.parametrize("run", ["goodput-7301-7320.txt", "goodput-7001-7020.txt"])
+@pytest.mark.parametrize("run", ["goodput-7401-7420.txt", "goodput-7001-7020.txt"])
 def test_the_fresh_goodput_tables_are_the_recorded_runs(run: str) -> None:
     assert on_page(quoted("goodput", f"fresh-seeds/{run}"), "BENCHMARKS.md")
 
 
 def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
-    """The figures the page gives beside the table of seeds 7301-7320, from its output."""
-    text = doc_tables.output(DATA / "fresh-seeds/goodput-7301-7320.txt")
+    """The figures the page gives beside the table of seeds 7401-7420, from its output, and
+    those of the run on 7301-7320 before the merge."""
+    before = doc_tables.output(DATA / "fresh-seeds/goodput-7301-7320.txt")
+    median, low = doc_tables.find(r"^median_saved_pct=(\S+)$", before)[1], doc_tables.find(
+        r"^min_saved_pct=(\S+)$", before
+    )[1]
+    cadence = doc_tables.find(r"^  cadence .* ([\d.]+) % of the saving$", before)[1]
+    prose = " ".join(page("BENCHMARKS.md").split())
+    assert f"median **{median} %** (min {low} %); cadence's Shapley share {cadence} %" in prose
+    text = doc_tables.output(DATA / "fresh-seeds/goodput-7401-7420.txt")
     prose = " ".join(page("BENCHMARKS.md").split())
     share = dict(re.findall(r"^  (\w+) +[\d.-]+ GPU-h +([\d.-]+) % of the saving$", text, re.M))
     assert (
-        f"async saves {share['async_save']} %, isolation {share['isolation']} %, cadence "
-        f"{share['cadence']} %, prediction {share['prediction']} %, lemon nodes {share['lemon']} %"
+        f"async saves {share['async_save']} %, isolation {share['isolation']} %, prediction "
+        f"{share['prediction']} %, cadence {share['cadence']} %, lemon nodes {share['lemon']} %"
     ) in prose
-    history = [int(n) for n in re.findall(r"(\d+) outages in the 29 days before", text)]
+    history = [int(n) for n in re.findall(r"(\d+) faults in the 29 days before", text)]
     assert len(history) == 20
-    assert f"{min(history)} to {max(history)} outages" in prose
+    assert f"{min(history)} to {max(history)} faults" in prose
     assert f"{round(sum(history) / 20)} on average" in prose
-    rows = [r for r in text.splitlines() if re.match(r"^ +73\d\d \|", r)]
+    rows = [r for r in text.splitlines() if re.match(r"^ +74\d\d \|", r)]
     outages = sum(int(r.split("|")[1]) for r in rows)
     alerts = [int(r.split("|")[2]) for r in rows]
     assert f"({outages} outages on the 20 days)" in prose
@@ -121,9 +129,11 @@ def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
         )
     }
 
-    def fig(label: str) -> str:
+    def fig(label: str) -> str:  # the page may go on inside the parentheses, or bold a figure
         median, low = printed[label]
-        return f"{median} % (min {low} %)"
+        return f"{median} % (min {low} %"
+
+    prose = prose.replace("**", "")
 
     held = "a reactive job that already saves in the background (12 s held per save; async on "
     assert f"every lever: median {fig(held + 'both arms), every lever')}" in prose
