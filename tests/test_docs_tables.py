@@ -100,9 +100,10 @@ def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
     """The figures the page gives beside the table of seeds 7401-7420, from its output, and
     those of the run on 7301-7320 before the merge."""
     before = doc_tables.output(DATA / "fresh-seeds/goodput-7301-7320.txt")
-    median, low = doc_tables.find(r"^median_saved_pct=(\S+)$", before)[1], doc_tables.find(
-        r"^min_saved_pct=(\S+)$", before
-    )[1]
+    median, low = (
+        doc_tables.find(r"^median_saved_pct=(\S+)$", before)[1],
+        doc_tables.find(r"^min_saved_pct=(\S+)$", before)[1],
+    )
     cadence = doc_tables.find(r"^  cadence .* ([\d.]+) % of the saving$", before)[1]
     prose = " ".join(page("BENCHMARKS.md").split())
     assert f"median **{median} %** (min {low} %); cadence's Shapley share {cadence} %" in prose
