@@ -80,3 +80,14 @@ def test_the_prose_beside_todays_table_is_the_recorded_runs() -> None:
     assert f"{leads[0]}, {leads[1]} and {leads[2]} s before its row-remap failure" in prose
     delays = [float(_value(r"^XID line to Slurm DRAIN \(proactive\): (\S+) s$", r)) for r in runs]
     assert f"drained {min(delays):.2f} to {max(delays):.2f} s after its line" in prose
+
+
+def test_the_xid_to_drain_figures_are_the_recorded_run() -> None:
+    """The XID-line-to-DRAIN figures the page gives, from ``benchmarks/live_loop.py``'s kept
+    output: both sides' p50 and maximum, and three faults each."""
+    text = (ROOT / "docs/data/xid-drain/2026-11-27.txt").read_text(encoding="utf-8")
+    prose = " ".join((ROOT / "docs/LIVE-LOOP.md").read_text(encoding="utf-8").split())
+    now = _value(r"^as it is \(follow_s = 0\.1\) +(\d+ +\S+ +\S+ +\S+)", text).split()
+    was = _value(r"^before \(log read at each cycle\) +(\d+ +\S+ +\S+ +\S+)", text).split()
+    assert now[0] == was[0] == "3"
+    assert f"**p50 {now[1]} s, max {now[3]} s** (before: p50 {was[1]} s, max {was[3]} s" in prose
