@@ -74,10 +74,19 @@ def test_the_prose_beside_todays_table_is_the_recorded_runs() -> None:
     leads = []
     for r in runs:
         proactive = r[r.index("\nproactive (") :]
+        node = _value(r"ecc_row_remap (\S+) gpu", proactive)
+        drained = float(_value(rf"Slurm drains \(sinfo\)\s+.*?{node} at ([\d.]+) s", proactive))
+        alerted = float(
+            _value(r"failure-risk alerts \(analyze\)\s+\S+ GPU \d+ at (\d+) s", proactive)
+        )
+        assert 0 <= drained - alerted <= 2.0  # "drained within 2 s of it"
         fault = int(_value(r"ecc_row_remap \S+ gpu \d+ at (\d+) s", proactive))
         alert = int(_value(r"failure-risk alerts \(analyze\)\s+\S+ GPU \d+ at (\d+) s", proactive))
         leads.append(fault - alert)
-    assert f"{leads[0]}, {leads[1]} and {leads[2]} s before its row-remap failure" in prose
+    assert (
+        f"the failure-risk alert came {leads[0]}, {leads[1]} and {leads[2]} s before the "
+        "ECC-failing node's row-remap failure and the node was drained within 2 s of it"
+    ) in prose
     delays = [float(_value(r"^XID line to Slurm DRAIN \(proactive\): (\S+) s$", r)) for r in runs]
     assert f"drained {min(delays):.2f} to {max(delays):.2f} s after its line" in prose
 
