@@ -22,9 +22,9 @@ many faults decides for itself. A job on ``n`` nodes fails at ``n`` times the ra
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 import polars as pl
 
@@ -32,6 +32,7 @@ from gpuwarden.core.faulttrace import STEPFUN_DAYS, STEPFUN_SERVERS, stepfun_fau
 from gpuwarden.core.store.reader import InfluxReader
 
 DAY_S = 86_400.0
+T = TypeVar("T", int, float)
 
 
 def stepfun_rate_per_node_s() -> float:
@@ -206,6 +207,20 @@ def _findings(
     ).drop_nulls("node")
 
 
+def merged_onsets(events: Iterable[tuple[str, T]], merge: T) -> dict[str, list[T]]:
+    """The faults in ``(node, time)`` events, per node, their times: an event within
+    ``merge`` of the node's last one is the same fault (a GPU that falls off the bus raises
+    several findings at once); each node's onsets in time order. Times and ``merge`` in one
+    unit (seconds, or integer ns)."""
+    onsets: dict[str, list[T]] = {}
+    last: dict[str, T] = {}
+    for node, t in sorted(events, key=lambda e: e[1]):
+        if node not in last or t - last[node] > merge:
+            onsets.setdefault(node, []).append(t)
+        last[node] = t
+    return onsets
+
+
 def fleet_failure_rate(
     reader: InfluxReader,
     start_ns: int,
@@ -220,14 +235,11 @@ def fleet_failure_rate(
     scenario sets its compression). With ``discount_announced``, it also counts the faults that
     a ``failure_risk`` finding named the node of within ``announce_window_s`` before."""
     found = _findings(reader, start_ns, end_ns, where, severity="critical")
-    onsets: dict[str, list[float]] = {}
-    merge_ns = int(float(cfg["merge_s"]) * 1e9)
-    for (node,), times in found.group_by("node"):
-        last = None
-        for t in sorted(times["time"].cast(pl.Int64).to_list()):
-            if last is None or t - last > merge_ns:
-                onsets.setdefault(str(node), []).append(t / 1e9)
-            last = t
+    by_ns = merged_onsets(  # in integer ns, so that the merge boundary is exact
+        zip((str(n) for n in found["node"]), found["time"].cast(pl.Int64).to_list(), strict=True),
+        int(float(cfg["merge_s"]) * 1e9),
+    )
+    onsets = {node: [t / 1e9 for t in times] for node, times in by_ns.items()}
     announced = 0
     if cfg["discount_announced"] and onsets:
         window_s = float(cfg["announce_window_s"])

@@ -55,6 +55,7 @@ from typing import Any
 
 from demo.backtest import SCENARIO, risk_alerts
 from demo.goodput import (
+    CADENCE_DEFAULTS,
     LEVERS,
     Alert,
     Badput,
@@ -124,7 +125,7 @@ def history(spec: Any, seed: int, names: list[str]) -> tuple[int, float]:
     own (``10**7 + 100 * seed + k``), a node's outages within ``[cadence] merge_s`` counted
     once as the analyze service counts them (:func:`demo.goodput.fault_onsets`), and the
     node-seconds they were seen over. Observed faults, never the scenario's rate."""
-    merge_s = Setup(pool=(), job_nodes=0, day_s=0.0).merge_s
+    merge_s = float(CADENCE_DEFAULTS["merge_s"])
     faults = 0
     for k in range(1, HISTORY_DAYS + 1):
         day = outages_of(ScenarioGenerator(spec, 10**7 + 100 * seed + k).faults, names)

@@ -63,6 +63,7 @@ from gpuwarden.analytics.cadence import (
     advise,
     count_announced,
     failure_rate,
+    merged_onsets,
     stepfun_rate_per_node_s,
 )
 from gpuwarden.analytics.config import DEFAULTS as ANALYTICS_DEFAULTS
@@ -427,14 +428,9 @@ def shapley(runs: dict[frozenset[str], Badput]) -> dict[str, float]:
 def fault_onsets(outages: Iterable[Outage], merge_s: float) -> dict[str, list[float]]:
     """The faults the analyze service would count in ``outages``, per node, their times: a
     node's outage within ``merge_s`` of its last one is the same fault
-    (:func:`analytics.cadence.fleet_failure_rate` merges a node's critical findings so)."""
-    onsets: dict[str, list[float]] = {}
-    last: dict[str, float] = {}
-    for o in sorted(outages, key=lambda o: o.at_s):
-        if o.node not in last or o.at_s - last[o.node] > merge_s:
-            onsets.setdefault(o.node, []).append(o.at_s)
-        last[o.node] = o.at_s
-    return onsets
+    (:func:`analytics.cadence.merged_onsets`, as the service merges a node's critical
+    findings)."""
+    return merged_onsets(((o.node, o.at_s) for o in outages), merge_s)
 
 
 def outages_of(faults: Iterable[Fault], names: Sequence[str]) -> list[Outage]:
