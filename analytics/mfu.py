@@ -136,9 +136,10 @@ def peak_flops(
     words = _words(gpu_model)
     best: tuple[int, int, str] | None = None
     for key in stated or {}:
-        end = _named_at(words, _words(key))
-        if end >= 0 and (best is None or (len(_words(key)), end) > best[:2]):
-            best = (len(_words(key)), end, key)
+        key_words = _words(key)
+        end = _named_at(words, key_words)
+        if end >= 0 and (best is None or (len(key_words), end) > best[:2]):
+            best = (len(key_words), end, key)
     if best is not None:
         table = (stated or {})[best[2]]
         if dtype not in table:
