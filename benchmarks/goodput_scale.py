@@ -28,11 +28,15 @@ hourly, the engine's ``max_nodes_out`` raised to its ``max_fraction_out`` (10 % 
 the default of 2 nodes would stop isolation at this scale), ``lemon_window_s`` a week, and the
 cadence prior StepFun's rate uncompressed (``prior_scale = 1``).
 
-Default seeds 7001-7020 for both the draws and the measurement: FRESH seeds (issue 40), drawn
-once and never used in development; the predictor was trained on predictor-day seeds 1-8.
+Default seeds: weeks drawn from 7501-7520 and the predictor measured on backtest days
+7401-7420, both FRESH when first run (2026-11-27, issue 40) and reported once; the predictor was
+trained on predictor-day seeds 1-8. The first run (ceaeb62) drew weeks and measured on 7001-7020;
+the levers model changed after those backtest days were looked at (the cadence prior, the
+merge of a node's outages), so they are development seeds now. A change made after looking at
+a run needs new seeds.
 
     uv run python -m benchmarks.goodput_scale [--job-nodes 128,1024,2048] [--days 7]
-        [--seeds 7001-7020] [--measure-seeds 7001-7020] [--cache DIR]
+        [--seeds 7501-7520] [--measure-seeds 7401-7420] [--cache DIR]
 
 Last line: ``saved_pct_<nodes>=<median> ...`` for each job size (every lever against reactive).
 """
@@ -148,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job-nodes", type=sizes_arg, default=sizes_arg("128,1024,2048"))
     ap.add_argument("--days", type=float, default=7.0)
-    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("7001-7020"))
-    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("7001-7020"))
+    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("7501-7520"))
+    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("7401-7420"))
     ap.add_argument(
         "--cache", type=Path, default=None, help="the alert files of benchmarks.goodput"
     )

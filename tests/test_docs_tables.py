@@ -152,9 +152,56 @@ def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
     ) in prose
 
 
+SCALE_FRESH = "fresh-seeds/goodput_scale-7501-7520.txt"
+
+
 def test_the_goodput_scale_table_is_the_recorded_run() -> None:
-    table = quoted("goodput_scale", "fresh-seeds/goodput_scale-128-1024-2048.txt")
-    assert on_page(table, "BENCHMARKS.md")
+    assert on_page(quoted("goodput_scale", SCALE_FRESH), "BENCHMARKS.md")
+
+
+def test_the_goodput_scale_prose_is_the_recorded_run() -> None:
+    """The figures docs/BENCHMARKS.md's job-size prose quotes, from the kept outputs: the
+    predictor's measured stats, each arm's medians by job size, and the first run's last line."""
+    text = doc_tables.output(DATA / SCALE_FRESH)
+    prose = " ".join(page("BENCHMARKS.md").split())
+    header = doc_tables.find(r"^nodes \| pool \| .*$", text)[0]
+    rows = [
+        dict(zip(header.split(" | "), r, strict=True)) for r in doc_tables.rows_under(text, header)
+    ]
+    assert [r["nodes"] for r in rows] == ["128", "1024", "2048"]
+
+    def each(column: str) -> str:
+        """A column's three figures as the prose lists them: "a, b and c"."""
+        return f"{rows[0][column]}, {rows[1][column]} and {rows[2][column]}"
+
+    stats = doc_tables.find(r"^  recall ([\d.]+) of (\d+) fatal faults", text)
+    assert f"recall {stats[1]} of the {stats[2]} job-stopping faults" in prose
+    types = dict(re.findall(r"(\w+) (\d+/\d+)", doc_tables.find(r"by type: (.*)$", text)[1]))
+    assert (
+        f"ECC row-remap {types['ecc_row_remap']}, InfiniBand {types['ib_flap']}, node loss "
+        f"{types['node_down']}, NVLink {types['nvlink_crc_storm']}, XID 79 {types['xid79']}"
+    ) in prose
+    assert f"warned of {types['node_down'].replace('/', ' of ')} of them" in prose
+    lead = doc_tables.find(r"^  lead: median (\d+) min \(min (\d+), max (\d+)\)", text)
+    assert f"median {lead[1]} min, {lead[2]} to {lead[3]}" in prose
+    alarms = doc_tables.find(r"^  false alarms: (\d+) near (\d+) faults .*, (\d+) elsewhere", text)
+    assert (alarms[1], alarms[3]) == ("0", "0")  # the prose says "none" for both
+    assert f"none near the {alarms[2]} faults that did not stop a job" in prose
+    lost = [r["reactive h"] for r in rows[1:]]
+    assert f"({lost[0]} and {lost[1]} of 168 h lost)" in prose
+    assert f"drained at once (the isolation lever alone): {each('vs drain %')} %" in prose
+    assert f"`vs person`: {each('vs person %')} %" in prose
+    listed = {c: ", ".join(r[c] for r in rows) for c in ("no-predict %", "BOUND %")}
+    assert f"no prediction: {listed['no-predict %']} %; BOUND {listed['BOUND %']} %" in prose
+    minutes = " and ".join(str(round(int(r["cadence s"]) / 60)) for r in rows[1:])
+    assert rows[0]["cadence s"] == "3600" and f"it advises {minutes} minutes" in prose
+    assert f"drops to {rows[1]['no-cadence %']} and {rows[2]['no-cadence %']} %" in prose
+    assert (
+        f"2,048 nodes still saves {rows[2]['@600s %']} %, and 128 nodes {rows[0]['@600s %']} %"
+        in prose
+    )
+    first = doc_tables.output(DATA / "fresh-seeds/goodput_scale-7001-7020.txt").strip()
+    assert f"`{first.splitlines()[-1]}`" in prose
 
 
 def test_the_agent_fixed_cost_table_is_the_recorded_runs() -> None:
