@@ -133,6 +133,19 @@ def history(spec: Any, seed: int, names: list[str]) -> tuple[int, float]:
     return faults, HISTORY_DAYS * len(names) * float(spec.duration_s)
 
 
+def day_setup(spec: Any, seed: int, names: list[str], horizon_s: float) -> Setup:
+    """The levers model's setup for one backtest day: the scenario's job, the checkpoint costs
+    above, and the fleet's :func:`history` before the day."""
+    js = spec.jobs[0]
+    past, past_node_s = history(spec, seed, names)
+    return Setup(
+        pool=tuple(names), job_nodes=js.nodes, day_s=float(spec.duration_s),
+        interval_s=js.checkpoint_interval_s, cost_s=COST_S, snapshot_s=SNAPSHOT_S,
+        restart_s=js.restart_s, horizon_s=horizon_s,
+        history_faults=past, history_node_s=past_node_s,
+    )  # fmt: skip
+
+
 def oracle_alerts(outages: list[Outage]) -> list[Alert]:
     """A perfect predictor: an alert :data:`ORACLE_LEAD_S` before every fatal fault. Built from
     the scenario's ground truth, so it is a BOUND on what prediction could give with these
@@ -154,13 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         for seed in args.seeds:
             gen = ScenarioGenerator(spec, seed)
             alerts = alerts_for(influx, Path(tmp), seed, model, args.cache)
-            past, past_node_s = history(spec, seed, list(gen.node_names))
-            setup = Setup(
-                pool=tuple(gen.node_names), job_nodes=js.nodes, day_s=float(spec.duration_s),
-                interval_s=js.checkpoint_interval_s, cost_s=COST_S, snapshot_s=SNAPSHOT_S,
-                restart_s=js.restart_s, horizon_s=model.meta.horizon_s,
-                history_faults=past, history_node_s=past_node_s,
-            )  # fmt: skip
+            setup = day_setup(spec, seed, list(gen.node_names), model.meta.horizon_s)
+            past = setup.history_faults
             outages = outages_of(gen.faults, gen.node_names)
             runs = every_subset(outages, alerts, setup)
             arms = ablation(runs)
