@@ -219,6 +219,15 @@ class _Day:
                 return o
         return None
 
+    def broken_in(self, node: str, t0: float, t1: float) -> Outage | None:
+        """An outage of ``node`` at any time from ``t0`` to ``t1``: a job placed at ``t0``
+        whose restart ends at ``t1`` fails as it starts (broken when placed, or breaking while
+        it starts)."""
+        for o in self.of_node.get(node, ()):
+            if o.at_s <= t1 and o.until_s > t0:
+                return o
+        return None
+
     def drained(self, node: str, t: float) -> bool:
         return self.out_until.get(node, -math.inf) > t
 
@@ -316,11 +325,12 @@ class _Day:
         s, b = self.s, Badput()
         t, seen_until = 0.0, 0.0
         nodes, t = self.place(0.0)
+        placed = t
         while t < s.day_s:
             tau = self.interval(t, len(nodes))
             b.intervals.append(tau)
             on = set(nodes)
-            dead = [o for n in nodes if n in self.of_node and (o := self.broken(n, t)) is not None]
+            dead = [o for n in nodes if n in self.of_node and (o := self.broken_in(n, placed, t))]
             if dead:  # landed on a node that is still broken: fails as it starts
                 b.failed_starts += 1
                 stop, alert = t, None
@@ -376,7 +386,12 @@ class _Day:
                                 self.by_hand[o.node] = (end + s.operator_s, o.until_s)
                 b.recompute_s += end - last_save
                 lost_from, down_at = end, end + self.detect_s(nodes, end)
-            nodes, t = self.place(down_at + s.restart_s)
+            # Slurm places the requeued job when it requeues it, on the nodes usable then; the
+            # restart (launch, load, warm-up) runs on them. (Before 2026-11-27 the model placed
+            # it when the restart ended, which let a job land on a node repaired during its own
+            # restart: docs/BENCHMARKS.md, seed 7419.)
+            nodes, placed = self.place(down_at)
+            t = placed + s.restart_s
             self.trace.append((end, "move" if alert and not dead else "stop", down_at, t, nodes))
             b.restart_s += min(t, s.day_s) - lost_from
         return b

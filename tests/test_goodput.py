@@ -120,11 +120,12 @@ XID79 = Outage("n1", 5000.0, 6500.0, "xid79", slurm_sees=False)
 def test_reactive_relands_on_a_broken_gpu_and_isolation_does_not() -> None:
     s = _setup()
     r = simulate([XID79], [], s, Levers())
-    # stop at 5000 (last save done at 3700): recompute 1300; restart at 5600 on n0,n1 (Slurm
-    # sees n1 idle): fails at once; again at 6200; at 6800 n1 is repaired
-    assert r.stops == 1 and r.failed_starts == 2
+    # stop at 5000 (last save done at 3700): recompute 1300; requeued at once onto n0,n1
+    # (Slurm sees n1 idle), the start fails (charged its 600 s); again from 5600 and 6200 (n1
+    # broken until 6500); placed at 6800, training again at 7400
+    assert r.stops == 1 and r.failed_starts == 3
     assert r.recompute_s == pytest.approx(1300.0)
-    assert r.restart_s == pytest.approx(1800.0)
+    assert r.restart_s == pytest.approx(2400.0)
     iso = simulate([XID79], [], s, Levers(isolation=True))
     assert iso.failed_starts == 0 and iso.restart_s == pytest.approx(600.0)
     assert saved_pct(r, iso) > 0
@@ -138,6 +139,19 @@ def test_a_vanished_node_waits_for_slurm_unless_isolated() -> None:
     assert r.restart_s == pytest.approx(300.0 + 600.0)  # SlurmdTimeout, then the restart
     iso = simulate([gone], [], s, Levers(isolation=True))
     assert iso.restart_s == pytest.approx(120.0 + 600.0)  # node_silent: two analyses
+
+
+def test_a_requeued_job_is_placed_when_it_is_requeued() -> None:
+    """Slurm places a requeued job on the nodes usable when it requeues it, not on those usable
+    when the restart ends: n0 vanishes for 850 s; Slurm sees it after 300 s and requeues the
+    job onto n1,n2 (n0 still DOWN), 50 s before n0 is back; n2's GPU then fails at 8000. The
+    model before placed the job at the restart's end (5900, n0 back) and never met n2's fault."""
+    gone = Outage("n0", 5000.0, 5850.0, "node_down", slurm_sees=True)
+    later = Outage("n2", 8000.0, 8100.0, "xid79", slurm_sees=False)
+    d = _Day([gone, later], [], _setup(), Levers())
+    b = d.run()
+    assert d.trace[0] == (5000.0, "stop", 5300.0, 5900.0, ["n1", "n2"])
+    assert b.stops == 2 and b.failed_starts == 0
 
 
 def test_prediction_moves_the_job_before_the_fault() -> None:
@@ -216,20 +230,25 @@ def test_cadence_leaves_out_the_faults_prediction_warned_of() -> None:
 
 
 def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
-    twice = [
-        Outage("n1", 2000.0, 2100.0, "xid79", slurm_sees=False),
-        Outage("n1", 4000.0, 4100.0, "xid79", slurm_sees=False),
-        Outage("n1", 9000.0, 9100.0, "xid79", slurm_sees=False),
-    ]
+    def gpu(node: str, at_s: float) -> Outage:
+        return Outage(node, at_s, at_s + 100.0, "xid79", slurm_sees=False)
+
+    # n1 fails three times; n2's failures bring the job back onto n1 (placed in pool order,
+    # when it is requeued: n1 drained until its repair is passed over, n3 is the last choice)
+    faults = [gpu("n1", 2000.0), gpu("n2", 3000.0), gpu("n1", 4000.0), gpu("n2", 6000.0)]
+    faults.append(gpu("n1", 9000.0))
     s = _setup(lemon_count=2, lemon_window_s=4 * 3600.0)
-    lemon = simulate(twice, [], s, Levers(isolation=True, lemon=True))
-    plain = simulate(twice, [], s, Levers(isolation=True))
-    assert plain.stops == 3 and lemon.stops == 2  # n1 out after its second failure
-    # with no room under the cap, a lemon is not drained
+    lemon = simulate(faults, [], s, Levers(isolation=True, lemon=True))
+    plain = simulate(faults, [], s, Levers(isolation=True))
+    # plain: on n0,n1 again from 6000, it meets n1's third failure at 9000; with lemon, n1 is
+    # out for good after its second (4000) and the job takes n3 instead
+    assert plain.stops == 5 and lemon.stops == 4
+    # with no room under the cap, nothing is drained: the job stays on n0,n1 and meets n1's
+    # three failures, each start on n1 while broken failing too
     capped = simulate(
-        twice, [], _setup(max_out=0, lemon_count=2), Levers(isolation=True, lemon=True)
+        faults, [], _setup(max_out=0, lemon_count=2), Levers(isolation=True, lemon=True)
     )
-    assert capped.stops == 3
+    assert (capped.stops, capped.failed_starts) == (3, 3)
 
 
 def test_ablation_has_every_arm() -> None:
@@ -265,8 +284,9 @@ def test_a_person_who_drains_the_broken_node_shortens_the_reactive_loss() -> Non
     s = _setup()
     alone = simulate([XID79], [], s, Levers())
     helped = simulate([XID79], [], _setup(operator_s=900.0), Levers())
-    # Slurm alone re-lands on n1 twice (5600, 6200); a person drains n1 at 5900: one failed start
-    assert (alone.failed_starts, helped.failed_starts) == (2, 1)
+    # Slurm alone re-lands on n1 three times (placed at 5000, 5600, 6200); a person drains n1
+    # at 5900, so the placement at 6200 takes n2: two failed starts
+    assert (alone.failed_starts, helped.failed_starts) == (3, 2)
     assert helped.total_s < alone.total_s
     # with isolation, nobody needs to
     assert (
@@ -322,7 +342,8 @@ def test_cadence_advises_from_what_a_background_save_holds() -> None:
     s = _setup(prior_scale=1e5, snapshot_s=10.0)
     sync = simulate([XID79], [], s, Levers(cadence=True))
     background = simulate([XID79], [], s, Levers(cadence=True, async_save=True))
-    assert len(background.intervals) == len(sync.intervals) == 4  # a start, three restarts
+    # a start, three failed starts on n1 and the restart that runs
+    assert len(background.intervals) == len(sync.intervals) == 5
     assert all(b < a for b, a in zip(background.intervals, sync.intervals, strict=True))
     assert background.total_s < sync.total_s
 
