@@ -477,6 +477,37 @@ def test_the_real_h200_column_is_the_recording() -> None:
     assert rows["GPM"] == "the same; first call not ready, then values"
 
 
+def test_the_nvml_tables_are_rendered_from_real_output_only(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``python -m benchmarks.doc_tables nvml_calls|nvml_real FILE`` refuses an output that
+    does not say REAL (CI runs both benchmarks over a stand-in, where they say CONSTRUCTED), so
+    a stand-in's times cannot become docs/NVML-REAL.md's tables."""
+    calls = (
+        "agent field request (14 fields): 3.850 ms\n  field  83:    3.460 ms  answer (0, 1)\n"
+        "pcie throughput: one call 20.760 ms; TX then RX 41.550 ms; TX and RX on two threads "
+        "21.270 ms\nnvmlDeviceGetTotalEnergyConsumption: 3.350 ms (1 mJ)\n"
+    )
+    cycles = "".join(
+        f"{label}: wall_ms median=1.000 min=1.000 max=1.000 cpu_ms median=1.000\n"
+        for label in doc_tables.NVML_REAL_ROWS
+    )
+    stand_in = "CONSTRUCTED: not a driver (StandIn); the times are not a GPU's"
+    for kind, body, said, real in (
+        ("nvml_calls", calls, f"device: NVIDIA H200, driver 580.159.04; {stand_in}\n",
+         "device: NVIDIA H200, driver 580.159.04; REAL\n"),
+        ("nvml_real", cycles, f"input: {stand_in}; the host's real /sys, /proc and kernel log\n",
+         "input: REAL GPU and driver through NVML; the host's real /sys, /proc and kernel log\n"),
+    ):  # fmt: skip
+        path = tmp_path / f"{kind}.txt"
+        path.write_text(said + body)
+        assert doc_tables.main([kind, str(path)]) == 1
+        assert "does not say REAL" in capsys.readouterr().err
+        path.write_text(real + body)
+        assert doc_tables.main([kind, str(path)]) == 0
+        assert capsys.readouterr().out.strip() == doc_tables.TABLES[kind](real + body)
+
+
 def test_the_nvml_calls_table_says_which_part_failed() -> None:
     """docs/NVML-REAL.md's table of calls from a run where parts of
     ``benchmarks/nvml_calls.py`` failed (CONSTRUCTED outputs in its print format): each cell
