@@ -13,7 +13,7 @@ MODEL: recall per fault type, leads and false-alarm rates MEASURED on the backte
 ``--measure-seeds`` (the shipped predictor, scored by the production scorer on the SIMULATED
 ``demo-day``, as :mod:`benchmarks.goodput` does; ``--cache`` shares its alert files), then
 drawn afresh for each week. Beside it: the no-prediction arm (every other lever) and a BOUND,
-a perfect predictor (ground truth: an alert a minute before every fatal fault). Reactive here
+a perfect predictor (ground truth: an alert ten minutes before every fatal fault). Reactive here
 relands the job on a broken GPU until the trace's repair (median 0.85 days), and the person of
 :mod:`benchmarks.goodput` drains only a node that stopped a running job, not one the job keeps
 failing to start on; so the saving is also printed against a job whose every broken node is

@@ -150,6 +150,9 @@ class Setup:
     lemon_window_s: float = 7 * 86400.0 / 150.0  # a week, at the scenario's 150x compression
     slurmd_timeout_s: float = 300.0
     silence_s: float = 120.0
+    fail_s: float = 60.0
+    """How long a start on a broken GPU takes to fail: the launch, then CUDA's initialisation
+    errors (a stated assumption; a start is charged at most ``restart_s``)."""
     operator_s: float = math.inf
     """Without isolation: a person drains the node that stopped the job this long after the
     stop (inf: nobody does, Slurm alone; a sensitivity, not the reactive arm)."""
@@ -219,14 +222,18 @@ class _Day:
                 return o
         return None
 
-    def broken_in(self, node: str, t0: float, t1: float) -> Outage | None:
-        """An outage of ``node`` at any time from ``t0`` to ``t1``: a job placed at ``t0``
-        whose restart ends at ``t1`` fails as it starts (broken when placed, or breaking while
-        it starts)."""
-        for o in self.of_node.get(node, ()):
-            if o.at_s <= t1 and o.until_s > t0:
-                return o
-        return None
+    def start_fails(self, nodes: list[str], placed: float, ready: float) -> float | None:
+        """When the start of a job placed on ``nodes`` at ``placed`` fails, if it does before
+        ``ready`` (the restart's end): ``fail_s`` after placement on a node broken then (Slurm
+        saw it idle), or when one of its nodes breaks while it starts."""
+        fails = []
+        for n in nodes:
+            for o in self.of_node.get(n, ()):
+                if o.at_s <= placed < o.until_s:
+                    fails.append(placed + min(self.s.fail_s, self.s.restart_s))
+                elif placed < o.at_s <= ready:
+                    fails.append(o.at_s)
+        return min(fails, default=None)
 
     def drained(self, node: str, t: float) -> bool:
         return self.out_until.get(node, -math.inf) > t
@@ -325,28 +332,35 @@ class _Day:
         s, b = self.s, Badput()
         t, seen_until = 0.0, 0.0
         nodes, t = self.place(0.0)
-        placed = t
+        placed: float | None = t  # when the job was placed; None while it runs on after a save
         while t < s.day_s:
+            failed = None if placed is None else self.start_fails(nodes, placed, t)
+            if failed is not None:  # landed on a broken node, or one broke as it started
+                b.failed_starts += 1
+                b.restart_s -= t - failed  # its restart was charged to t; it ended here
+                self.isolate_as_they_break(seen_until, failed + 1e-9)
+                seen_until = max(seen_until, failed + 1e-9)
+                down_at = failed + self.detect_s(nodes, failed)
+                nodes, placed = self.place(down_at)
+                t = placed + s.restart_s
+                self.trace.append((failed, "failed start", down_at, t, nodes))
+                b.restart_s += min(t, s.day_s) - failed
+                continue
             tau = self.interval(t, len(nodes))
             b.intervals.append(tau)
             on = set(nodes)
-            dead = [o for n in nodes if n in self.of_node and (o := self.broken_in(n, placed, t))]
-            if dead:  # landed on a node that is still broken: fails as it starts
-                b.failed_starts += 1
-                stop, alert = t, None
-            else:
-                stop = min(
-                    (o.at_s for o in self.outages if o.node in on and o.at_s > t),
-                    default=s.day_s,
-                )
-                alert = next(
-                    (
-                        a
-                        for a in self.alerts
-                        if a.node in on and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
-                    ),
-                    None,
-                )
+            stop = min(
+                (o.at_s for o in self.outages if o.node in on and o.at_s > t),
+                default=s.day_s,
+            )
+            alert = next(
+                (
+                    a
+                    for a in self.alerts
+                    if a.node in on and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
+                ),
+                None,
+            )
             end = min(stop, alert.at_s if alert else stop, s.day_s)
             # a save every `period`: tau of training, then held (waiting for the previous
             # write, then the snapshot); save k holds the state at t + k * period, on storage
@@ -360,31 +374,47 @@ class _Day:
             seen_until = end + 1e-9
             if end >= s.day_s:
                 break
-            if alert is not None and not dead and s.alert_action == "checkpoint":
-                b.checkpoint_s += s.cost_s  # the engine's checkpoint request; it carries on
-                b.warned_saves += 1
-                self.saved_on.setdefault(alert.node, []).append(end)
-                t = end + s.cost_s
-                continue
-            if alert is not None and not dead:
-                b.moves += 1
-                b.checkpoint_s += s.cost_s  # the engine's checkpoint request
-                follows = [o for o in self.outages if o.node == alert.node and o.at_s >= end]
-                until = (
-                    follows[0].until_s
-                    if follows and follows[0].at_s < end + s.horizon_s
-                    else (end + s.horizon_s)
+            lost_to = end  # the work since last_save is lost if the job stops
+            if alert is not None:
+                # the engine's checkpoint request: a synchronous save of cost_s; a job node that
+                # fails before it is on storage loses it, and the job stops there
+                cut = min(
+                    (
+                        o.at_s
+                        for o in self.outages
+                        if o.node in on and end < o.at_s <= end + s.cost_s
+                    ),
+                    default=None,
                 )
-                self.drain(alert.node, end, until)
+                b.checkpoint_s += s.cost_s if cut is None else cut - end
+                if s.alert_action == "checkpoint":
+                    b.warned_saves += 1
+                    self.saved_on.setdefault(alert.node, []).append(end)
+                else:
+                    follows = [o for o in self.outages if o.node == alert.node and o.at_s >= end]
+                    until = (
+                        follows[0].until_s
+                        if follows and follows[0].at_s < end + s.horizon_s
+                        else (end + s.horizon_s)
+                    )
+                    self.drain(alert.node, end, until)
+                if cut is not None:
+                    self.isolate_as_they_break(seen_until, cut + 1e-9)
+                    seen_until = cut + 1e-9
+                    end, alert = cut, None
+                elif s.alert_action == "checkpoint":  # saved; it runs on where it is
+                    t, placed = end + s.cost_s, None
+                    continue
+            if alert is not None:
+                b.moves += 1
                 lost_from = down_at = end + s.cost_s
             else:
-                if not dead:
-                    b.stops += 1
-                    if not self.levers.isolation and math.isfinite(s.operator_s):
-                        for o in self.outages:
-                            if o.node in on and o.at_s == end and not o.slurm_sees:
-                                self.by_hand[o.node] = (end + s.operator_s, o.until_s)
-                b.recompute_s += end - last_save
+                b.stops += 1
+                if not self.levers.isolation and math.isfinite(s.operator_s):
+                    for o in self.outages:
+                        if o.node in on and o.at_s == end and not o.slurm_sees:
+                            self.by_hand[o.node] = (end + s.operator_s, o.until_s)
+                b.recompute_s += lost_to - last_save
                 lost_from, down_at = end, end + self.detect_s(nodes, end)
             # Slurm places the requeued job when it requeues it, on the nodes usable then; the
             # restart (launch, load, warm-up) runs on them. (Before 2026-11-27 the model placed
@@ -392,7 +422,7 @@ class _Day:
             # restart: docs/BENCHMARKS.md, seed 7419.)
             nodes, placed = self.place(down_at)
             t = placed + s.restart_s
-            self.trace.append((end, "move" if alert and not dead else "stop", down_at, t, nodes))
+            self.trace.append((end, "move" if alert else "stop", down_at, t, nodes))
             b.restart_s += min(t, s.day_s) - lost_from
         return b
 

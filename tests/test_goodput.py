@@ -121,11 +121,11 @@ def test_reactive_relands_on_a_broken_gpu_and_isolation_does_not() -> None:
     s = _setup()
     r = simulate([XID79], [], s, Levers())
     # stop at 5000 (last save done at 3700): recompute 1300; requeued at once onto n0,n1
-    # (Slurm sees n1 idle), the start fails (charged its 600 s); again from 5600 and 6200 (n1
-    # broken until 6500); placed at 6800, training again at 7400
-    assert r.stops == 1 and r.failed_starts == 3
+    # (Slurm sees n1 idle), each start fails 60 s in (fail_s; placed at 5000, 5060, ..., 6440)
+    # until n1 is repaired at 6500: 25 failed starts; placed at 6500, training again at 7100
+    assert r.stops == 1 and r.failed_starts == 25
     assert r.recompute_s == pytest.approx(1300.0)
-    assert r.restart_s == pytest.approx(2400.0)
+    assert r.restart_s == pytest.approx(2100.0)
     iso = simulate([XID79], [], s, Levers(isolation=True))
     assert iso.failed_starts == 0 and iso.restart_s == pytest.approx(600.0)
     assert saved_pct(r, iso) > 0
@@ -152,6 +152,40 @@ def test_a_requeued_job_is_placed_when_it_is_requeued() -> None:
     b = d.run()
     assert d.trace[0] == (5000.0, "stop", 5300.0, 5900.0, ["n1", "n2"])
     assert b.stops == 2 and b.failed_starts == 0
+
+
+def test_a_node_that_breaks_while_the_job_starts_fails_the_start() -> None:
+    """Isolation drains n1 at its fault (5000-5100) and the job is placed on n0,n2; n2's GPU
+    fails at 5300, inside the 600 s restart: the start fails then, and the job is placed anew
+    at once on n0,n1 (n1 repaired, n2 drained), training again at 5900."""
+    faults = [Outage("n1", 5000.0, 5100.0, "xid79", slurm_sees=False)]
+    faults.append(Outage("n2", 5300.0, 5400.0, "xid79", slurm_sees=False))
+    d = _Day(faults, [], _setup(), Levers(isolation=True))
+    b = d.run()
+    assert d.trace[1] == (5300.0, "failed start", 5300.0, 5900.0, ["n0", "n1"])
+    assert (b.stops, b.failed_starts) == (1, 1) and b.restart_s == pytest.approx(900.0)
+
+
+def test_a_fault_during_the_engines_save_loses_it() -> None:
+    """The engine's checkpoint request is a synchronous save (cost_s, 100 s here): a job node
+    that fails before it is on storage loses it, and the job stops there, recomputing from its
+    last save before the alert (3700) to the alert (4000). Both policies: a checkpoint-only one
+    (the job would have run on) and a move (n1 is drained all the same, so the job is placed on
+    n0,n2 and no start fails). The model before let the save finish after the fault: a perfect
+    predictor's alert 60 s ahead then saved everything, with a save of 276 s."""
+    during = Outage("n1", 4050.0, 4060.0, "xid79", slurm_sees=False)
+    warned = [Alert("n1", 4000.0)]
+    d = _Day([during], warned, _setup(alert_action="checkpoint"), Levers(prediction=True))
+    b = d.run()
+    assert (b.stops, b.warned_saves, b.moves) == (1, 1, 0) and b.recompute_s == pytest.approx(300.0)
+    assert d.trace[0][:3] == (4050.0, "stop", 4050.0)
+    # placed at once on n0,n1 with n1 still broken (to 4060): that start fails 60 s in
+    assert b.failed_starts == 1
+    d = _Day([during], warned, _setup(), Levers(prediction=True))
+    b = d.run()
+    assert (b.stops, b.moves, b.failed_starts) == (1, 0, 0)
+    assert b.recompute_s == pytest.approx(300.0)
+    assert d.trace[0] == (4050.0, "stop", 4050.0, 4650.0, ["n0", "n2"])
 
 
 def test_prediction_moves_the_job_before_the_fault() -> None:
@@ -244,11 +278,12 @@ def test_a_lemon_stays_out_and_the_blast_radius_cap_holds() -> None:
     # out for good after its second (4000) and the job takes n3 instead
     assert plain.stops == 5 and lemon.stops == 4
     # with no room under the cap, nothing is drained: the job stays on n0,n1 and meets n1's
-    # three failures, each start on n1 while broken failing too
+    # three failures; after each, two starts on n1 fail (placed at x and x + 60, broken until
+    # x + 100)
     capped = simulate(
         faults, [], _setup(max_out=0, lemon_count=2), Levers(isolation=True, lemon=True)
     )
-    assert (capped.stops, capped.failed_starts) == (3, 3)
+    assert (capped.stops, capped.failed_starts) == (3, 6)
 
 
 def test_ablation_has_every_arm() -> None:
@@ -284,9 +319,9 @@ def test_a_person_who_drains_the_broken_node_shortens_the_reactive_loss() -> Non
     s = _setup()
     alone = simulate([XID79], [], s, Levers())
     helped = simulate([XID79], [], _setup(operator_s=900.0), Levers())
-    # Slurm alone re-lands on n1 three times (placed at 5000, 5600, 6200); a person drains n1
-    # at 5900, so the placement at 6200 takes n2: two failed starts
-    assert (alone.failed_starts, helped.failed_starts) == (3, 2)
+    # Slurm alone re-lands on n1 25 times (placed at 5000, 5060, ..., 6440); a person drains
+    # n1 at 5900, so the placement at 5900 takes n2: 15 failed starts
+    assert (alone.failed_starts, helped.failed_starts) == (25, 15)
     assert helped.total_s < alone.total_s
     # with isolation, nobody needs to
     assert (
@@ -342,8 +377,8 @@ def test_cadence_advises_from_what_a_background_save_holds() -> None:
     s = _setup(prior_scale=1e5, snapshot_s=10.0)
     sync = simulate([XID79], [], s, Levers(cadence=True))
     background = simulate([XID79], [], s, Levers(cadence=True, async_save=True))
-    # a start, three failed starts on n1 and the restart that runs
-    assert len(background.intervals) == len(sync.intervals) == 5
+    # the start and the restart that runs (a failed start trains nothing)
+    assert len(background.intervals) == len(sync.intervals) == 2
     assert all(b < a for b, a in zip(background.intervals, sync.intervals, strict=True))
     assert background.total_s < sync.total_s
 
