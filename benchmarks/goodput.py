@@ -24,16 +24,19 @@ days), drawn from the same SIMULATED fault process with seeds of their own
 prior was scaled 150x instead, the scenario's own fault compression: the model was told the
 rate (issue 40's review); the fresh seeds 7001-7020 were measured so. Seeds 7301-7320 were
 measured with the history before a node's outages were merged as the service merges them, and
-7401-7420 after (docs/BENCHMARKS.md): all of these have been looked at now.
+7401-7420 after (docs/BENCHMARKS.md); 7401-7420 were the last with a requeued job placed
+when its restart ended (seed 7419 showed it; the model now places it when Slurm requeues it,
+fails a start on a broken GPU ``fail_s`` in, and loses the engine's save to a fault during
+it), and 7601-7620 measure the model as it is: all of these have been looked at now.
 
-It also prints a BOUND, not a result: the same levers with a perfect predictor (an alert a
-minute before every fatal fault, taken from the scenario's ground truth), to tell how much of
-the gap to the targets is the predictor's and how much the levers' own.
+It also prints a BOUND, not a result: the same levers with a perfect predictor (an alert
+:data:`ORACLE_LEAD_S` before every fatal fault, taken from the scenario's ground truth), to
+tell how much of the gap to the targets is the predictor's and how much the levers' own.
 
 Default seeds 200-219: development seeds (re-run and published while the levers were changed,
-issue 40). Fresh seeds 7001-7020, 7301-7320 and 7401-7420 were each drawn once for a result,
-reported in docs/BENCHMARKS.md; nothing may be tuned on them (a change made after them needs
-new ones).
+issue 40). Fresh seeds 7001-7020, 7301-7320, 7401-7420 and 7601-7620 were each drawn once
+for a result, reported in docs/BENCHMARKS.md; nothing may be tuned on them (a change made
+after them needs new ones).
 The levers model was built and checked on seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10
 and 11); the predictor was trained on predictor-day seeds 1-8.
 
@@ -81,10 +84,11 @@ from testbed.influxd import LocalInfluxd
 COST_S = 148.8 * 13 / 7  # PyTorch/IBM 7B synchronous DCP, scaled to 13B
 SNAPSHOT_S = 6.3 * 13 / 7  # the same, asynchronous: what a save holds training up
 COSTS = (30.0, 120.0, 600.0)
-#: the perfect predictor's warning: time for the engine's synchronous save (COST_S, 276 s),
-#: which a fault before it ends would lose, and the move (60 s until 2026-11-27, when the
-#: model let a save finish after the fault it was racing)
-ORACLE_LEAD_S = 600.0
+#: the perfect predictor's warning: the engine's synchronous save (COST_S, 276 s; a fault
+#: before it ends loses it) and a minute. Not longer: an alert that comes while the job
+#: restarts is not acted on, and a checkpoint-only policy recomputes the lead less the save.
+#: (60 s until 2026-11-27, when the model let a save finish after the fault it raced.)
+ORACLE_LEAD_S = COST_S + 60.0
 OPERATOR_S = 1800.0  # the sensitivity: a person drains the node that broke the job in 30 min
 
 

@@ -17,12 +17,16 @@ checkpoint.
 *Reactive* (no lever) is Slurm on its own: a node whose slurmd is gone (``node_down``) is
 DOWN and skipped; a node whose GPU broke (an XID 79, an uncorrectable ECC error, an NVLink or
 InfiniBand failure) still looks idle to Slurm, so the requeued job lands on it again and fails
-at start, until the node is repaired. No prediction, the configured cadence.
+at start (``Setup.fail_s`` in), until the node is repaired. No prediction, the configured
+cadence. In every arm Slurm places a requeued job when it requeues it, on the nodes usable
+then, and the restart (``restart_s``) runs on them; a node that breaks meanwhile fails the
+start.
 
 The levers, each on or off:
 
 * ``prediction``: a failure-risk alert on one of the job's nodes checkpoints the job and moves
-  it off the node before the fault (one restart, nothing recomputed);
+  it off the node before the fault (one restart, nothing recomputed, if the save, synchronous
+  and ``cost_s`` long, is on storage before a job node fails: a fault during it loses it);
 * ``cadence``: at each start the job checkpoints at the interval :func:`analytics.cadence.advise`
   gives for the failure rate the fleet has seen: the faults in its store from before the day
   (``Setup.history_faults`` over ``history_node_s``: the analyze service reads ``[cadence]
@@ -156,6 +160,10 @@ class Setup:
     operator_s: float = math.inf
     """Without isolation: a person drains the node that stopped the job this long after the
     stop (inf: nobody does, Slurm alone; a sensitivity, not the reactive arm)."""
+
+    def __post_init__(self) -> None:
+        if self.restart_s <= 0 or self.fail_s <= 0:  # a failed start must take time, or it
+            raise ValueError("restart_s and fail_s must be > 0")  # fails again at once, forever
 
 
 @dataclass
@@ -320,6 +328,12 @@ class _Day:
             return 0.0
         return self.s.silence_s if self.levers.isolation else self.s.slurmd_timeout_s
 
+    def isolate_to(self, seen_until: float, t: float) -> float:
+        """Isolation's drains of what broke from ``seen_until`` up to ``t`` (inclusive); the
+        new ``seen_until``."""
+        self.isolate_as_they_break(seen_until, t + 1e-9)
+        return max(seen_until, t + 1e-9)
+
     def isolate_as_they_break(self, t0: float, t1: float) -> None:
         """The fast path drains each node whose hardware breaks, job node or spare."""
         if not self.levers.isolation:
@@ -337,10 +351,11 @@ class _Day:
             failed = None if placed is None else self.start_fails(nodes, placed, t)
             if failed is not None:  # landed on a broken node, or one broke as it started
                 b.failed_starts += 1
-                b.restart_s -= t - failed  # its restart was charged to t; it ended here
-                self.isolate_as_they_break(seen_until, failed + 1e-9)
-                seen_until = max(seen_until, failed + 1e-9)
+                # the restart was charged to t when placed; it ended at `failed` (the day's
+                # first start was not charged, and failed - t is then the start it lost)
+                b.restart_s += failed - t
                 down_at = failed + self.detect_s(nodes, failed)
+                seen_until = self.isolate_to(seen_until, down_at)
                 nodes, placed = self.place(down_at)
                 t = placed + s.restart_s
                 self.trace.append((failed, "failed start", down_at, t, nodes))
@@ -370,8 +385,7 @@ class _Day:
             durable = saves - (1 if saves and t + saves * period + self.write_s > end else 0)
             last_save = t + durable * period
             b.checkpoint_s += saves * (period - tau)
-            self.isolate_as_they_break(seen_until, end + 1e-9)
-            seen_until = end + 1e-9
+            seen_until = self.isolate_to(seen_until, end)
             if end >= s.day_s:
                 break
             lost_to = end  # the work since last_save is lost if the job stops
@@ -386,7 +400,7 @@ class _Day:
                     ),
                     default=None,
                 )
-                b.checkpoint_s += s.cost_s if cut is None else cut - end
+                b.checkpoint_s += min(s.cost_s, s.day_s - end) if cut is None else cut - end
                 if s.alert_action == "checkpoint":
                     b.warned_saves += 1
                     self.saved_on.setdefault(alert.node, []).append(end)
@@ -399,8 +413,7 @@ class _Day:
                     )
                     self.drain(alert.node, end, until)
                 if cut is not None:
-                    self.isolate_as_they_break(seen_until, cut + 1e-9)
-                    seen_until = cut + 1e-9
+                    seen_until = self.isolate_to(seen_until, cut)
                     end, alert = cut, None
                 elif s.alert_action == "checkpoint":  # saved; it runs on where it is
                     t, placed = end + s.cost_s, None
@@ -420,10 +433,11 @@ class _Day:
             # restart (launch, load, warm-up) runs on them. (Before 2026-11-27 the model placed
             # it when the restart ended, which let a job land on a node repaired during its own
             # restart: docs/BENCHMARKS.md, seed 7419.)
+            seen_until = self.isolate_to(seen_until, down_at)  # what broke until the requeue
             nodes, placed = self.place(down_at)
             t = placed + s.restart_s
             self.trace.append((end, "move" if alert else "stop", down_at, t, nodes))
-            b.restart_s += min(t, s.day_s) - lost_from
+            b.restart_s += max(0.0, min(t, s.day_s) - lost_from)
         return b
 
 

@@ -188,6 +188,36 @@ def test_a_fault_during_the_engines_save_loses_it() -> None:
     assert d.trace[0] == (4050.0, "stop", 4050.0, 4650.0, ["n0", "n2"])
 
 
+def test_isolation_drains_what_broke_before_the_job_is_placed() -> None:
+    """n0 vanishes at 5000; isolation sees it silent at 5120 and the job is requeued then. n2's
+    GPU broke at 5050, in between: the fast path drained it within seconds, so the job is placed
+    on n1,n3, not on n2 to fail its start (a review of the placement at requeue found the drains
+    run only to the stop)."""
+    gone = Outage("n0", 5000.0, 9000.0, "node_down", slurm_sees=True)
+    spare = Outage("n2", 5050.0, 5150.0, "xid79", slurm_sees=False)
+    d = _Day([gone, spare], [], _setup(), Levers(isolation=True))
+    b = d.run()
+    assert d.trace[0] == (5000.0, "stop", 5120.0, 5720.0, ["n1", "n3"])
+    assert b.failed_starts == 0
+
+
+def test_a_start_that_takes_no_time_is_refused() -> None:
+    """A start that fails at once would fail again at once, for ever: the model refuses it."""
+    for bad in ({"fail_s": 0.0}, {"restart_s": 0.0}):
+        with pytest.raises(ValueError):
+            _setup(**bad)
+
+
+def test_an_alert_at_the_days_end_charges_no_time_past_it() -> None:
+    """An alert 50 s before the day's end: the engine's 100 s save is charged 50 s, and no
+    restart (the review found -50 s of restart)."""
+    s = _setup()
+    near = simulate([], [Alert("n0", 19_950.0)], s, Levers(prediction=True))
+    quiet = simulate([], [], s, Levers(prediction=True))
+    assert near.restart_s == 0.0 and near.moves == 1
+    assert near.checkpoint_s == pytest.approx(quiet.checkpoint_s + 50.0)
+
+
 def test_prediction_moves_the_job_before_the_fault() -> None:
     s = _setup()
     warned = simulate([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True))
