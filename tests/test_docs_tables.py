@@ -154,6 +154,34 @@ def test_the_fresh_goodput_prose_is_the_recorded_run() -> None:
     ) in prose
 
 
+def test_the_predictor_prose_is_the_recorded_run() -> None:
+    """docs/PREDICTOR.md's SIMULATED figures, from ``benchmarks/predict_simulated.py``'s kept
+    output (seeds 201-204)."""
+    text = doc_tables.output(DATA / "predict-simulated/2026-11-27.txt")
+    prose = " ".join(page("PREDICTOR.md").split())
+    assert doc_tables.find(r"^data: SIMULATED: days 9-12 \(seeds 201-204,", text)
+    model = doc_tables.find(
+        r"^model: (\d+) alerts, precision ([\d.]+), recall ([\d.]+) \((\d+)/(\d+) failures with "
+        r"precursors\), median lead ([\d.]+) min; sudden failures .* caught (\d+)/(\d+)$",
+        text,
+    )
+    lead = float(model[6])
+    assert lead.is_integer()
+    assert (
+        f"precision {model[2]}, recall {model[3]} ({model[4]} of {model[5]} failures with a "
+        f"precursor), median lead {lead:.0f} min** ({model[1]} alerts)"
+    ) in prose
+    assert f"28 of them) are reported apart: {model[7]} had an alert" in prose and model[8] == "28"
+    fixed = doc_tables.find(
+        r"^fixed thresholds: \d+ alerts, precision ([\d.]+), recall ([\d.]+)", text
+    )
+    assert f"precision {fixed[1]} at recall {fixed[2]}" in prose
+    history = doc_tables.find(r"^has failed before: \d+ alerts, precision ([\d.]+)", text)
+    assert f'"has failed before": precision {history[1]}' in prose
+    auc = doc_tables.find(r"^PR-AUC: (.*)$", text)[1]
+    assert f"PR-AUC: {auc}." in prose
+
+
 def test_the_two_negative_goodput_minimums_are_what_the_page_says() -> None:
     """docs/BENCHMARKS.md explains the two negative minimums of the run on 7401-7420 (the
     levers MODEL before it placed a requeued job when requeued): both are seed 7419 (SIMULATED
