@@ -263,15 +263,24 @@ class _Day:
             return False
         if self.s.alert_action == "checkpoint":
             return True
-        return len({n for n in self.s.pool if self.drained(n, t)}) < self.s.max_out
+        return node in self.out_at(t) or len(self.out_at(t)) < self.s.max_out
+
+    def out_at(self, t: float) -> set[str]:
+        """The nodes out at ``t`` by anyone, as the engine's blast-radius guard counts them from
+        the scheduler: drained by gpuwarden, DOWN in Slurm (a vanished slurmd), or drained by a
+        person."""
+        out = {n for n in self.out_until if self.drained(n, t)}
+        out |= {n for n in self.of_node if (o := self.broken(n, t)) is not None and o.slurm_sees}
+        return out | {n for n, (a, b) in self.by_hand.items() if a <= t < b}
 
     def drain(self, node: str, t: float, until_s: float) -> bool:
         """Take ``node`` out until ``until_s`` (its repair), within the engine's blast-radius
-        cap (no more than ``max_out`` nodes out at once); a lemon stays out for good."""
-        out = {n for n in self.s.pool if self.drained(n, t)}
+        cap (no more than ``max_out`` nodes out at once, counted as :meth:`out_at` does); a
+        lemon stays out for good."""
+        out = self.out_at(t)
         if node not in out and len(out) >= self.s.max_out:
             return False
-        if node not in out:
+        if not self.drained(node, t):
             self.taken_out.setdefault(node, []).append(t)
         times = [x for x in self.taken_out.get(node, []) if t - x <= self.s.lemon_window_s]
         if self.levers.lemon and len(times) >= self.s.lemon_count:
@@ -346,14 +355,13 @@ class _Day:
         s, b = self.s, Badput()
         t, seen_until = 0.0, 0.0
         nodes, t = self.place(0.0)
+        b.restart_s += min(t, s.day_s)  # waiting for nodes at the day's start
         placed: float | None = t  # when the job was placed; None while it runs on after a save
         while t < s.day_s:
             failed = None if placed is None else self.start_fails(nodes, placed, t)
             if failed is not None:  # landed on a broken node, or one broke as it started
                 b.failed_starts += 1
-                # the restart was charged to t when placed; it ended at `failed` (the day's
-                # first start was not charged, and failed - t is then the start it lost)
-                b.restart_s += failed - t
+                b.restart_s += failed - t  # its restart was charged to t when placed
                 down_at = failed + self.detect_s(nodes, failed)
                 seen_until = self.isolate_to(seen_until, down_at)
                 nodes, placed = self.place(down_at)
@@ -368,14 +376,14 @@ class _Day:
                 (o.at_s for o in self.outages if o.node in on and o.at_s > t),
                 default=s.day_s,
             )
-            alert = next(
-                (
-                    a
-                    for a in self.alerts
-                    if a.node in on and t <= a.at_s < stop and self.may_act(a.node, a.at_s)
-                ),
-                None,
-            )
+            alert = None
+            for a in self.alerts:
+                if a.node in on and t <= a.at_s < stop:
+                    # what broke before the alert is drained already (the guard counts it)
+                    seen_until = self.isolate_to(seen_until, a.at_s)
+                    if self.may_act(a.node, a.at_s):
+                        alert = a
+                        break
             end = min(stop, alert.at_s if alert else stop, s.day_s)
             # a save every `period`: tau of training, then held (waiting for the previous
             # write, then the snapshot); save k holds the state at t + k * period, on storage
@@ -384,9 +392,13 @@ class _Day:
             saves = math.floor((end - t) / period)
             durable = saves - (1 if saves and t + saves * period + self.write_s > end else 0)
             last_save = t + durable * period
-            b.checkpoint_s += saves * (period - tau)
+            # time held by saves: on a stop, those on storage (the rest, and a hold under way,
+            # are in what it recomputes); else every save, and a hold under way at `end`
+            held_all = saves * (period - tau) + max(0.0, end - t - saves * period - tau)
+            held_durable = durable * (period - tau)
             seen_until = self.isolate_to(seen_until, end)
             if end >= s.day_s:
+                b.checkpoint_s += held_all
                 break
             lost_to = end  # the work since last_save is lost if the job stops
             if alert is not None:
@@ -416,13 +428,16 @@ class _Day:
                     seen_until = self.isolate_to(seen_until, cut)
                     end, alert = cut, None
                 elif s.alert_action == "checkpoint":  # saved; it runs on where it is
+                    b.checkpoint_s += held_all
                     t, placed = end + s.cost_s, None
                     continue
             if alert is not None:
                 b.moves += 1
+                b.checkpoint_s += held_all
                 lost_from = down_at = end + s.cost_s
             else:
                 b.stops += 1
+                b.checkpoint_s += held_durable
                 if not self.levers.isolation and math.isfinite(s.operator_s):
                     for o in self.outages:
                         if o.node in on and o.at_s == end and not o.slurm_sees:

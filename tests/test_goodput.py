@@ -218,6 +218,34 @@ def test_an_alert_at_the_days_end_charges_no_time_past_it() -> None:
     assert near.checkpoint_s == pytest.approx(quiet.checkpoint_s + 50.0)
 
 
+def test_the_blast_radius_cap_counts_every_node_out_as_the_guard_does() -> None:
+    """The engine's guard counts the nodes out by anyone, from the scheduler (a third review):
+    with ``max_out`` 1, a spare DOWN in Slurm (n3, a vanished slurmd), or one isolation drained
+    a second before, leaves no room, and the alert on n0 is not acted on (before, the model
+    counted only gpuwarden's drains, and those only up to the last stop, and moved the job)."""
+    warned = [Alert("n0", 2000.0)]
+    down = Outage("n3", 1000.0, 9000.0, "node_down", slurm_sees=True)
+    assert simulate([down], warned, _setup(max_out=1), Levers(prediction=True)).moves == 0
+    assert simulate([down], warned, _setup(max_out=2), Levers(prediction=True)).moves == 1
+    gpu = Outage("n3", 1999.0, 9000.0, "xid79", slurm_sees=False)
+    both = Levers(prediction=True, isolation=True)
+    assert simulate([gpu], warned, _setup(max_out=1), both).moves == 0
+
+
+def test_a_save_under_way_when_the_day_ends_is_charged() -> None:
+    """A day that ends 50 s into the first save (hourly, 100 s): those 50 s held training (a
+    review found holds under way at a segment's end charged to nothing)."""
+    assert simulate([], [], _setup(day_s=3650.0), Levers()).checkpoint_s == pytest.approx(50.0)
+
+
+def test_waiting_for_nodes_at_the_days_start_is_lost_time() -> None:
+    """n0, n1 and n2 are DOWN until 5000: the 2-node job cannot start before; those 5000 s are
+    lost (charged as restart: the job waiting for nodes), in every arm."""
+    down = [Outage(n, 0.0, 5000.0, "node_down", slurm_sees=True) for n in ("n0", "n1", "n2")]
+    for levers in (Levers(), Levers.all()):
+        assert simulate(down, [], _setup(), levers).restart_s == pytest.approx(5000.0)
+
+
 def test_prediction_moves_the_job_before_the_fault() -> None:
     s = _setup()
     warned = simulate([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True))
@@ -393,8 +421,10 @@ def test_a_fault_while_the_save_is_written_falls_back_to_the_save_before() -> No
     s = _setup(snapshot_s=10.0, day_s=4000.0)  # the restart (at 4250) is past the day's end
     during = Outage("n1", 3650.0, 6500.0, "xid79", slurm_sees=False)  # 3610 < 3650 < 3700
     b = simulate([during], [], s, Levers(async_save=True))
-    assert b.checkpoint_s == pytest.approx(10.0)  # the snapshot was taken, and held training
-    assert b.recompute_s == pytest.approx(3650.0)  # but never reached storage: from the start
+    # the snapshot held training 10 s and never reached storage: all 3650 s since the start are
+    # recomputed, those 10 s with them (counted once: a review found them in both)
+    assert b.checkpoint_s == 0.0
+    assert b.recompute_s == pytest.approx(3650.0)
 
 
 def test_an_interval_shorter_than_the_write_waits_for_it() -> None:
