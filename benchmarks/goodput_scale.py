@@ -13,8 +13,9 @@ MODEL: recall per fault type, leads and false-alarm rates MEASURED on the backte
 ``--measure-seeds`` (the shipped predictor, scored by the production scorer on the SIMULATED
 ``demo-day``, as :mod:`benchmarks.goodput` does; ``--cache`` shares its alert files), then
 drawn afresh for each week. Beside it: the no-prediction arm (every other lever) and a BOUND,
-a perfect predictor (ground truth: an alert ten minutes before every fatal fault). Reactive here
-relands the job on a broken GPU until the trace's repair (median 0.85 days), and the person of
+a perfect predictor (ground truth: an alert ``ORACLE_LEAD_S``, 336 s, before every fatal
+fault). Reactive here relands the job on a broken GPU (a start failing 60 s in, ``fail_s``)
+until the trace's repair (median 0.85 days), and the person of
 :mod:`benchmarks.goodput` drains only a node that stopped a running job, not one the job keeps
 failing to start on; so the saving is also printed against a job whose every broken node is
 drained at once (``vs drain``: the ``isolation`` lever alone), the comparison that leans least
@@ -28,15 +29,15 @@ hourly, the engine's ``max_nodes_out`` raised to its ``max_fraction_out`` (10 % 
 the default of 2 nodes would stop isolation at this scale), ``lemon_window_s`` a week, and the
 cadence prior StepFun's rate uncompressed (``prior_scale = 1``).
 
-Default seeds: weeks drawn from 7501-7520 and the predictor measured on backtest days
-7401-7420, both FRESH when first run (2026-11-27, issue 40) and reported once; the predictor was
-trained on predictor-day seeds 1-8. The first run (ceaeb62) drew weeks and measured on 7001-7020;
-the levers model changed after those backtest days were looked at (the cadence prior, the
-merge of a node's outages), so they are development seeds now. A change made after looking at
-a run needs new seeds.
+Default seeds: weeks drawn from 7701-7720 and the predictor measured on backtest days
+7601-7620, both FRESH when first run (2026-11-27, issue 40) and reported once, with the levers
+model as three reviews left it; the predictor was trained on predictor-day seeds 1-8. Earlier
+runs are development seeds now: 7001-7020 (ceaeb62; the levers model changed after those
+backtest days were looked at) and weeks 7501-7520 with the predictor on 7401-7420 (b80766e,
+before the reviews changed the model). A change made after looking at a run needs new seeds.
 
     uv run python -m benchmarks.goodput_scale [--job-nodes 128,1024,2048] [--days 7]
-        [--seeds 7501-7520] [--measure-seeds 7401-7420] [--cache DIR]
+        [--seeds 7701-7720] [--measure-seeds 7601-7620] [--cache DIR]
 
 Last line: ``saved_pct_<nodes>=<median> ...`` for each job size (every lever against reactive).
 """
@@ -152,8 +153,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job-nodes", type=sizes_arg, default=sizes_arg("128,1024,2048"))
     ap.add_argument("--days", type=float, default=7.0)
-    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("7501-7520"))
-    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("7401-7420"))
+    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("7701-7720"))
+    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("7601-7620"))
     ap.add_argument(
         "--cache", type=Path, default=None, help="the alert files of benchmarks.goodput"
     )
