@@ -243,6 +243,15 @@ class _Day:
                     fails.append(o.at_s)
         return min(fails, default=None)
 
+    def next_change(self, t: float) -> float:
+        """The first time after ``t`` where what :meth:`place` and :meth:`start_fails` see can
+        change: an outage begins or ends, a drain ends, a person's drain begins or ends (else
+        the day's end)."""
+        times = [x for o in self.outages for x in (o.at_s, o.until_s) if x > t]
+        times += [u for u in self.out_until.values() if u > t]
+        times += [x for window in self.by_hand.values() for x in window if x > t]
+        return min(times, default=self.s.day_s)
+
     def drained(self, node: str, t: float) -> bool:
         return self.out_until.get(node, -math.inf) > t
 
@@ -361,6 +370,17 @@ class _Day:
             failed = None if placed is None else self.start_fails(nodes, placed, t)
             if failed is not None:  # landed on a broken node, or one broke as it started
                 b.failed_starts += 1
+                assert placed is not None
+                fail_s = min(s.fail_s, s.restart_s)
+                if failed == placed + fail_s:  # broken when placed: Slurm places it there again
+                    # every fail_s until something changes; the starts that fail whole before
+                    # then, at once (the same books as one by one: a repair that takes days
+                    # is thousands of them)
+                    until = min(self.next_change(placed), s.day_s)
+                    again = math.floor((until - placed) / fail_s)
+                    if again > 1:
+                        b.failed_starts += again - 1
+                        failed = placed + again * fail_s
                 b.restart_s += failed - t  # its restart was charged to t when placed
                 down_at = failed + self.detect_s(nodes, failed)
                 seen_until = self.isolate_to(seen_until, down_at)
