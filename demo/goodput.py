@@ -230,6 +230,11 @@ class _Day:
                 return o
         return None
 
+    @property
+    def fail_s(self) -> float:
+        """How long a start on a broken node runs before it fails (at most the restart)."""
+        return min(self.s.fail_s, self.s.restart_s)
+
     def start_fails(self, nodes: list[str], placed: float, ready: float) -> float | None:
         """When the start of a job placed on ``nodes`` at ``placed`` fails, if it does before
         ``ready`` (the restart's end): ``fail_s`` after placement on a node broken then (Slurm
@@ -238,7 +243,7 @@ class _Day:
         for n in nodes:
             for o in self.of_node.get(n, ()):
                 if o.at_s <= placed < o.until_s:
-                    fails.append(placed + min(self.s.fail_s, self.s.restart_s))
+                    fails.append(placed + self.fail_s)
                 elif placed < o.at_s <= ready:
                     fails.append(o.at_s)
         return min(fails, default=None)
@@ -272,7 +277,8 @@ class _Day:
             return False
         if self.s.alert_action == "checkpoint":
             return True
-        return node in self.out_at(t) or len(self.out_at(t)) < self.s.max_out
+        out = self.out_at(t)
+        return node in out or len(out) < self.s.max_out
 
     def out_at(self, t: float) -> set[str]:
         """The nodes out at ``t`` by anyone, as the engine's blast-radius guard counts them from
@@ -371,16 +377,17 @@ class _Day:
             if failed is not None:  # landed on a broken node, or one broke as it started
                 b.failed_starts += 1
                 assert placed is not None
-                fail_s = min(s.fail_s, s.restart_s)
-                if failed == placed + fail_s:  # broken when placed: Slurm places it there again
+                if (
+                    failed == placed + self.fail_s
+                ):  # broken when placed: Slurm places it there again
                     # every fail_s until something changes; the starts that fail whole before
                     # then, at once (the same books as one by one: a repair that takes days
                     # is thousands of them)
                     until = min(self.next_change(placed), s.day_s)
-                    again = math.floor((until - placed) / fail_s)
+                    again = math.floor((until - placed) / self.fail_s)
                     if again > 1:
                         b.failed_starts += again - 1
-                        failed = placed + again * fail_s
+                        failed = placed + again * self.fail_s
                 b.restart_s += failed - t  # its restart was charged to t when placed
                 down_at = failed + self.detect_s(nodes, failed)
                 seen_until = self.isolate_to(seen_until, down_at)
