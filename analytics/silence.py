@@ -11,7 +11,10 @@ A silence most nodes share at once is the data path (InfluxDB, the network), not
 then no node is named, and the analysis says so. And when the data path comes back, the
 agents' spools drain in order, so for a little while a node with more to send looks silent
 while the others do not: the analyze service (``--every``) names a node only when it is
-silent in two analyses running (:class:`Confirmed`), as an alert rule's ``for:`` would.
+silent in two analyses running (:class:`Confirmed`), as an alert rule's ``for:`` would. That
+holds only while an agent's sink sends again sooner than one analysis interval after the data
+path is back: keep ``--every`` above the agents' ``[sink] backoff_max_s`` plus a flush (the
+shipped 60 s against 30 s and 1 s; ``tests/test_live_silence.py`` replays the race).
 """
 
 from __future__ import annotations

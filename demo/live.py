@@ -52,6 +52,7 @@ DASK = [str(Path(sys.executable).with_name("dask"))]
 #: the loop's declared time compression: one second of the loop stands for a minute of a real
 #: cluster (checkpoints every 60 s stand for hourly ones; a 13B job's 276 s save is 4.6 s)
 TIME_SCALE = 60.0
+SINK_FLUSH_S = 1.0  # the agents' [sink] flush_interval_s
 
 
 @dataclass(frozen=True)
@@ -73,6 +74,10 @@ class Settings:
     analyze_window_s: float = 120.0
     healthy_after_s: float = 20.0
     silent_after_s: float = 10.0  # ten agent cycles
+    #: the agents' sink retries InfluxDB at most this far apart (the product's 30 s at the
+    #: loop's scale, like ``silent_after_s``'s 60 s): after an outage a sink must have sent again
+    #: before a second analysis, or a node with nothing wrong is named silent twice, confirmed
+    sink_backoff_max_s: float = 5.0
     checkpoint_timeout_s: float = 20.0
     #: checkpoint advice at the live time scale: never under 10 s (a compressed 10 minutes),
     #: and StepFun's per-node fault rate (the fleet prior) times the loop's declared time
@@ -84,6 +89,17 @@ class Settings:
     model: str = ""  # a failure-risk model trained at the live time scale ("" = none)
     #: the analyze service's [predictor] settings for that model (its time scale)
     predictor: tuple[tuple[str, Any], ...] = ()
+
+    def __post_init__(self) -> None:
+        # node_silent is confirmed by two analyses running; a sink that waits longer than an
+        # analysis interval to send again after an InfluxDB outage is named silent (CI met it
+        # once with the product's 30 s against analyses every 15 s: about 5 % of outages per
+        # node, replayed in tests/test_live_silence.py)
+        if self.sink_backoff_max_s + SINK_FLUSH_S >= self.analyze_every_s:
+            raise ValueError(
+                f"sink_backoff_max_s ({self.sink_backoff_max_s:g} s) plus a flush "
+                f"({SINK_FLUSH_S:g} s) must be under analyze_every_s ({self.analyze_every_s:g} s)"
+            )
 
 
 def placed(spec: ScenarioSpec, seed: int, jitter_s: float = 25.0) -> ScenarioSpec:
@@ -401,7 +417,8 @@ class LiveArm:
             f"expected_gpus = {self.spec.gpus_per_node}\n"
             "[sink]\n"
             f'url = "{self.influxd.url}"\ndatabase = "{self.db}"\n'
-            f'spool_dir = "{w}/spool-{node}"\nflush_interval_s = 1.0\n'
+            f'spool_dir = "{w}/spool-{node}"\nflush_interval_s = {SINK_FLUSH_S}\n'
+            f"backoff_max_s = {self.s.sink_backoff_max_s}\n"
         )
         self.services.start(f"agent-{node}", [*GPUWARDEN, "agent", "--config", str(config)])
 
