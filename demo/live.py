@@ -394,6 +394,12 @@ class LiveArm:
             self.services.start(f"dask-worker-{i}", [*DASK, "worker", self.scheduler,
                                 "--nworkers", "1", "--nthreads", "1", "--no-dashboard",
                                 "--memory-limit", "2GiB", "--name", f"w{i}"], env)  # fmt: skip
+        # both registered before the analyze service starts (it says how many it found, and a
+        # worker still starting on a loaded machine would leave it with one for a while)
+        from distributed import Client
+
+        with Client(self.scheduler, timeout=60) as client:  # type: ignore[no-untyped-call]
+            client.wait_for_workers(2, timeout=120)
 
     def _start_agent(self, node: str) -> None:
         p = self.twin.paths(node)

@@ -187,6 +187,19 @@ class Slow:
         pass
 
 
+class Hung(Slow):
+    """Stays in its call until ``release`` is set (a D-state read), however slow the test."""
+
+    def __init__(self):
+        super().__init__(0.0)
+        self.release = threading.Event()
+
+    def collect(self, now_ns):
+        self.calls += 1
+        self.release.wait(60)
+        return [Point("thermal", {"zone": "z"}, {"temp_c": 1.0}, now_ns)]
+
+
 class Fine:
     name = "fine"
 
@@ -216,7 +229,7 @@ def self_metrics(batch, source):
 
 def test_a_failing_or_slow_source_never_stops_the_others():
     sink = ListSink()
-    slow = Slow(0.6)
+    slow = Hung()  # a fixed 0.6 s sleep returned, and was called again, on a stalled machine
     agent = Agent(
         [Failing(), slow, Fine()],
         sink,
@@ -225,7 +238,10 @@ def test_a_failing_or_slow_source_never_stops_the_others():
         interval_s=0.05,
         source_timeout_s=0.2,
     )
-    agent.run(threading.Event(), max_cycles=3)
+    try:
+        agent.run(threading.Event(), max_cycles=3)
+    finally:
+        slow.release.set()
     assert sink.closed
     for batch in sink.batches:
         assert [p.tags["zone"] for p in batch if p.measurement == "thermal"] == ["ok"]

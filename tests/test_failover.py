@@ -285,14 +285,21 @@ def test_a_standby_does_not_listen_and_stops_cleanly(pg: LocalPostgres, tmp_path
             [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config), "serve"],
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        time.sleep(3)
+        said: list[bytes] = []
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True)
+        reader.start()
+        # it says so once its SIGTERM handler is in place (a fixed sleep raced a slow start)
+        poll(lambda: any(b"standby: waiting for the lease" in ln for ln in said), 60,
+             "the engine to say it waits as a standby")  # fmt: skip
+        time.sleep(1)  # ten lease tries at retry_s = 0.1
         with pytest.raises(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             pass
         assert not (tmp_path / "audit.jsonl").exists()  # a standby opens nothing
         proc.terminate()
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, out.decode()
-        assert b"standby: waiting for the lease" in out
+        proc.wait(timeout=30)
+        reader.join(timeout=10)
+        assert proc.returncode == 0, b"".join(said).decode()
     finally:
         held.release()
 

@@ -11,6 +11,7 @@ from gpuwarden.core.errors import SinkError
 from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 from gpuwarden.core.store.transport import Outcome, classify, parse_retry_after
 from testbed.influxd import free_port
+from tests.remediation_util import poll
 from tests.scripted_server import Reply, ScriptedServer
 
 
@@ -100,8 +101,9 @@ def test_connection_refused_spools_then_drains_in_order(tmp_path):
     port = free_port()  # nothing listens here yet
     sink = _sink(f"http://127.0.0.1:{port}", tmp_path, batch_size=5)
     sink.write_lines(_lines(12))
-    time.sleep(0.3)
-    assert sink.stats().spool_points == 12 and sink.stats().retries >= 1
+    # waited for, not slept for: the sender has tried and spooled all twelve
+    poll(lambda: sink.stats().spool_points == 12 and sink.stats().retries >= 1, 10,
+         "the failed try to spool the twelve points")  # fmt: skip
     sink.write_lines(_lines(3, start=12))
     with ScriptedServer([], port=port) as srv:
         assert sink.flush(timeout_s=20)
@@ -114,13 +116,15 @@ def test_connection_refused_spools_then_drains_in_order(tmp_path):
 def test_batches_by_age_when_below_size(tmp_path):
     with ScriptedServer([]) as srv:
         sink = _sink(srv.url, tmp_path, batch_size=1000, flush_interval_s=0.3)
+        written = time.monotonic()
         sink.write_lines(_lines(3))
-        time.sleep(0.1)
-        assert srv.requests == []  # neither full nor old yet
         deadline = time.monotonic() + 5
         while not srv.requests and time.monotonic() < deadline:
             time.sleep(0.02)
         assert len(srv.requests) == 1
+        # neither full nor old before 0.3 s: sent when old (the server's clock, so a slow
+        # machine can only make it later; a check after a 0.1 s sleep raced a stall)
+        assert srv.requests[0][0] - written >= 0.3
         sink.close()
 
 

@@ -173,7 +173,9 @@ def test_the_reporter_writes_through_a_tls_relay(certs: Certs) -> None:
         blind = Reporter("job-1", 0, url=url, ca_file=certs.other_ca, flush_interval_s=0.05,
                          heartbeat_s=0)  # fmt: skip
         blind.step(2, 1.0, 1024, 8)
-        blind.close(timeout_s=1.0)
+        # waited for: its first try failed verification (a close after 1 s raced a stall)
+        poll(lambda: "CERTIFICATE_VERIFY_FAILED" in blind.last_error, 30, "the failed try")
+        blind.close(timeout_s=0.5)
         assert blind.sent == 0 and "CERTIFICATE_VERIFY_FAILED" in blind.last_error
         assert len(sink.lines) == 1
     finally:
