@@ -36,7 +36,8 @@ The levers, each on or off:
   ``Setup.discount_announced``, the faults an alert warned of are left out
   (:meth:`analytics.cadence.FailureRate.unannounced`);
 * ``isolation``: the fast path drains a node whose GPU broke within seconds, so no restart
-  lands on it until it is repaired;
+  lands on it until it is repaired and back (``Setup.return_s`` after the repair: the agent's
+  ``node_healthy`` and a passing check);
 * ``lemon``: the engine's rule (``[guards] lemon_count``, ``lemon_window_s``): a node
   gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` stays out for the rest of
   the day (until an operator returns it);
@@ -157,11 +158,20 @@ class Setup:
     fail_s: float = 60.0
     """How long a start on a broken GPU takes to fail: the launch, then CUDA's initialisation
     errors (a stated assumption; a start is charged at most ``restart_s``)."""
+    return_s: float = 1800.0
+    """A node gpuwarden took out is back in service this long after its repair: the agent
+    says ``node_healthy`` after ``[health] healthy_after_s`` (1,800 s) without a break, and the
+    engine returns only a node whose check passed (``return_requires = "check"``; the check's
+    own seconds are left out). Before 2026-11-27 a drain ended at the repair itself, so a node
+    whose slurmd flapped three times in minutes was taken out three times and made a lemon
+    (seed 7610 of 7601-7620, looked at after its run)."""
     operator_s: float = math.inf
     """Without isolation: a person drains the node that stopped the job this long after the
     stop (inf: nobody does, Slurm alone; a sensitivity, not the reactive arm)."""
 
     def __post_init__(self) -> None:
+        if self.return_s < 0:
+            raise ValueError("return_s must be >= 0")
         if self.restart_s <= 0 or self.fail_s <= 0:  # a failed start must take time, or it
             raise ValueError("restart_s and fail_s must be > 0")  # fails again at once, forever
 
@@ -289,7 +299,7 @@ class _Day:
         return out | {n for n, (a, b) in self.by_hand.items() if a <= t < b}
 
     def drain(self, node: str, t: float, until_s: float) -> bool:
-        """Take ``node`` out until ``until_s`` (its repair), within the engine's blast-radius
+        """Take ``node`` out until ``until_s`` (its return), within the engine's blast-radius
         cap (no more than ``max_out`` nodes out at once, counted as :meth:`out_at` does); a
         lemon stays out for good."""
         out = self.out_at(t)
@@ -364,7 +374,7 @@ class _Day:
             return
         for o in self.outages:
             if t0 <= o.at_s < t1:
-                self.drain(o.node, o.at_s, o.until_s)
+                self.drain(o.node, o.at_s, o.until_s + self.s.return_s)
 
     def run(self) -> Badput:
         s, b = self.s, Badput()
@@ -445,8 +455,8 @@ class _Day:
                     self.saved_on.setdefault(alert.node, []).append(end)
                 else:
                     follows = [o for o in self.outages if o.node == alert.node and o.at_s >= end]
-                    until = (
-                        follows[0].until_s
+                    until = (  # a false alarm's node: back when the horizon has passed
+                        follows[0].until_s + s.return_s
                         if follows and follows[0].at_s < end + s.horizon_s
                         else (end + s.horizon_s)
                     )

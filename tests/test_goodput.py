@@ -109,8 +109,17 @@ def test_advice_says_what_it_gains() -> None:
 
 
 def _setup(**kw: float | str) -> Setup:
-    base = dict(pool=("n0", "n1", "n2", "n3"), job_nodes=2, day_s=20_000.0, interval_s=3600.0,
-                cost_s=100.0, restart_s=600.0, horizon_s=3600.0, max_out=2)  # fmt: skip
+    base = dict(
+        pool=("n0", "n1", "n2", "n3"),
+        job_nodes=2,
+        day_s=20_000.0,
+        interval_s=3600.0,
+        cost_s=100.0,
+        restart_s=600.0,
+        horizon_s=3600.0,
+        max_out=2,
+        return_s=0.0,
+    )  # fmt: skip  (worked by hand with a node back at its repair)
     return Setup(**(base | kw))  # type: ignore[arg-type]
 
 
@@ -481,3 +490,41 @@ def test_random_days_keep_the_books() -> None:
             parts = (b.checkpoint_s, b.recompute_s, b.restart_s)
             assert min(parts) >= -1e-6 and b.total_s <= day + 1e-6, (on, b)
         assert simulate(outages, alerts, s, Levers.all()) == runs[frozenset(LEVERS)]
+
+
+def test_a_node_taken_out_comes_back_when_healthy_not_at_its_repair() -> None:
+    """The product returns a node it took out on the agent's ``node_healthy`` (``[health]
+    healthy_after_s`` = 1,800 s without a break) and a passing check; the model ended the drain
+    at the repair, so a slurmd that flapped three times in minutes was three take-outs and a
+    lemon, out for the day (seed 7610 of 7601-7620, after its run): the job then had no second
+    node when n1 broke, and lost 18,436 s more with the lemon rule than without."""
+    flaps = [Outage("n0", a, a + 60.0, "node_down", slurm_sees=True) for a in (1000, 1070, 1140)]
+    day = [*flaps, Outage("n1", 20_000.0, 40_000.0, "xid79", slurm_sees=False)]
+    s = Setup(pool=("n0", "n1", "n2"), job_nodes=2, day_s=86_400.0, cost_s=276.0,
+              snapshot_s=12.0, restart_s=600.0)  # fmt: skip
+    assert s.return_s == 1800.0  # the product's healthy_after_s
+    runs = {}
+    for return_s in (0.0, s.return_s):
+        d = _Day(
+            day, [], dataclasses.replace(s, return_s=return_s), Levers(isolation=True, lemon=True)
+        )
+        runs[return_s] = (d.run(), d.taken_out["n0"], d.out_until["n0"])
+    before, now = runs[0.0], runs[1800.0]
+    assert before[1:] == ([1000.0, 1070.0, 1140.0], math.inf)  # three take-outs: a lemon
+    assert now[1:] == ([1000.0], 1200.0 + 1800.0)  # one, back 1,800 s after the last flap
+    plain = simulate(day, [], s, Levers(isolation=True))
+    assert now[0].total_s == plain.total_s == 10_800.0
+    assert before[0].total_s - plain.total_s == 18_436.0  # n1's outage waited out, no spare
+
+
+def test_a_predicted_nodes_drain_lasts_until_it_is_healthy_again() -> None:
+    s = _setup(return_s=1800.0)
+    d = _Day([XID79], [Alert("n1", 4000.0)], s, Levers(prediction=True))
+    d.run()
+    assert d.out_until["n1"] == XID79.until_s + 1800.0
+    # a false alarm (no fault within the horizon) is back when the horizon has passed
+    d = _Day([], [Alert("n1", 4000.0)], s, Levers(prediction=True))
+    d.run()
+    assert d.out_until["n1"] == 4000.0 + s.horizon_s
+    with pytest.raises(ValueError, match="return_s"):
+        _setup(return_s=-1.0)
