@@ -109,17 +109,10 @@ def test_advice_says_what_it_gains() -> None:
 
 
 def _setup(**kw: float | str) -> Setup:
-    base = dict(
-        pool=("n0", "n1", "n2", "n3"),
-        job_nodes=2,
-        day_s=20_000.0,
-        interval_s=3600.0,
-        cost_s=100.0,
-        restart_s=600.0,
-        horizon_s=3600.0,
-        max_out=2,
-        return_s=0.0,
-    )  # fmt: skip  (worked by hand with a node back at its repair)
+    # the cases were worked by hand with a drained node back at its repair (return_s = 0)
+    base = dict(pool=("n0", "n1", "n2", "n3"), job_nodes=2, day_s=20_000.0, interval_s=3600.0,
+                cost_s=100.0, restart_s=600.0, horizon_s=3600.0, max_out=2,
+                return_s=0.0)  # fmt: skip
     return Setup(**(base | kw))  # type: ignore[arg-type]
 
 
