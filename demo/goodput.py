@@ -165,6 +165,10 @@ class Setup:
     own seconds are left out). Before 2026-11-27 a drain ended at the repair itself, so a node
     whose slurmd flapped three times in minutes was taken out three times and made a lemon
     (seed 7610 of 7601-7620, looked at after its run)."""
+    pending_expire_s: float = 3600.0
+    """A drain the blast-radius cap refuses waits (the engine's ``[guards]
+    pending_expire_s``) and is done when room frees, oldest first; after this long it is
+    dropped. (Before 2026-11-27 the model dropped it at once: a review.)"""
     operator_s: float = math.inf
     """Without isolation: a person drains the node that stopped the job this long after the
     stop (inf: nobody does, Slurm alone; a sensitivity, not the reactive arm)."""
@@ -219,6 +223,7 @@ class _Day:
         self.alerts = sorted(alerts, key=lambda a: a.at_s) if levers.prediction else []
         self.s, self.levers = s, levers
         self.out_until: dict[str, float] = {}  # drained by gpuwarden, until then (inf: lemon)
+        self.out_from: dict[str, float] = {}  # ... from then (a drain that waited: later)
         self.taken_out: dict[str, list[float]] = {}  # when gpuwarden took each node out
         self.saved_on: dict[str, list[float]] = {}  # when an alert on it made the job save
         self.by_hand: dict[str, tuple[float, float]] = {}  # a person's drain: from, until
@@ -264,11 +269,12 @@ class _Day:
         the day's end)."""
         times = [x for o in self.outages for x in (o.at_s, o.until_s) if x > t]
         times += [u for u in self.out_until.values() if u > t]
+        times += [f for f in self.out_from.values() if f > t]
         times += [x for window in self.by_hand.values() for x in window if x > t]
         return min(times, default=self.s.day_s)
 
     def drained(self, node: str, t: float) -> bool:
-        return self.out_until.get(node, -math.inf) > t
+        return self.out_from.get(node, -math.inf) <= t < self.out_until.get(node, -math.inf)
 
     def usable(self, node: str, t: float) -> bool:
         o = self.broken(node, t)
@@ -300,13 +306,24 @@ class _Day:
 
     def drain(self, node: str, t: float, until_s: float) -> bool:
         """Take ``node`` out until ``until_s`` (its return), within the engine's blast-radius
-        cap (no more than ``max_out`` nodes out at once, counted as :meth:`out_at` does); a
-        lemon stays out for good."""
+        cap (no more than ``max_out`` nodes out at once, counted as :meth:`out_at` does): a
+        drain the cap refuses waits until room frees, up to ``pending_expire_s`` (the drains
+        that wait are released oldest first, as the engine's are; one asked for later finds
+        the room taken). A lemon stays out for good. False: not done."""
         out = self.out_at(t)
         if node not in out and len(out) >= self.s.max_out:
-            return False
-        if not self.drained(node, t):
+            limit = min(t + self.s.pending_expire_s, until_s)
+            frees = {u for u in self.out_until.values() if t < u < limit}
+            frees |= {o.until_s for o in self.outages if o.slurm_sees and t < o.until_s < limit}
+            frees |= {b for _, b in self.by_hand.values() if t < b < limit}
+            t = next((c for c in sorted(frees) if len(self.out_at(c)) < self.s.max_out), math.nan)
+            if math.isnan(t):
+                return False
+        if not self.drained(node, t):  # a new drain from t (or a waiting one, sooner)
+            if self.out_until.get(node, -math.inf) > t:  # it waits: this one replaces it
+                self.taken_out[node].remove(self.out_from[node])
             self.taken_out.setdefault(node, []).append(t)
+            self.out_from[node] = t
         times = [x for x in self.taken_out.get(node, []) if t - x <= self.s.lemon_window_s]
         if self.levers.lemon and len(times) >= self.s.lemon_count:
             until_s = math.inf
@@ -362,19 +379,31 @@ class _Day:
             return 0.0
         return self.s.silence_s if self.levers.isolation else self.s.slurmd_timeout_s
 
-    def isolate_to(self, seen_until: float, t: float) -> float:
-        """Isolation's drains of what broke from ``seen_until`` up to ``t`` (inclusive); the
-        new ``seen_until``."""
-        self.isolate_as_they_break(seen_until, t + 1e-9)
+    def isolate_to(
+        self, seen_until: float, t: float, job: Sequence[str], running_to: float = math.inf
+    ) -> float:
+        """Isolation's drains of what broke from ``seen_until`` up to ``t`` (inclusive), the
+        job on ``job`` meanwhile, running until ``running_to``; the new ``seen_until``."""
+        self.isolate_as_they_break(seen_until, t + 1e-9, set(job), running_to)
         return max(seen_until, t + 1e-9)
 
-    def isolate_as_they_break(self, t0: float, t1: float) -> None:
-        """The fast path drains each node whose hardware breaks, job node or spare."""
+    def isolate_as_they_break(
+        self, t0: float, t1: float, job: set[str], running_to: float = math.inf
+    ) -> None:
+        """The fast path drains each node whose GPU or link breaks, job node or spare (the
+        agent's fatal-GPU-event policies); a node that vanishes is drained only when it stops
+        the job (``job-stopped-culprit``): the shipped ``node-silent`` policy only notifies,
+        and Slurm marks a vanished spare DOWN itself. (Before 2026-11-27 the model drained a
+        vanished spare too, and could make a lemon of it: a review.)"""
         if not self.levers.isolation:
             return
         for o in self.outages:
-            if t0 <= o.at_s < t1:
+            if not t0 <= o.at_s < t1:
+                continue
+            if not o.slurm_sees or (o.node in job and o.at_s <= running_to):
                 self.drain(o.node, o.at_s, o.until_s + self.s.return_s)
+            elif self.drained(o.node, o.at_s):  # out already: back when healthy after this too
+                self.out_until[o.node] = max(self.out_until[o.node], o.until_s + self.s.return_s)
 
     def run(self) -> Badput:
         s, b = self.s, Badput()
@@ -400,7 +429,7 @@ class _Day:
                         failed = placed + again * self.fail_s
                 b.restart_s += failed - t  # its restart was charged to t when placed
                 down_at = failed + self.detect_s(nodes, failed)
-                seen_until = self.isolate_to(seen_until, down_at)
+                seen_until = self.isolate_to(seen_until, down_at, nodes, failed)
                 nodes, placed = self.place(down_at)
                 t = placed + s.restart_s
                 self.trace.append((failed, "failed start", down_at, t, nodes))
@@ -417,7 +446,7 @@ class _Day:
             for a in self.alerts:
                 if a.node in on and t <= a.at_s < stop:
                     # what broke before the alert is drained already (the guard counts it)
-                    seen_until = self.isolate_to(seen_until, a.at_s)
+                    seen_until = self.isolate_to(seen_until, a.at_s, nodes)
                     if self.may_act(a.node, a.at_s):
                         alert = a
                         break
@@ -433,7 +462,7 @@ class _Day:
             # are in what it recomputes); else every save, and a hold under way at `end`
             held_all = saves * (period - tau) + max(0.0, end - t - saves * period - tau)
             held_durable = durable * (period - tau)
-            seen_until = self.isolate_to(seen_until, end)
+            seen_until = self.isolate_to(seen_until, end, nodes)
             if end >= s.day_s:
                 b.checkpoint_s += held_all
                 break
@@ -462,7 +491,7 @@ class _Day:
                     )
                     self.drain(alert.node, end, until)
                 if cut is not None:
-                    seen_until = self.isolate_to(seen_until, cut)
+                    seen_until = self.isolate_to(seen_until, cut, nodes)
                     end, alert = cut, None
                 elif s.alert_action == "checkpoint":  # saved; it runs on where it is
                     b.checkpoint_s += held_all
@@ -485,7 +514,8 @@ class _Day:
             # restart (launch, load, warm-up) runs on them. (Before 2026-11-27 the model placed
             # it when the restart ended, which let a job land on a node repaired during its own
             # restart: docs/BENCHMARKS.md, seed 7419.)
-            seen_until = self.isolate_to(seen_until, down_at)  # what broke until the requeue
+            # what broke until the requeue (the job stopped at `end`)
+            seen_until = self.isolate_to(seen_until, down_at, nodes, end)
             nodes, placed = self.place(down_at)
             t = placed + s.restart_s
             self.trace.append((end, "move" if alert else "stop", down_at, t, nodes))

@@ -487,27 +487,55 @@ def test_random_days_keep_the_books() -> None:
 
 def test_a_node_taken_out_comes_back_when_healthy_not_at_its_repair() -> None:
     """The product returns a node it took out on the agent's ``node_healthy`` (``[health]
-    healthy_after_s`` = 1,800 s without a break) and a passing check; the model ended the drain
-    at the repair, so a slurmd that flapped three times in minutes was three take-outs and a
-    lemon, out for the day (seed 7610 of 7601-7620, after its run): the job then had no second
-    node when n1 broke, and lost 18,436 s more with the lemon rule than without."""
+    healthy_after_s`` = 1,800 s without a break) and a passing check. The model before
+    5bd9eab ended the drain at the repair, so a slurmd that flapped three times in minutes was
+    three take-outs and a lemon, out for the day (seed 7610 of 7601-7620, after its run): the
+    job then had no second node when n1 broke (18,436 s lost to the lemon rule on this day).
+    Now: one take-out (the job stopped on n0; its later flaps stop no job), and n0 is back
+    1,800 s after the last of them."""
     flaps = [Outage("n0", a, a + 60.0, "node_down", slurm_sees=True) for a in (1000, 1070, 1140)]
     day = [*flaps, Outage("n1", 20_000.0, 40_000.0, "xid79", slurm_sees=False)]
     s = Setup(pool=("n0", "n1", "n2"), job_nodes=2, day_s=86_400.0, cost_s=276.0,
               snapshot_s=12.0, restart_s=600.0)  # fmt: skip
     assert s.return_s == 1800.0  # the product's healthy_after_s
-    runs = {}
-    for return_s in (0.0, s.return_s):
-        d = _Day(
-            day, [], dataclasses.replace(s, return_s=return_s), Levers(isolation=True, lemon=True)
-        )
-        runs[return_s] = (d.run(), d.taken_out["n0"], d.out_until["n0"])
-    before, now = runs[0.0], runs[1800.0]
-    assert before[1:] == ([1000.0, 1070.0, 1140.0], math.inf)  # three take-outs: a lemon
-    assert now[1:] == ([1000.0], 1200.0 + 1800.0)  # one, back 1,800 s after the last flap
-    plain = simulate(day, [], s, Levers(isolation=True))
-    assert now[0].total_s == plain.total_s == 10_800.0
-    assert before[0].total_s - plain.total_s == 18_436.0  # n1's outage waited out, no spare
+    d = _Day(day, [], s, Levers(isolation=True, lemon=True))
+    lemon = d.run()
+    assert d.taken_out["n0"] == [1000.0] and d.out_until["n0"] == 1200.0 + 1800.0
+    assert lemon.total_s == simulate(day, [], s, Levers(isolation=True)).total_s == 10_800.0
+
+
+def test_a_spare_that_vanishes_is_not_drained_and_never_a_lemon() -> None:
+    """The shipped ``node-silent`` policy only notifies; a vanished node is drained only when
+    it stops the job (``job-stopped-culprit``). The model drained a vanished spare too, so a
+    spare whose slurmd dropped three times in a day was a lemon (a review's case)."""
+    spare = [Outage("n3", a, a + 60.0, "node_down", slurm_sees=True) for a in (1000, 2950, 4900)]
+    day = [*spare, Outage("n0", 8000.0, 15_000.0, "xid79", slurm_sees=False),
+           Outage("n1", 9000.0, 15_000.0, "xid79", slurm_sees=False)]  # fmt: skip
+    s = _setup(lemon_count=3, lemon_window_s=86_400.0, return_s=1800.0)
+    d = _Day(day, [], s, Levers(isolation=True, lemon=True))
+    with_lemon = d.run()
+    assert "n3" not in d.taken_out and "n3" not in d.out_until
+    assert with_lemon.total_s == simulate(day, [], s, Levers(isolation=True)).total_s
+
+
+def test_a_drain_the_cap_refuses_waits_for_room() -> None:
+    """The engine keeps a plan the blast-radius cap refuses waiting (``pending_expire_s``) and
+    runs it when room frees; the model dropped it, so the job landed on the broken node again
+    and again (a review's case: 633 failed starts). Spares n2 and n3 break at 1,000 s and are
+    back at 2,900 s (repaired at 1,100, then 1,800 s); n0 breaks for good at 2,200 s."""
+    day = [Outage(n, 1000.0, 1100.0, "xid79", slurm_sees=False) for n in ("n2", "n3")]
+    day += [Outage("n0", 2000.0, 2100.0, "xid79", slurm_sees=False),
+            Outage("n0", 2200.0, 19_000.0, "xid79", slurm_sees=False)]  # fmt: skip
+    s = _setup(return_s=1800.0)  # max_out 2: n2 and n3 fill it until 2,900 s
+    d = _Day(day, [], s, Levers(isolation=True))
+    b = d.run()
+    assert d.out_from["n0"] == 2900.0 and d.out_until["n0"] == 19_000.0 + 1800.0
+    assert d.taken_out["n0"] == [2900.0]  # the two refused plans are one drain, when room freed
+    # until then the job starts on n0 and fails (every fail_s); after, it runs elsewhere
+    assert 0 < b.failed_starts <= (2900 - 2000) / s.fail_s + 1
+    expired = _Day(day, [], dataclasses.replace(s, pending_expire_s=600.0), Levers(isolation=True))
+    expired.run()
+    assert "n0" not in expired.taken_out  # waited past pending_expire_s: dropped
 
 
 def test_a_predicted_nodes_drain_lasts_until_it_is_healthy_again() -> None:
