@@ -29,16 +29,18 @@ when its restart ended (seed 7419 showed it; the model now places it when Slurm 
 fails a start on a broken GPU ``fail_s`` in, and loses the engine's save to a fault during
 it); 7601-7620 were the last with a drained node back at its repair (seed 7610's slurmd,
 flapping three times in minutes, made a lemon for the day: looked at after the run; a node
-is now back ``Setup.return_s`` after its repair, when the product would return it), and
-7801-7820 measure the model as it is: all of these but 7801-7820 have been looked at now.
+is now back ``Setup.return_s`` after its repair, when the product would return it);
+7801-7820 were the last with a vanished spare drained and a drain the blast-radius cap refused
+dropped (a review of the change before found both), and 8001-8020 measure the model as it is:
+all of these but 8001-8020 have been looked at now.
 
 It also prints a BOUND, not a result: the same levers with a perfect predictor (an alert
 :data:`ORACLE_LEAD_S` before every fatal fault, taken from the scenario's ground truth), to
 tell how much of the gap to the targets is the predictor's and how much the levers' own.
 
 Default seeds 200-219: development seeds (re-run and published while the levers were changed,
-issue 40). Fresh seeds 7001-7020, 7301-7320, 7401-7420, 7601-7620 and 7801-7820 were each
-drawn once for a result, reported in docs/BENCHMARKS.md; nothing may be tuned on them (a
+issue 40). Fresh seeds 7001-7020, 7301-7320, 7401-7420, 7601-7620, 7801-7820 and 8001-8020
+were each drawn once for a result, reported in docs/BENCHMARKS.md; nothing may be tuned on them (a
 change made after them needs new ones).
 The levers model was built and checked on seeds 100-119 (and docs/BACKTEST.md's seeds 2, 3, 10
 and 11); the predictor was trained on predictor-day seeds 1-8.

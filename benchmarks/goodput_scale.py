@@ -29,17 +29,17 @@ hourly, the engine's ``max_nodes_out`` raised to its ``max_fraction_out`` (10 % 
 the default of 2 nodes would stop isolation at this scale), ``lemon_window_s`` a week, and the
 cadence prior StepFun's rate uncompressed (``prior_scale = 1``).
 
-Default seeds: weeks drawn from 7901-7920 and the predictor measured on backtest days
-7801-7820, both FRESH when first run (2026-11-27, issue 40) and reported once, with the levers
-model as it is (a drained node back ``return_s`` after its repair); the predictor was trained
-on predictor-day seeds 1-8. Earlier runs are development seeds now: 7001-7020 (ceaeb62; the
+Default seeds: weeks drawn from 8301-8320 and the predictor measured on backtest days
+8001-8020, both FRESH when first run (2026-11-27, issue 40) and reported once, with the levers
+model as it is; the predictor was trained on predictor-day seeds 1-8. Earlier runs are development seeds now: 7001-7020 (ceaeb62; the
 levers model changed after those backtest days were looked at), weeks 7501-7520 with the
 predictor on 7401-7420 (b80766e, before three reviews changed the model) and weeks 7701-7720
-with the predictor on 7601-7620 (7cfe6e8, drained nodes back at their repair). A change made
-after looking at a run needs new seeds.
+with the predictor on 7601-7620 (7cfe6e8, drained nodes back at their repair) and weeks
+7901-7920 with the predictor on 7801-7820 (d72dbb2, vanished spares drained and drains the cap
+refused dropped). A change made after looking at a run needs new seeds.
 
     uv run python -m benchmarks.goodput_scale [--job-nodes 128,1024,2048] [--days 7]
-        [--seeds 7901-7920] [--measure-seeds 7801-7820] [--cache DIR]
+        [--seeds 8301-8320] [--measure-seeds 8001-8020] [--cache DIR]
 
 Last line: ``saved_pct_<nodes>=<median> ...`` for each job size (every lever against reactive).
 """
@@ -155,8 +155,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--job-nodes", type=sizes_arg, default=sizes_arg("128,1024,2048"))
     ap.add_argument("--days", type=float, default=7.0)
-    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("7901-7920"))
-    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("7801-7820"))
+    ap.add_argument("--seeds", type=seeds_arg, default=seeds_arg("8301-8320"))
+    ap.add_argument("--measure-seeds", type=seeds_arg, default=seeds_arg("8001-8020"))
     ap.add_argument(
         "--cache", type=Path, default=None, help="the alert files of benchmarks.goodput"
     )
