@@ -31,12 +31,13 @@ cadence prior StepFun's rate uncompressed (``prior_scale = 1``).
 
 Default seeds: weeks drawn from 8301-8320 and the predictor measured on backtest days
 8001-8020, both FRESH when first run (2026-11-27, issue 40) and reported once, with the levers
-model as it is; the predictor was trained on predictor-day seeds 1-8. Earlier runs are development seeds now: 7001-7020 (ceaeb62; the
-levers model changed after those backtest days were looked at), weeks 7501-7520 with the
-predictor on 7401-7420 (b80766e, before three reviews changed the model) and weeks 7701-7720
-with the predictor on 7601-7620 (7cfe6e8, drained nodes back at their repair) and weeks
-7901-7920 with the predictor on 7801-7820 (d72dbb2, vanished spares drained and drains the cap
-refused dropped). A change made after looking at a run needs new seeds.
+model as it is; the predictor was trained on predictor-day seeds 1-8. Earlier runs are
+development seeds now: 7001-7020 (ceaeb62; the levers model changed after those backtest days
+were looked at); weeks 7501-7520 with the predictor on 7401-7420 (b80766e, before three reviews
+changed the model); weeks 7701-7720 with the predictor on 7601-7620 (7cfe6e8, drained nodes
+back at their repair); weeks 7901-7920 with the predictor on 7801-7820 (d72dbb2, vanished
+spares drained and drains the cap refused dropped). A change made after looking at a run needs
+new seeds.
 
     uv run python -m benchmarks.goodput_scale [--job-nodes 128,1024,2048] [--days 7]
         [--seeds 8301-8320] [--measure-seeds 8001-8020] [--cache DIR]

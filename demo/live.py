@@ -93,8 +93,9 @@ class Settings:
     def __post_init__(self) -> None:
         # node_silent is confirmed by two analyses running; a sink that waits longer than an
         # analysis interval to send again after an InfluxDB outage is named silent (CI met it
-        # once with the product's 30 s against analyses every 15 s: about 5 % of outages per
-        # node, replayed in tests/test_live_silence.py)
+        # once with the product's 30 s against analyses every 15 s: up to about 5 % of outages
+        # per node, replayed in tests/test_live_silence.py; any backoff under the interval
+        # cannot be seen twice, and the flush is margin)
         if self.sink_backoff_max_s + SINK_FLUSH_S >= self.analyze_every_s:
             raise ValueError(
                 f"sink_backoff_max_s ({self.sink_backoff_max_s:g} s) plus a flush "

@@ -5,6 +5,11 @@ named ``node_silent``. Once in CI a healthy node was named too: its sink, backin
 jitter up to the product's 30 s, sent again only after two analyses (15 s apart) had each seen
 it silent for more than the loop's 10 s. This replays that race with the sink's own
 :class:`Backoff` and the analyze service's own :class:`Confirmed`, over many random draws.
+What it leaves out, each of which makes the rate it finds an upper bound or leaves it as is:
+the service's guard that names no node when more than half are silent at once (with four nodes,
+one killed, two silent are not more than half), a server's ``Retry-After`` (influxd's restart
+sends none), and the request timeout. With any backoff under the analysis interval no node can
+be seen silent twice, by the arithmetic; the draws show it, not prove it.
 """
 
 from __future__ import annotations
