@@ -265,8 +265,8 @@ class _Day:
 
     def next_change(self, t: float) -> float:
         """The first time after ``t`` where what :meth:`place` and :meth:`start_fails` see can
-        change: an outage begins or ends, a drain ends, a person's drain begins or ends (else
-        the day's end)."""
+        change: an outage begins or ends, a drain begins (one that waited for room) or ends, a
+        person's drain begins or ends (else the day's end)."""
         times = [x for o in self.outages for x in (o.at_s, o.until_s) if x > t]
         times += [u for u in self.out_until.values() if u > t]
         times += [f for f in self.out_from.values() if f > t]
@@ -287,7 +287,8 @@ class _Day:
 
     def may_act(self, node: str, t: float) -> bool:
         """Whether the engine's guards let a risk alert act on ``node``: not within
-        ``cooldown_s`` of the last time, and (when it drains) not past the blast-radius cap."""
+        ``cooldown_s`` of the last time, and (when it drains) not past the blast-radius cap
+        (an alert the cap refuses only notifies; the engine would queue its plan: a limit)."""
         acted = self.taken_out.get(node, []) + self.saved_on.get(node, [])
         if any(0 <= t - x < self.s.cooldown_s for x in acted):
             return False
@@ -309,7 +310,9 @@ class _Day:
         cap (no more than ``max_out`` nodes out at once, counted as :meth:`out_at` does): a
         drain the cap refuses waits until room frees, up to ``pending_expire_s`` (the drains
         that wait are released oldest first, as the engine's are; one asked for later finds
-        the room taken). A lemon stays out for good. False: not done."""
+        the room taken; a limit: the room a waiting drain found is not checked again when a
+        later drain comes first, so the cap can be passed, and a drain released while the job
+        runs on the node does not requeue it). A lemon stays out for good. False: not done."""
         out = self.out_at(t)
         if node not in out and len(out) >= self.s.max_out:
             limit = min(t + self.s.pending_expire_s, until_s)
