@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import logging
 import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -25,9 +26,13 @@ from gpuwarden.core.config import ConfigError, merge_config, read_toml
 from gpuwarden.core.names import TemplateError, check_argv_template
 from gpuwarden.remediation.adapters import ADAPTERS
 from gpuwarden.remediation.engine import EngineSettings
+from gpuwarden.remediation.holds import EXPIRED_KIND
 from gpuwarden.remediation.identity import Identity, load_identities
+from gpuwarden.remediation.model import ActionKind
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
+
+log = logging.getLogger("gpuwarden.remediation.config")
 
 
 def adapter_defaults(name: str) -> dict[str, Any]:
@@ -62,6 +67,10 @@ ENGINE = {
     "return_requires": "check",
     "return_check_command": [],
     "return_check_timeout_s": 900.0,
+    # a node taken out on one of these kinds (a prediction, not a fault) is held out for the
+    # prediction's horizon, at most max_prediction_hold_s, then offered back (remediation.holds)
+    "predicted_kinds": ["failure_risk"],
+    "max_prediction_hold_s": 86400.0,
     "workers": 4,
     "spares": 0,
     "tick_s": 5.0,
@@ -163,6 +172,8 @@ class RemediationConfig:
             return_requires=e["return_requires"],
             return_check_command=tuple(e["return_check_command"]),
             return_check_timeout_s=e["return_check_timeout_s"],
+            predicted_kinds=tuple(e["predicted_kinds"]),
+            max_prediction_hold_s=e["max_prediction_hold_s"],
             notify_adapter=e["notify_adapter"],
             checkpoint_adapter=e["checkpoint_adapter"],
             node_adapter=e["node_adapter"],
@@ -218,6 +229,16 @@ def load_config(
         raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
     if e["return_requires"] not in ("check", "command", "approval", "none"):
         raise ConfigError("engine.return_requires must be check, command, approval or none")
+    if not e["max_prediction_hold_s"] > 0:
+        raise ConfigError("engine.max_prediction_hold_s must be > 0")
+    if e["predicted_kinds"] and not any(
+        EXPIRED_KIND in p.kinds and ActionKind.UNCORDON in p.actions for p in policies
+    ):
+        log.warning(
+            "no policy answers %s with uncordon: a node taken out on a prediction (%s) stays "
+            "out after its hold ends until a person returns it; add the shipped "
+            "prediction-expired policy", EXPIRED_KIND, ", ".join(e["predicted_kinds"]),
+        )  # fmt: skip
     if e["return_requires"] == "command" and not e["return_check_command"]:
         raise ConfigError("engine.return_requires = 'command' needs return_check_command")
     try:  # ssh must see '--' before {node}: refused here, before the engine serves

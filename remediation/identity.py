@@ -68,6 +68,9 @@ ANALYTICS_KINDS = (
     "straggler",
 )
 RETURN_KINDS = frozenset({"node_healthy"})
+#: the engine's own findings: no sender may send one (a forged ``prediction_expired`` would
+#: offer a held node back, :mod:`remediation.holds`)
+ENGINE_KINDS = frozenset({"prediction_expired"})
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._-]{0,127}")
 _KEYS = {"name", "kind", "secret_file", "node", "kinds", "cert_names"}
 
@@ -167,6 +170,8 @@ class Principal:
     def refuses(self, kind: str, node: str, returns_node: bool) -> str:
         """Why this principal may not send a finding of ``kind`` about ``node`` ("" if it may);
         ``returns_node``: the finding would put its node back in service."""
+        if kind in ENGINE_KINDS:
+            return f"{kind} is the engine's own finding: no sender may send it"
         if self.kind == "shared":
             return ""
         if returns_node and not (self.kind == "agent" and node and node == self.node):

@@ -14,6 +14,13 @@ Every plan that took a node out (a ``cordon`` or ``drain`` done for real, with t
 * ``unknown``: ``quick_pass_s + clean_window_s`` passed (after its return, ``clean_window_s``)
   with neither.
 
+A removal on a *prediction* (its plan carries ``hold_s``: :mod:`remediation.holds`) is judged by
+whether the predicted fault came, not by a check: a passing check says the node works now, and
+a prediction is about the hours after. It is ``confirmed`` by a fault (as above) while the node
+is out or within ``hold_s`` after its return, or by a failed check; ``refuted`` once it
+returned and ran ``hold_s`` (the horizon it was held for) with no fault; ``unknown`` as above.
+A prediction is never itself the fault that confirms a removal.
+
 The verdicts are derived from the journal alone: :class:`Outcomes` reads the audit log from
 where it left off (the whole log on start), so an engine restarted mid-window decides the same
 outcome from the same records, and an ``outcome`` record read back closes its plan for good:
@@ -39,6 +46,7 @@ from typing import Any
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog
 from gpuwarden.remediation.clock import Clock
+from gpuwarden.remediation.holds import Holds, hold_of, is_prediction
 from gpuwarden.remediation.policy import Policy
 
 VERDICTS = ("confirmed", "refuted", "unknown")
@@ -75,6 +83,8 @@ class Open:
     cluster: str = ""
     passed_mono: float | None = None
     returned_mono: float | None = None
+    hold_s: float = 0.0
+    """A prediction's removal: how long it held the node (0.0: a fault's removal)."""
     known: tuple[str, dict[str, Any]] | None = None
     """The verdict a record showed (the first one), written once the whole batch is read:
     a journal read after a restart may hold the ``outcome`` record further on."""
@@ -99,15 +109,17 @@ class Outcomes:
     demoted: dict[str, str] = field(default_factory=dict)
     """Policies now demoted, and why."""
     _offset: int = 0
-    _plans: dict[str, tuple[str, str, str, list[str], float]] = field(default_factory=dict)
+    _plans: dict[str, tuple[str, str, str, list[str], float, float]] = field(default_factory=dict)
     """action id → (plan id, policy, kind, the plan's cordon/drain/requeue action ids, when
-    decided): until its plan takes the node out and is decided, or ``quick_pass_s +
-    clean_window_s`` after a plan that never did."""
+    decided, the plan's ``hold_s``): until its plan takes the node out and is decided, or
+    ``quick_pass_s + clean_window_s`` after a plan that never did."""
     on_outcome: Callable[[dict[str, Any]], None] | None = None
     """Called with each ``outcome`` record this process writes (InfluxDB, by the CLI)."""
     cluster: str = "default"
     """The cluster of the last plan seen (the subject of a ``policy_demoted`` finding)."""
     _forgot_at: float = float("-inf")
+    holds: Holds | None = None
+    """Fed every record read (:mod:`remediation.holds`: the nodes a prediction holds out)."""
 
     def __post_init__(self) -> None:
         self.by_name = {p.name: p for p in self.policies}
@@ -178,16 +190,19 @@ class Outcomes:
                 del self._plans[action_id]
 
     def _observe(self, r: Mapping[str, Any], t: float, mono: float) -> None:
+        if self.holds is not None:
+            self.holds.observe(r, t, mono)
         event, node = r.get("event"), str(r.get("node", ""))
         if event == "decision" and r.get("policy") not in ("", "undo", None):
             self._on_decision(r, mono)
+            hold = hold_of(r.get("plan"))
             plan = [a for a in r.get("plan") or [] if a.get("action") in FOLLOWING]
             ids = [str(a.get("action_id")) for a in plan]
             for a in plan:
                 self.cluster = str(a.get("cluster") or self.cluster)
                 kind = str((a.get("params") or {}).get("kind", ""))
                 self._plans[str(a.get("action_id"))] = (
-                    str(r.get("finding_id")), str(r.get("policy")), kind, ids, mono
+                    str(r.get("finding_id")), str(r.get("policy")), kind, ids, mono, hold
                 )  # fmt: skip
         elif event == "outcome":
             plan_id = str(r.get("plan_id", ""))
@@ -221,10 +236,11 @@ class Outcomes:
         action, ok = r.get("action"), r.get("outcome") == "ok" and not r.get("dry_run")
         known = self._plans.get(str(r.get("action_id", "")))
         if action in REMOVING and ok and known is not None:
-            plan_id, policy, kind, ids, _ = known
+            plan_id, policy, kind, ids, _, hold = known
             if plan_id not in self.open and plan_id not in self.decided:
                 cluster = str(r.get("cluster", ""))
-                self.open[plan_id] = Open(plan_id, policy, kind, node, ids, t, mono, cluster)
+                self.open[plan_id] = Open(plan_id, policy, kind, node, ids, t, mono, cluster,
+                                          hold_s=hold)  # fmt: skip
         elif action == "uncordon":
             for o in self._open_on(node):
                 message = str(r.get("message", ""))
@@ -245,6 +261,7 @@ class Outcomes:
                 self._know(o, "confirmed", {"why": why, "finding": r.get("finding_id")})
             elif (
                 kind == "node_healthy"
+                and not o.hold_s  # a check does not refute a prediction
                 and o.passed_mono is None
                 and mono - o.removed_mono <= self.settings.quick_pass_s
                 and _passed_after(evidence, o.removed_wall)
@@ -253,18 +270,23 @@ class Outcomes:
 
     def _on_decision(self, r: Mapping[str, Any], mono: float) -> None:
         """A new fault: a finding about the node that a node-removing policy matched (whatever
-        the guards then made of it), within ``clean_window_s`` after the node returned."""
+        the guards then made of it; a prediction is not a fault), within ``clean_window_s``
+        after the node returned; for a prediction's removal, while the node is out or within
+        its ``hold_s`` after it returned."""
         policy = self.by_name.get(str(r.get("policy", "")))
         if policy is None or not set(map(str, policy.actions)) & set(REMOVING):
             return
-        if r.get("verdict") in ("duplicate", "queue_full"):
+        if r.get("verdict") in ("duplicate", "queue_full") or is_prediction(r):
             return
         node = str(r.get("node", ""))
         for o in self._open_on(node):
             back = o.returned_mono
-            if r.get("finding_id") == o.plan_id or back is None:
+            if r.get("finding_id") == o.plan_id:
                 continue
-            if mono - back <= self.settings.clean_window_s:
+            if o.hold_s and back is None:
+                why = f"{node} faulted ({policy.name}) while out on the prediction"
+                self._know(o, "confirmed", {"why": why, "finding": r.get("finding_id")})
+            elif back is not None and mono - back <= (o.hold_s or self.settings.clean_window_s):
                 why = f"{node} faulted again ({policy.name}) {mono - back:.0f} s after it returned"
                 self._know(o, "confirmed", {"why": why, "finding": r.get("finding_id")})
 
@@ -276,7 +298,15 @@ class Outcomes:
     def _due(self, o: Open, now: float) -> tuple[str, dict[str, Any]]:
         """The verdict the time alone now gives ``o`` (``""``: none yet)."""
         s = self.settings
-        if o.returned_mono is not None and now - o.returned_mono >= s.clean_window_s:
+        if o.hold_s and o.returned_mono is not None and now - o.returned_mono >= o.hold_s:
+            why = (f"no fault while out, nor in the {o.hold_s:g} s after its return (the "
+                   "prediction's horizon)")  # fmt: skip
+            return "refuted", {"why": why}
+        if (
+            not o.hold_s
+            and o.returned_mono is not None
+            and now - o.returned_mono >= s.clean_window_s
+        ):
             if o.passed_mono is not None:
                 why = (f"passed its check {o.passed_mono - o.removed_mono:.0f} s after removal "
                        f"and ran clean {s.clean_window_s:g} s")  # fmt: skip

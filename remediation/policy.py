@@ -395,6 +395,14 @@ DEFAULT_POLICIES: tuple[dict[str, Any], ...] = (
         "kinds": ["node_healthy"],
         "actions": ["uncordon"],
     },
+    # the engine's own finding when a prediction's hold on a node ends with no fault
+    # (remediation.holds): tell people, and return the node through the return guards (with
+    # return_requires = "check" it waits for a passing check newer than the hold's end)
+    {
+        "name": "prediction-expired",
+        "kinds": ["prediction_expired"],
+        "actions": ["notify", "uncordon"],
+    },
 )
 
 

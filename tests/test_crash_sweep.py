@@ -11,6 +11,9 @@ The job is a stand-in (SIMULATED work: it sleeps per step) speaking the real che
 protocol; the finding is CONSTRUCTED; slurmctld, the slurmds, the drain and the requeue are
 real. "Exactly once" is read from Slurm (the job's restart count, the node's drain) and from the
 job's own log (one checkpoint), not from the engine's word.
+
+The same for the offer back of a node a prediction held (:mod:`remediation.holds`): killed at
+each boundary of the offer's four records, the restarted engine returns the node once.
 """
 
 from __future__ import annotations
@@ -20,9 +23,11 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -88,22 +93,33 @@ def log_lines(work: Path) -> list[list[str]]:
     return [ln.split() for ln in path.read_text().splitlines()] if path.exists() else []
 
 
+SWEEP_POLICY = (
+    '[[policy]]\nname = "sweep"\nkinds = ["failure_risk"]\n'
+    'actions = ["checkpoint", "drain", "requeue"]\n'
+)
+
+
 class Serve:
     """``gpuwarden remediate serve`` on the real Slurm, live, no notifications."""
 
-    def __init__(self, slurm: LocalSlurm, work: Path, crash_at: str = "") -> None:
+    def __init__(
+        self,
+        slurm: LocalSlurm,
+        work: Path,
+        crash_at: str = "",
+        policies: str = SWEEP_POLICY,
+        engine: str = "",
+    ) -> None:
         self.port = free_port()
         (work / "token").write_text(TOKEN)
         config = work / "remediation.toml"
         config.write_text(
             f'[engine]\nlisten = "127.0.0.1:{self.port}"\ntoken_file = "{work}/token"\n'
             f'audit_log = "{work}/audit.jsonl"\ndry_run = false\nnotify_adapter = ""\n'
-            'tick_s = 0.2\n'
+            'tick_s = 0.2\n' + engine +
             '[guards]\nmax_nodes_out = 4\nmax_fraction_out = 1.0\n'
             f'[slurm]\nconf = "{slurm.conf}"\ncheckpoint_dir = "{work}/ckpt"\n'
-            'checkpoint_timeout_s = 30.0\n'
-            '[[policy]]\nname = "sweep"\nkinds = ["failure_risk"]\n'
-            'actions = ["checkpoint", "drain", "requeue"]\n'
+            'checkpoint_timeout_s = 30.0\n' + policies
         )  # fmt: skip
         # PYTHONFAULTHANDLER: an engine that will not stop is ended with SIGABRT (below), which
         # then prints every thread's stack to its log
@@ -226,3 +242,62 @@ def test_a_crash_at_any_boundary_loses_nothing_and_repeats_nothing(
 def test_the_sweep_covers_every_record_of_the_plan() -> None:
     """16 points: before and after each of the plan's 8 records."""
     assert len(POINTS) == 2 * RECORDS == 16
+
+
+# -- the offer back after a prediction's hold (remediation.holds) --------------------------------
+
+#: the engine runs the return check itself (a check that passes: the node is fine)
+HOLD_ENGINE = 'return_requires = "command"\nreturn_check_command = ["true"]\n'
+HOLD_POLICIES = (
+    '[[policy]]\nname = "predicted"\nkinds = ["failure_risk"]\nactions = ["drain"]\n'
+    '[[policy]]\nname = "prediction-expired"\nkinds = ["prediction_expired"]\n'
+    'actions = ["uncordon"]\n'
+)
+#: the drain writes records 1-4 (finding, decision, intent, action); the offer at the hold's
+#: end 5-8 (its finding, decision, and the uncordon's intent and action)
+OFFER_POINTS = [f"{where}:{n}" for n in range(5, 9) for where in ("before", "after")]
+
+
+@pytest.mark.parametrize("crash_at", OFFER_POINTS)
+def test_a_crash_while_a_held_node_is_offered_back_returns_it_once(
+    slurm: LocalSlurm, tmp_path: Path, crash_at: str
+) -> None:
+    """A node drained on a prediction with a 2 s horizon (CONSTRUCTED): the engine offers it
+    back when the hold ends, and is SIGKILLed at each boundary of that offer. Restarted, it
+    returns the node exactly once: one ``prediction_expired`` decided, one uncordon recorded
+    done, and Slurm shows the node back in service."""
+    slurm.run("scontrol", "update", f"NodeName={NODE}", "State=RESUME", check=False)
+    poll(lambda: not node_flags(slurm)[0].startswith(("DRAIN", "IDLE+DRAIN")), 60, "resumed")
+    finding = replace(risk(NODE), evidence={"horizon_s": 2.0})
+    body = json.dumps(finding.to_json()).encode()
+    doomed = Serve(slurm, tmp_path, crash_at, HOLD_POLICIES, HOLD_ENGINE)
+    try:
+        assert doomed.post(body) == 202
+        doomed.proc.wait(timeout=120)
+    finally:
+        doomed.stop()
+    assert doomed.proc.returncode == -signal.SIGKILL, f"never reached {crash_at}"
+
+    audit = tmp_path / "audit.jsonl"
+
+    def returned() -> bool:
+        return any(
+            r["event"] == "action" and r["action"] == "uncordon" and r["outcome"] == "ok"
+            for r in read_records(audit)
+        )
+
+    engine = Serve(slurm, tmp_path, policies=HOLD_POLICIES, engine=HOLD_ENGINE)
+    try:
+        poll(returned, 120, "the held node returned")
+        time.sleep(1.0)  # ticks go on (0.2 s): a second offer would show here
+    finally:
+        engine.stop()
+    records = list(read_records(audit))
+    offers = [
+        r for r in records if r["event"] == "decision" and r["policy"] == "prediction-expired"
+    ]
+    assert [r["verdict"] for r in offers] == ["act"], (crash_at, offers)
+    ok = [r for r in records if r["event"] == "action" and r["outcome"] == "ok"]
+    assert [r["action"] for r in ok] == ["drain", "uncordon"], (crash_at, ok)
+    state, _ = node_flags(slurm)
+    assert "DRAIN" not in state, state

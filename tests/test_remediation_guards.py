@@ -26,7 +26,10 @@ def make_engine(
 ) -> tuple[Engine, RecordingAdapter, RecordingAdapter]:
     sched = RecordingAdapter("slurm", NODES)
     notes = RecordingAdapter("webhook")
-    base = {"dry_run": False, "cooldown_s": 0.0, "actions_per_minute": 10_000}
+    # predicted_kinds=(): these tests return nodes a risk finding took out, to test the other
+    # guards; the prediction's hold is tests/test_prediction_holds.py's
+    base = {"dry_run": False, "cooldown_s": 0.0, "actions_per_minute": 10_000,
+            "predicted_kinds": ()}  # fmt: skip
     engine = Engine(
         POLICIES,
         {"slurm": sched, "webhook": notes},
@@ -286,7 +289,8 @@ def _clocked(tmp: Path, now: list[float], **overrides: object):
     sched = RecordingAdapter("slurm", NODES)
     notes = RecordingAdapter("webhook")
     base = {"dry_run": False, "actions_per_minute": 10_000, "max_nodes_out": 5,
-            "max_fraction_out": 1.0, "approval": (), "return_requires": "none"}  # fmt: skip
+            "max_fraction_out": 1.0, "approval": (), "return_requires": "none",
+            "predicted_kinds": ()}  # fmt: skip
     engine = Engine(
         POLICIES,
         {"slurm": sched, "webhook": notes},
@@ -385,6 +389,7 @@ def test_a_released_plan_meets_every_guard_again(tmp_path: Path) -> None:
             actions_per_minute=3,
             max_nodes_out=5,
             max_fraction_out=1.0,
+            predicted_kinds=(),  # the rate limit's test; the hold: tests/test_prediction_holds.py
         ),
         clock=lambda: now[0],
     )

@@ -8,6 +8,7 @@ cut down to a notification is the guards' call (:mod:`.guard`), not this module'
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -77,6 +78,14 @@ class EngineSettings:
     workers: int = 4
     outcomes: OutcomeSettings = field(default_factory=OutcomeSettings)
     """When each removal's outcome is decided; precision's window (:mod:`remediation.outcomes`)."""
+    predicted_kinds: tuple[str, ...] = ("failure_risk",)
+    """Finding kinds that predict a fault rather than report one. A node taken out on one is
+    held out for the prediction's horizon (its evidence's ``horizon_s``) and then offered
+    back (:mod:`remediation.holds`); its outcome is judged by whether the fault came, not by
+    a check (:mod:`remediation.outcomes`)."""
+    max_prediction_hold_s: float = 86400.0
+    """The longest a prediction holds a node out: a larger ``horizon_s`` is cut to this, and a
+    prediction that states none (or not a positive number) holds this long."""
 
     @property
     def journal_retain_s(self) -> float:
@@ -89,6 +98,7 @@ class EngineSettings:
             self.cooldown_s,
             self.lemon_window_s,
             self.pending_expire_s,
+            self.max_prediction_hold_s,
             o.window_s,
             2 * (o.quick_pass_s + o.clean_window_s),
         )
@@ -101,6 +111,7 @@ class Decision:
     """``act``, ``dry_run``, ``duplicate``, ``no_policy``, ``cooldown``, ``not_ours``,
     ``demoted`` (the policy's precision fell below its ``min_precision``: notify only),
     ``unchecked`` (a return to service without the passing check it needs: notify only),
+    ``held`` (a return to service while a prediction holds the node out: notify only),
     ``approval``, ``lemon`` (a node taken out too often waits for an operator to return it),
     ``blast_radius``, ``rate_limited`` or ``failed`` (no such adapter)."""
     policy: str = ""
@@ -124,6 +135,8 @@ def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> 
         ActionKind.CHECKPOINT_INTERVAL: s.checkpoint_adapter,
     }
     params: dict[str, object] = {"kind": finding.kind, "subject": dict(finding.subject)}
+    if finding.kind in s.predicted_kinds:
+        params["hold_s"] = prediction_hold(finding, s)
     if kind is ActionKind.CHECKPOINT_INTERVAL and "advised_interval_s" in finding.evidence:
         params["interval_s"] = finding.evidence["advised_interval_s"]
     return Action(
@@ -137,6 +150,24 @@ def action_for(kind: ActionKind, finding: Finding, settings: EngineSettings) -> 
         severity=str(finding.severity),
         params=params,
     )
+
+
+def prediction_hold(finding: Finding, settings: EngineSettings) -> float:
+    """How long a node taken out on the prediction ``finding`` stays out before it is offered
+    back: the horizon the prediction states (``evidence.horizon_s``), at most
+    ``max_prediction_hold_s``; a horizon that is missing or not a positive finite number (a
+    broken or hostile sender) holds the longest."""
+    longest = settings.max_prediction_hold_s
+    horizon = finding.evidence.get("horizon_s")
+    if isinstance(horizon, bool) or not isinstance(horizon, int | float):
+        return longest
+    try:
+        value = float(horizon)
+    except OverflowError:  # an integer too large for a float (JSON has no limit)
+        return longest
+    if not math.isfinite(value) or value <= 0:
+        return longest
+    return min(value, longest)
 
 
 def plan(

@@ -12,6 +12,7 @@ import logging
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from gpuwarden.remediation.engine.execute import Executor, OnAction, Stats
 from gpuwarden.remediation.engine.guard import Guards
 from gpuwarden.remediation.engine.spares import Spares
 from gpuwarden.remediation.errors import RemediationError
+from gpuwarden.remediation.holds import EXPIRED_KIND, Hold, Holds
 from gpuwarden.remediation.model import (
     REMOVING,
     Action,
@@ -51,6 +53,8 @@ log = logging.getLogger("gpuwarden.remediation.engine")
 FACTS_TTL_S = 60.0
 COMPACT_RETRY_S = 300.0
 """After a compaction failed (a full disk, a lost lease), the next try waits this long."""
+OFFER_RETRY_S = 300.0
+"""An offer back of a held node that found the queue full is tried again this much later."""
 COMPACT_MARGIN_S = 86400.0
 """A finding this much newer than the compacted journal's horizon is still refused: its sender's
 clock may run ahead of the engine's."""
@@ -96,7 +100,9 @@ class Engine:
         self.stats = Stats()
         self._lock = threading.RLock()
         self._closed = False
-        self.guards = Guards(self.settings, self.adapters, self.memory, clock)
+        removing = {p.name for p in self.policies if set(p.actions) & REMOVING}
+        self.holds = Holds(removing.__contains__)
+        self.guards = Guards(self.settings, self.adapters, self.memory, clock, self.holds)
         self.waiting = PendingPlans()
         self.executor = Executor(
             self.adapters,
@@ -117,8 +123,9 @@ class Engine:
         for p in self.memory.waiting:
             self._restore_waiting(p)
         self.outcomes = Outcomes(
-            audit, self.policies, clock, self.settings.outcomes, on_outcome=on_outcome
-        )
+            audit, self.policies, clock, self.settings.outcomes, on_outcome=on_outcome,
+            holds=self.holds,
+        )  # fmt: skip
         self._compacted_size = compacted_size(Path(audit.path))
         self._compact_retry_at = 0.0
         self._compactor: threading.Thread | None = None
@@ -242,11 +249,14 @@ class Engine:
             node=node,
             why=d.why,
             **({"plan": [a.journal() for a in d.actions]} if d.verdict != "duplicate" else {}),
+            # a prediction, whatever its plan was cut to (remediation.holds.is_prediction)
+            **({"predicted": True} if finding.kind in self.settings.predicted_kinds else {}),
         )
         if d.verdict != "queue_full":  # not queued: the same finding sent again is decided again
             self.memory.saw(finding.id, self.clock.wall())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
-        if d.verdict in ("act", "dry_run", "cooldown", "not_ours", "demoted"):
+        if d.verdict in ("act", "dry_run", "cooldown", "not_ours", "unchecked", "held",
+                         "demoted"):  # fmt: skip
             reserved = self.guards.started(d, node)
             dry_run = d.verdict == "dry_run"
             # after a real drain the scheduler's own view shows the node out; a dry run keeps
@@ -376,7 +386,8 @@ class Engine:
 
     def tick(self) -> list[Decision]:
         """Release queued plans the blast radius or the rate limit now allows (oldest first);
-        top up the hot-spare pool. A released plan meets every guard again, as when it came
+        top up the hot-spare pool; offer back each node whose prediction hold has ended
+        (:mod:`remediation.holds`). A released plan meets every guard again, as when it came
         (unless an operator approved it): the node may have been taken out again, or acted on,
         while it waited, and what the guards say now is what happens (a notification, a wait
         for an operator). It stays queued only while the blast radius or rate limit holds it."""
@@ -385,6 +396,15 @@ class Engine:
         with self._lock:
             self._require_open()
             self._absorb()
+            now = self.clock.mono()
+            for hold in self.holds.due(now, self.memory.compacted_horizon):
+                d = self.submit(_expired(hold), via="engine")
+                log.warning("%s's prediction hold ended: %s (%s)", hold.node, d.verdict,
+                            d.why or "returned")  # fmt: skip
+                if d.verdict == "queue_full":  # not queued, not remembered: tried again later
+                    hold.retry_mono = now + OFFER_RETRY_S
+                else:
+                    hold.asked = True  # its decision is on disk: a restart reads it so too
             self._expire_waiting()
             self._forget_old()
             self._maybe_compact()
@@ -558,6 +578,28 @@ class Engine:
         self.executor.shutdown()
         self.wait_compaction()
         self.audit.close()
+
+
+def _expired(hold: Hold) -> Finding:
+    """The engine's finding that ``hold`` has ended with no fault: the node may go back. Its
+    time is the hold's end, so the same hold gives the same finding id after a restart."""
+    ended = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(hold.until_wall))
+    node = hold.node
+    return Finding(
+        kind=EXPIRED_KIND,
+        subject={"cluster": hold.cluster, "node": node} if hold.cluster else {"node": node},
+        severity=Severity.INFO,
+        time_ns=int(hold.until_wall * 1e9),
+        evidence={"plan": hold.plan_id, "held_s": round(hold.until_wall - hold.removed_wall, 3)},
+        summary=(
+            f"{node}: the prediction that took it out (plan {hold.plan_id[:12]}) ran to "
+            f"{ended}Z with no fault; it returns to service after a passing node check newer "
+            f"than that ('gpuwarden check --report' on {node}, or its return check), or by "
+            f"hand: gpuwarden remediate undo {node}"
+        ),
+        source="gpuwarden-remediation",
+        bucket_s=1,
+    )
 
 
 def _decision_from_record(record: Mapping[str, Any]) -> Decision:

@@ -178,6 +178,8 @@ class Executor:
             started=round(started.wall, 6),
             duration_s=round(ended.mono - started.mono, 6),
             since_finding_s=round(ended.mono - received.mono, 6),
+            # a prediction's removal: how long it holds the node (remediation.holds reads it)
+            **({"hold_s": action.params["hold_s"]} if "hold_s" in action.params else {}),
             **resumed,
         )
         with self._lock:

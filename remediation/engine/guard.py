@@ -4,13 +4,15 @@ The checks, in order (de-duplication by finding id happens before, in the engine
 
 1. **not ours**: a plan whose only change is ``uncordon`` touches only nodes gpuwarden took
    out itself; an admin's maintenance drain is the admin's to end;
-2. **lemon**: a node gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` does
+2. **held**: a node taken out on a prediction does not return before the prediction's hold
+   ends (:mod:`remediation.holds`); the plan is cut down to a notification;
+   **lemon**: a node gpuwarden took out ``lemon_count`` times within ``lemon_window_s`` does
    not come back by itself: its ``uncordon`` waits for an operator, who is told the node's
    history (when and why each time);
 3. **return check**: with ``return_requires = "check"`` (the default), a return to service needs
    a ``node_healthy`` finding carrying a passing ``gpuwarden check`` newer than the node's
-   removal; without one the plan is cut down to a notification (``unchecked``). With
-   ``"approval"`` it waits for an operator;
+   removal (and than its hold's end, and than a fault that ended its hold); without one the
+   plan is cut down to a notification (``unchecked``). With ``"approval"`` it waits for an operator;
    **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
 4. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
    (putting a repaired node back is exempt: it disrupts nothing; nor does it start the
@@ -40,6 +42,7 @@ from gpuwarden.core.finding import Finding
 from gpuwarden.remediation.audit import Memory
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine.decide import Decision, EngineSettings
+from gpuwarden.remediation.holds import Holds
 from gpuwarden.remediation.model import (
     MUTATING,
     REMOVING,
@@ -63,8 +66,10 @@ class Guards:
         adapters: Mapping[str, Adapter],
         memory: Memory,
         clock: Clock,
+        holds: Holds | None = None,
     ) -> None:
         self.settings = settings
+        self.holds = holds or Holds(lambda _: False)
         self.adapters = adapters
         self.memory = memory
         self.clock = clock
@@ -87,6 +92,10 @@ class Guards:
         if undo_only and not approved and node not in self.memory.taken_out:
             why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
             return Decision(d.finding_id, "not_ours", d.policy, notify_only, why)
+        if undo_only and not approved and (held := self.held(node)):
+            # before the lemon rule: a return during the hold is not considered at all (as a
+            # lemon it would wait, and fill the node's queue before the hold ends)
+            return Decision(d.finding_id, "held", d.policy, notify_only, held)
         if undo_only and not approved and (history := self.lemon(node)):
             why = (
                 f"{node} is a lemon: taken out {len(history)} times in "
@@ -139,7 +148,25 @@ class Guards:
         checked = ev.get("checked_ns")
         if not isinstance(checked, int) or (taken and checked / 1e9 < max(taken)):
             return f"the passing check on {node} is older than its removal; {fix}"
+        hold = self.holds.until(node)
+        if hold is not None and checked / 1e9 < hold.until_wall:
+            return f"the passing check on {node} is older than the end of its hold; {fix}"
+        fault = self.holds.fault_at.get(node)
+        if fault is not None and checked / 1e9 < fault:
+            return f"the passing check on {node} is older than the fault it had since; {fix}"
         return ""
+
+    def held(self, node: str) -> str:
+        """Why ``node`` may not return yet because a prediction holds it out, or ``""``."""
+        hold = self.holds.until(node)
+        if hold is None or self.clock.mono() >= hold.until_mono:
+            return ""
+        ends = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(hold.until_wall))
+        return (
+            f"{node} was taken out on a prediction (plan {hold.plan_id[:12]}) that holds it "
+            f"out until {ends}Z: a passing check now does not say the predicted fault will not "
+            f"come; it is offered back then, or by hand: gpuwarden remediate undo {node}"
+        )
 
     def lemon(self, node: str) -> list[str]:
         """When and why ``node`` was taken out within the lemon window, if that is
