@@ -81,8 +81,8 @@ class Holds:
         self.held: dict[str, Hold] = {}
         self._out: set[str] = set()
         """Nodes gpuwarden has out (a removal done for real, no return since)."""
-        self._asks: dict[str, str] = {}
-        """``prediction_expired`` finding ids seen in the journal, and their node."""
+        self._asks: dict[str, tuple[str, str]] = {}
+        """``prediction_expired`` finding ids seen in the journal: (node, the held plan)."""
         self.fault_at: dict[str, float] = {}
         """When a fault ended a node's hold (wall time): a check from before it does not
         return the node (the return guard asks for a newer one)."""
@@ -93,13 +93,16 @@ class Holds:
         if event == "action" and r.get("outcome") == "ok" and not r.get("dry_run") and node:
             self._on_action(r, t, mono, node)
         elif event == "finding" and r.get("kind") == EXPIRED_KIND:
-            subject = r.get("subject") or {}
-            self._asks[str(r.get("finding_id", ""))] = str(subject.get("node", ""))
+            subject, evidence = r.get("subject") or {}, r.get("evidence") or {}
+            ask = (str(subject.get("node", "")), str(evidence.get("plan", "")))
+            self._asks[str(r.get("finding_id", ""))] = ask
         elif event == "decision" and r.get("verdict") not in ("duplicate", "queue_full"):
             fid = str(r.get("finding_id", ""))
             asked = self._asks.pop(fid, None)
-            if asked is not None and asked in self.held:
-                self.held[asked].asked = True
+            if asked is not None:
+                kept = self.held.get(asked[0])
+                if kept is not None and kept.plan_id == asked[1]:
+                    kept.asked = True  # (a later prediction's hold is not this offer's)
             elif (
                 node in self.held
                 and self.removes(str(r.get("policy", "")))

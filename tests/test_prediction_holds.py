@@ -393,3 +393,25 @@ def test_a_hold_that_ended_before_the_compacted_horizon_is_not_offered_again() -
     holds.observe(drain, 1_000.0, 50.0)
     assert [h.node for h in holds.due(50.0 + HORIZON)] == ["gpu01"]
     assert holds.due(50.0 + HORIZON, compacted_before=1_000.0 + HORIZON + 1.0) == []
+
+
+def test_an_offer_decided_after_a_later_prediction_does_not_mark_the_new_hold_asked() -> None:
+    """An executor thread writes a new prediction's drain between the tick's look at the holds
+    and the offer's decision: that decision answers the old hold, and the new one is still
+    offered when it ends (the journal's order, replayed)."""
+    from gpuwarden.remediation.holds import EXPIRED_KIND, Holds
+
+    holds = Holds(lambda _: True)
+    drain = {"event": "action", "action": "drain", "outcome": "ok", "node": "gpu01",
+             "cluster": "test", "hold_s": HORIZON}  # fmt: skip
+    holds.observe(drain | {"finding_id": "p1"}, 1_000.0, 50.0)
+    offer = {"event": "finding", "kind": EXPIRED_KIND, "finding_id": "o1",
+             "subject": {"node": "gpu01"}, "evidence": {"plan": "p1"}}  # fmt: skip
+    holds.observe(offer, 1_000.0 + HORIZON, 50.0 + HORIZON)
+    holds.observe(drain | {"finding_id": "p2"}, 1_000.0 + HORIZON, 50.0 + HORIZON)
+    decided = {"event": "decision", "finding_id": "o1", "verdict": "held", "node": "gpu01",
+               "policy": "prediction-expired", "plan": []}  # fmt: skip
+    holds.observe(decided, 1_000.0 + HORIZON, 50.0 + HORIZON)
+    [hold] = holds.held.values()
+    assert (hold.plan_id, hold.asked) == ("p2", False)
+    assert holds.due(50.0 + 2 * HORIZON) == [hold]
