@@ -4,7 +4,8 @@
 ``POST /v1/findings``                      one finding (``Finding.to_json()``) or a list
 ``POST /v1/alerts/grafana``                Grafana's webhook contact-point payload
 ``POST /v1/alerts/alertmanager``           Alertmanager's webhook payload (``version: "4"``)
-``GET  /v1/pending``                       plans waiting for approval or for room
+``GET  /v1/pending``                       plans waiting for approval or for room, and the
+                                           nodes a prediction holds out (``held``)
 ``POST /v1/approve/<plan_id>``             run a plan that waits for approval
 ``POST /v1/undo/<node>``                   put a node gpuwarden took out back in service
 ``GET  /v1/stats``                         counters
@@ -510,7 +511,7 @@ class Endpoint:
     def _get(self, path: str, principal: Principal) -> tuple[HTTPStatus, dict[str, Any]]:
         if path == "/v1/pending":
             self.authorize(principal, "operator", "list pending plans")
-            return HTTPStatus.OK, {"pending": self.engine.pending()}
+            return HTTPStatus.OK, {"pending": self.engine.pending(), "held": self.engine.held()}
         if path == "/v1/stats":
             self.authorize(principal, "read", "read the counters")
             s = self.engine.stats
@@ -537,6 +538,7 @@ class Endpoint:
             self._count("GET", "/metrics", exc.status, exc.message)
             return exc.status, json.dumps({"error": exc.message}).encode(), "application/json"
         s = self.engine.stats
+        held = self.engine.held()
         with self._lock:
             refused = dict(self.rejected)
         body, content_type = render(
@@ -554,6 +556,12 @@ class Endpoint:
                        [({"status": str(k)}, v) for k, v in sorted(refused.items())]),
                 Metric.one("gpuwarden_engine_plans_pending",
                            "plans waiting for approval or for room", len(self.engine.pending())),
+                Metric("gpuwarden_engine_nodes_held",
+                       "nodes a prediction holds out: holding (its horizon not yet passed) or "
+                       "ended (offered back, waiting for its return check or an operator)",
+                       "gauge", [({"state": state}, sum(h["ended"] == (state == "ended")
+                                                       for h in held))
+                                 for state in ("holding", "ended")]),
                 *self._precision_metrics(),
             ]
         )  # fmt: skip

@@ -12,8 +12,11 @@ on the code before (no hold, no ``prediction_expired``, a check refuted a predic
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
+import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,7 @@ from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.identity import Principal
 from gpuwarden.remediation.outcomes import OutcomeSettings
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from gpuwarden.remediation.server import Endpoint, make_server
 from tests.remediation_util import HandClock, RecordingAdapter
 
 NODES = {f"gpu{i:02d}": "a" for i in range(8)}
@@ -415,3 +419,52 @@ def test_an_offer_decided_after_a_later_prediction_does_not_mark_the_new_hold_as
     [hold] = holds.held.values()
     assert (hold.plan_id, hold.asked) == ("p2", False)
     assert holds.due(50.0 + 2 * HORIZON) == [hold]
+
+
+def test_an_operator_sees_the_held_nodes_over_http(tmp_path: Path) -> None:
+    """``GET /v1/pending`` lists them (``held``), ``/metrics`` counts them by state; a
+    forged offer over HTTP is refused (403) and changes nothing."""
+    clock = HandClock()
+    engine, sched, _ = make_engine(tmp_path, clock, return_requires="check")
+    endpoint = Endpoint(engine, "t0ken", max_body_bytes=64 * 1024)
+    server = make_server(endpoint, "127.0.0.1", 0)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    auth = {"Authorization": "Bearer t0ken", "Content-Type": "application/json"}
+
+    def request(method: str, path: str, body: bytes | None = None) -> tuple[int, str]:
+        conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=10)
+        conn.request(method, path, body=body, headers=auth)
+        resp = conn.getresponse()
+        data = resp.read().decode()
+        conn.close()
+        return resp.status, data
+
+    try:
+        plan = drained(engine, risk("gpu01", clock))
+        # (the endpoint checks a finding's freshness on the host's clock)
+        forged = Finding(
+            kind="prediction_expired",
+            subject={"cluster": "test", "node": "gpu01"},
+            severity=Severity.INFO,
+            time_ns=time.time_ns(),
+            source="agent",
+        )
+        status, said = request("POST", "/v1/findings", json.dumps(forged.to_json()).encode())
+        assert status == 403 and "engine's own finding" in said, said
+        status, said = request("GET", "/v1/pending")
+        [held] = json.loads(said)["held"]
+        assert held == {"node": "gpu01", "plan_id": plan, "ended": False, "offered": False,
+                        "until": round(clock.wall() + HORIZON, 3)}  # fmt: skip
+        metrics = request("GET", "/metrics")[1]
+        assert 'gpuwarden_engine_nodes_held{state="holding"} 1' in metrics
+        clock.advance(HORIZON + 1.0)
+        engine.tick()  # offered; with return_requires = "check" it waits for a check
+        assert engine.wait(10) and "gpu01" in sched.out
+        [held] = json.loads(request("GET", "/v1/pending")[1])["held"]
+        assert (held["ended"], held["offered"]) == (True, True)
+        metrics = request("GET", "/metrics")[1]
+        assert 'gpuwarden_engine_nodes_held{state="ended"} 1' in metrics
+        assert 'gpuwarden_engine_nodes_held{state="holding"} 0' in metrics
+    finally:
+        server.shutdown()
+        engine.close()

@@ -296,6 +296,18 @@ class Engine:
         with self._lock:
             return self.waiting.listing()
 
+    def held(self) -> list[dict[str, Any]]:
+        """Nodes a prediction holds out (:mod:`remediation.holds`), oldest hold first: until
+        when, whether the hold has ended, and whether the node has been offered back."""
+        with self._lock:
+            self.outcomes.update(write=False)  # the journal's records since (holds follow it)
+            now = self.clock.mono()
+            return [
+                {"node": h.node, "plan_id": h.plan_id, "until": round(h.until_wall, 3),
+                 "ended": now >= h.until_mono, "offered": h.asked}
+                for h in sorted(self.holds.held.values(), key=lambda h: h.until_wall)
+            ]  # fmt: skip
+
     def approve(self, plan_id: str, by: str = "operator") -> Decision:
         """Run a plan that waits for approval (the other guards still apply, except cooldown)."""
         with self._lock:
