@@ -76,8 +76,13 @@ class Holds:
     findings about a held node are faults). Not thread-safe: the engine calls it under its
     lock (through :meth:`remediation.outcomes.Outcomes.update`)."""
 
-    def __init__(self, removes: Callable[[str], bool]) -> None:
+    def __init__(self, removes: Callable[[str], bool], longest_s: float = float("inf")) -> None:
         self.removes = removes
+        self.longest_s = longest_s
+        """No hold lasts longer than this from its first removal, however many predictions
+        extend it (``max_prediction_hold_s``): a node the model keeps flagging is offered back
+        then, taken out again if it is still flagged, and after ``lemon_count`` such removals
+        waits for a person (the lemon rule)."""
         self.held: dict[str, Hold] = {}
         self._out: set[str] = set()
         """Nodes gpuwarden has out (a removal done for real, no return since)."""
@@ -130,11 +135,12 @@ class Holds:
         kept = self.held.get(node)
         if was_out and kept is None:
             return  # out already for another reason: a prediction does not shorten that
+        removed = kept.removed_wall if kept is not None else t
+        hold = min(float(hold), removed + self.longest_s - t)  # (an extension: capped)
         if kept is not None and kept.until_mono >= mono + hold:
             return
-        removed = kept.removed_wall if kept is not None else t
         self.held[node] = Hold(node, str(r.get("finding_id", "")), str(r.get("cluster", "")),
-                               removed, t + float(hold), mono + float(hold))  # fmt: skip
+                               removed, t + hold, mono + hold)  # fmt: skip
 
     def until(self, node: str) -> Hold | None:
         """The hold on ``node``, if it is held (ended or not)."""

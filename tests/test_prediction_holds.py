@@ -468,3 +468,24 @@ def test_an_operator_sees_the_held_nodes_over_http(tmp_path: Path) -> None:
     finally:
         server.shutdown()
         engine.close()
+
+
+def test_predictions_that_keep_coming_hold_a_node_at_most_the_longest_hold(
+    tmp_path: Path,
+) -> None:
+    """The scorer raises a finding every run while a GPU's risk stays high: each extends the
+    hold, but never past ``max_prediction_hold_s`` from the first removal; then the node is
+    offered back (and taken out again if still flagged: the lemon rule counts it)."""
+    clock = HandClock()
+    engine, sched, _ = make_engine(tmp_path, clock, max_prediction_hold_s=DAY)
+    drained(engine, risk("gpu01", clock))
+    removed = clock.wall()
+    for _ in range(12):  # a prediction every 2 h for a day
+        clock.advance(HORIZON)
+        drained(engine, risk("gpu01", clock))
+    [held] = engine.held()
+    assert held["until"] == round(removed + DAY, 3)
+    clock.advance(removed + DAY - clock.wall() + 1.0)
+    engine.tick()
+    assert engine.wait(10) and len(offers(tmp_path)) == 1 and "gpu01" not in sched.out
+    engine.close()

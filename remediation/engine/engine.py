@@ -101,7 +101,7 @@ class Engine:
         self._lock = threading.RLock()
         self._closed = False
         removing = {p.name for p in self.policies if set(p.actions) & REMOVING}
-        self.holds = Holds(removing.__contains__)
+        self.holds = Holds(removing.__contains__, self.settings.max_prediction_hold_s)
         self.guards = Guards(self.settings, self.adapters, self.memory, clock, self.holds)
         self.waiting = PendingPlans()
         self.executor = Executor(
