@@ -420,7 +420,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     au.add_argument(
         "--all", action="store_true", help="its archives too, oldest first, each record once"
     )
-    sub.add_parser("pending", help="plans waiting for approval or for room (running engine)")
+    sub.add_parser(
+        "pending",
+        help="plans waiting for approval or for room, and nodes a prediction holds "
+        "(running engine)",
+    )
     apr = sub.add_parser("approve", help="approve a waiting plan (running engine)")
     apr.add_argument("plan_id")
     un = sub.add_parser("undo", help="put a node gpuwarden took out back (running engine)")

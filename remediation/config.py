@@ -235,8 +235,9 @@ def load_config(
         EXPIRED_KIND in p.kinds and ActionKind.UNCORDON in p.actions for p in policies
     ):
         log.warning(
-            "no policy answers %s with uncordon: a node taken out on a prediction (%s) stays "
-            "out after its hold ends until a person returns it; add the shipped "
+            "no policy answers %s with uncordon: when a prediction's hold on a node (%s) "
+            "ends, nobody is told and the engine does not offer it back (it returns only on a "
+            "passing check newer than the hold's end, or by hand); add the shipped "
             "prediction-expired policy", EXPIRED_KIND, ", ".join(e["predicted_kinds"]),
         )  # fmt: skip
     if e["return_requires"] == "command" and not e["return_check_command"]:

@@ -135,6 +135,8 @@ class Holds:
         kept = self.held.get(node)
         if was_out and kept is None:
             return  # out already for another reason: a prediction does not shorten that
+        if kept is not None and kept.until_mono <= mono:
+            kept = None  # that hold has ended (a person returned the node by hand): a new one
         removed = kept.removed_wall if kept is not None else t
         hold = min(float(hold), removed + self.longest_s - t)  # (an extension: capped)
         if kept is not None and kept.until_mono >= mono + hold:

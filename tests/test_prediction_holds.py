@@ -133,7 +133,8 @@ def test_a_predicted_drain_is_offered_back_when_its_horizon_ends_with_no_fault(
     assert offer["subject"] == {"cluster": "test", "node": "gpu01"}
     assert offer["evidence"]["plan"] == plan and offer["evidence"]["held_s"] == HORIZON
     assert "gpu01" not in sched.out  # return_requires = "none": back at once
-    assert any("ran to" in a.reason and "no fault" in a.reason for a in notes.calls)
+    [told] = [a for a in notes.calls if "ran to" in a.reason and "no fault" in a.reason]
+    assert told.severity == "info" and "the engine returns it now" in told.reason
     clock.advance(60.0)
     engine.tick()  # asked once: no second offer
     assert len(offers(tmp_path)) == 1
@@ -156,8 +157,9 @@ def test_a_passing_check_before_the_horizon_does_not_return_it(tmp_path: Path) -
     assert engine.wait(10) and "gpu01" in sched.out
     [offer] = [r for r in records(tmp_path, "decision") if r["policy"] == "prediction-expired"]
     assert offer["verdict"] == "unchecked"
-    told = [a.reason for a in notes.calls if "ran to" in a.reason]
-    assert told and "gpuwarden check --report" in told[0]
+    [told] = [a for a in notes.calls if "ran to" in a.reason]
+    # a person must act: a warning, which reaches the routes an info does not (Slack)
+    assert told.severity == "warning" and "gpuwarden check --report" in told.reason
     # the check of 600 s in was before the hold ended: still not enough
     stale = replace(healthy("gpu01", clock), evidence=early_check(clock, -HORIZON))
     assert engine.submit(stale).verdict == "unchecked"
@@ -475,17 +477,37 @@ def test_predictions_that_keep_coming_hold_a_node_at_most_the_longest_hold(
 ) -> None:
     """The scorer raises a finding every run while a GPU's risk stays high: each extends the
     hold, but never past ``max_prediction_hold_s`` from the first removal; then the node is
-    offered back (and taken out again if still flagged: the lemon rule counts it)."""
+    offered back (a prediction after that starts a new hold: the lemon rule counts the
+    removals of a node that returned in between)."""
     clock = HandClock()
     engine, sched, _ = make_engine(tmp_path, clock, max_prediction_hold_s=DAY)
     drained(engine, risk("gpu01", clock))
     removed = clock.wall()
-    for _ in range(12):  # a prediction every 2 h for a day
-        clock.advance(HORIZON)
+    for _ in range(23):  # a prediction every hour, each inside the hold: capped at 24 h
+        clock.advance(HOUR)
         drained(engine, risk("gpu01", clock))
     [held] = engine.held()
     assert held["until"] == round(removed + DAY, 3)
     clock.advance(removed + DAY - clock.wall() + 1.0)
     engine.tick()
     assert engine.wait(10) and len(offers(tmp_path)) == 1 and "gpu01" not in sched.out
+    engine.close()
+
+
+def test_a_node_returned_by_hand_outside_gpuwarden_gets_a_new_hold_when_drained_again(
+    tmp_path: Path,
+) -> None:
+    """An admin resumes the node with scontrol or kubectl (gpuwarden never sees it): its old
+    hold has ended; a prediction a day later starts a new hold, not one already over (an
+    operator's review: it was offered back at once)."""
+    clock = HandClock()
+    engine, sched, _ = make_engine(tmp_path, clock, return_requires="check")
+    drained(engine, risk("gpu01", clock))
+    sched.out.discard("gpu01")  # scontrol update State=RESUME, by hand
+    clock.advance(DAY + HOUR)
+    engine.tick()  # the old hold's offer (unchecked: no check came)
+    assert engine.wait(10)
+    drained(engine, risk("gpu01", clock))
+    [held] = engine.held()
+    assert (held["ended"], held["until"]) == (False, round(clock.wall() + HORIZON, 3))
     engine.close()

@@ -410,7 +410,7 @@ class Engine:
             self._absorb()
             now = self.clock.mono()
             for hold in self.holds.due(now, self.memory.compacted_horizon):
-                d = self.submit(_expired(hold), via="engine")
+                d = self.submit(_expired(hold, self.settings.return_requires), via="engine")
                 log.warning("%s's prediction hold ended: %s (%s)", hold.node, d.verdict,
                             d.why or "returned")  # fmt: skip
                 if d.verdict == "queue_full":  # not queued, not remembered: tried again later
@@ -592,22 +592,36 @@ class Engine:
         self.audit.close()
 
 
-def _expired(hold: Hold) -> Finding:
+#: what happens after an offer, by ``return_requires``; a person is needed (a warning) unless
+#: the engine returns the node by itself
+_OFFER_NEXT = {
+    "command": "the engine runs its return check and returns it if the check passes",
+    "none": "the engine returns it now",
+    "check": "it returns at the first passing node check newer than that: run "
+    "'gpuwarden check --report' on {node} (or let Slurm's health check report it)",
+    "approval": "it returns when an operator approves the plan (gpuwarden remediate pending, "
+    "approve) within pending_expire_s",
+}
+
+
+def _expired(hold: Hold, return_requires: str) -> Finding:
     """The engine's finding that ``hold`` has ended with no fault: the node may go back. Its
-    time is the hold's end, so the same hold gives the same finding id after a restart."""
+    time is the hold's end, so the same hold gives the same finding id after a restart. A
+    warning where a person must act (``check``, ``approval``): it reaches the routes an info
+    does not."""
     ended = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(hold.until_wall))
     node = hold.node
+    automatic = return_requires in ("command", "none")
+    after = _OFFER_NEXT.get(return_requires, _OFFER_NEXT["check"]).format(node=node)
     return Finding(
         kind=EXPIRED_KIND,
         subject={"cluster": hold.cluster, "node": node} if hold.cluster else {"node": node},
-        severity=Severity.INFO,
+        severity=Severity.INFO if automatic else Severity.WARNING,
         time_ns=int(hold.until_wall * 1e9),
         evidence={"plan": hold.plan_id, "held_s": round(hold.until_wall - hold.removed_wall, 3)},
         summary=(
             f"{node}: the prediction that took it out (plan {hold.plan_id[:12]}) ran to "
-            f"{ended}Z with no fault; it returns to service after a passing node check newer "
-            f"than that ('gpuwarden check --report' on {node}, or its return check), or by "
-            f"hand: gpuwarden remediate undo {node}"
+            f"{ended}Z with no fault; {after}; or by hand: gpuwarden remediate undo {node}"
         ),
         source="gpuwarden-remediation",
         bucket_s=1,
