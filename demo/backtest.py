@@ -118,7 +118,7 @@ def risk_alerts(
         out.append(Finding(
             kind="failure_risk", subject={"cluster": cluster, "node": node, "gpu": str(gpu)},
             severity=Severity.WARNING, time_ns=int(t * 1e9), probability=p,
-            evidence={"threshold": model.meta.threshold},
+            evidence={"threshold": model.meta.threshold, "horizon_s": model.meta.horizon_s},
             summary=f"{node} GPU {gpu}: {p:.0%} risk of a hardware failure within "
                     f"{model.meta.horizon_s / 60:.0f} min (SIMULATED)",
             source="analytics"))  # fmt: skip
