@@ -92,6 +92,8 @@ def build_agent(
     h = config["health"]
     if h["healthy_after_s"] < 0 or h["expected_gpus"] < 0:
         raise ConfigError("[health] healthy_after_s and expected_gpus must be 0 or more")
+    if h["reannounce_s"] and not h["reannounce_s"] >= max(h["healthy_after_s"], 1.0):
+        raise ConfigError("[health] reannounce_s must be 0 (once) or at least healthy_after_s")
     gate: HealthGate | None = None
 
     def emit(finding: Finding) -> None:
@@ -123,6 +125,7 @@ def build_agent(
             expected_gpus=int(h["expected_gpus"]),
             check=check,
             restart_on=list(h["restart_on"]),
+            reannounce_s=float(h["reannounce_s"]),
         )
     hooks = [gate.cycle] if gate is not None else []
     if h["gpu_count_check"]:

@@ -118,6 +118,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "check_probes": ["gpu_count", "infiniband", "disk"],
         # finding kinds besides critical ones that start the healthy stretch again
         "restart_on": ["link_flap"],
+        # say node_healthy again (after a fresh check) every this long while healthy; 0: once
+        "reannounce_s": 0.0,
     },
     # gpuwarden check: the active node check (collector.check)
     "check": {

@@ -13,15 +13,18 @@ or page retirement pending a reset, a failed row remap) and, when ``expected_gpu
 least that many GPUs reporting every cycle (a GPU that fell off the bus is not a critical
 event, it is just missing). The stretch starts when the agent starts, so a node that was
 drained, repaired and rebooted is announced ``healthy_after_s`` after its agent comes back.
-Each healthy stretch is announced once; a critical event, a GPU waiting for a repair or a
-missing GPU starts a new one, and so does a finding of a kind in ``restart_on`` (by default
+Each healthy stretch is announced once (with ``reannounce_s``, again every ``reannounce_s``
+while it lasts, each time after a fresh check: a node the engine holds out on a prediction then
+comes back by itself at the first announcement after the hold, where nothing else runs a check,
+e.g. on Kubernetes; :mod:`remediation.holds`); a critical event, a GPU waiting for a repair or
+a missing GPU starts a new one, and so does a finding of a kind in ``restart_on`` (by default
 ``link_flap``): a warning a site's policy may take the node out for, which then comes back on
 its own once the port has been quiet for ``healthy_after_s`` and the check passes (a flap that
 heals is not a node kept out until someone clears it). With ``link_flap`` in it, every
 link-down of a port (its ``link_downed_total`` grows, or it leaves ACTIVE) starts the stretch
 again too: a port that keeps flapping within one episode raises one finding, and must not be
-called healed while it flaps. A healthy fleet therefore
-says it once per agent start, which the engine answers with ``not_ours`` and nothing else.
+called healed while it flaps. A healthy fleet therefore says it once per agent start (and
+once per ``reannounce_s``), which the engine answers with ``not_ours`` and nothing else.
 
 Quiet is not proof. With ``[health] check_probes`` set (the default: gpu_count, infiniband,
 disk), the node is announced only after it passes the active node check
@@ -52,12 +55,15 @@ UNHEALTHY_STATES = {
 
 class Stretch:
     """How long a condition has held without a break, said once per stretch (the node healthy,
-    a GPU left out of the fabric). Not thread-safe: the owner locks where it needs to."""
+    a GPU left out of the fabric), and, with ``again_ns``, again every ``again_ns`` while it
+    holds. Not thread-safe: the owner locks where it needs to."""
 
-    def __init__(self, after_ns: int) -> None:
+    def __init__(self, after_ns: int, again_ns: int = 0) -> None:
         self.after_ns = after_ns
+        self.again_ns = again_ns
         self.since_ns: int | None = None
         self.said = False
+        self.said_ns = 0
 
     def end(self) -> bool:
         """The condition broke; whether this stretch had been said."""
@@ -70,9 +76,11 @@ class Stretch:
         if self.since_ns is None:
             self.since_ns = now_ns
         length = now_ns - self.since_ns
-        if self.said or length < self.after_ns:
+        if length < self.after_ns:
             return None
-        self.said = True
+        if self.said and not (self.again_ns and now_ns - self.said_ns >= self.again_ns):
+            return None
+        self.said, self.said_ns = True, now_ns
         return length
 
 
@@ -87,9 +95,12 @@ class HealthGate:
         expected_gpus: int = 0,
         check: Callable[[int], Finding] | None = None,
         restart_on: Sequence[str] = ("link_flap",),
+        reannounce_s: float = 0.0,
     ) -> None:
         if healthy_after_s <= 0 or expected_gpus < 0:
             raise ValueError("healthy_after_s must be positive and expected_gpus at least 0")
+        if reannounce_s and reannounce_s < healthy_after_s:
+            raise ValueError("reannounce_s must be 0 (once per stretch) or >= healthy_after_s")
         self.cluster, self.node, self.emit = cluster, node, emit
         self.expected_gpus = expected_gpus
         self.restart_on = frozenset(restart_on)
@@ -101,7 +112,7 @@ class HealthGate:
         # buckets that wide give each its own finding id; the default 300 s bucket would make a
         # second one within five minutes a "duplicate" the engine drops (a short healthy_after_s)
         self.bucket_s = min(MAX_BUCKET_S, max(1, int(healthy_after_s)))
-        self._healthy = Stretch(int(healthy_after_s * NS))
+        self._healthy = Stretch(int(healthy_after_s * NS), int(reannounce_s * NS))
         self._ports: dict[tuple[str, str], tuple[object, object]] = {}  # (downs, state) last seen
         self._lock = threading.Lock()  # observe() runs on the sources' event threads too
 

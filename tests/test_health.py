@@ -172,3 +172,26 @@ def test_negative_health_settings_are_a_configuration_error(tmp_path) -> None:
     cfg.write_text(cfg.read_text() + "\n[health]\nhealthy_after_s = -1.0\n")
     with pytest.raises(ConfigError, match="healthy_after_s"):
         agent_cli.build_agent(load_config(cfg, environ={}), ListSink())
+
+
+def test_reannounced_while_healthy_when_asked_and_not_otherwise() -> None:
+    """``reannounce_s``: the node is said healthy again every ``reannounce_s`` while it stays
+    healthy (a node the engine holds out on a prediction needs a check newer than the hold's
+    end, and nothing else may run one); a critical event still starts the stretch again."""
+    said: list[Finding] = []
+    gate = HealthGate("c", "n1", said.append, healthy_after_s=60, reannounce_s=120)
+    for t in range(0, 400, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [60, 180, 300]
+    assert len({f.id for f in said}) == 3  # each its own finding, none a duplicate
+    gate.observe(fatal(400 * S))
+    for t in range(400, 500, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in said] == [60, 180, 300, 460]
+    once: list[Finding] = []
+    gate = HealthGate("c", "n1", once.append, healthy_after_s=60)
+    for t in range(0, 400, 10):
+        gate.cycle(t * S, gpus(8))
+    assert [f.time_ns // S for f in once] == [60]
+    with pytest.raises(ValueError, match="reannounce_s"):
+        HealthGate("c", "n1", print, healthy_after_s=60, reannounce_s=30)

@@ -511,3 +511,42 @@ def test_a_node_returned_by_hand_outside_gpuwarden_gets_a_new_hold_when_drained_
     [held] = engine.held()
     assert (held["ended"], held["until"]) == (False, round(clock.wall() + HORIZON, 3))
     engine.close()
+
+
+@pytest.mark.parametrize("reannounce_s", [HOUR, 0.0])
+def test_an_agent_that_reannounces_brings_a_held_node_back_by_itself(
+    tmp_path: Path, reannounce_s: float
+) -> None:
+    """The default return rule (a passing check newer than the hold's end) with nothing but
+    the agent reporting, as on Kubernetes: with ``[health] reannounce_s`` the agent's next
+    announcement after the hold returns the node; without it, none comes."""
+    from gpuwarden.collector.check import Result, check_finding
+    from gpuwarden.collector.health import HealthGate
+
+    clock = HandClock()
+    engine, sched, _ = make_engine(tmp_path, clock, return_requires="check")
+
+    def post(finding: Finding) -> None:  # the agent's sink to the engine
+        engine.submit(finding)
+
+    gate = HealthGate(
+        "test", "gpu01", post, healthy_after_s=1800.0, reannounce_s=reannounce_s,
+        check=lambda now: check_finding("test", "gpu01", [Result("disk", "pass", "ok")], now),
+    )  # fmt: skip
+
+    def cycle() -> None:
+        gate.cycle(int(clock.wall() * 1e9), [])
+        for c in gate.checks:
+            c.join(10)
+        engine.tick()
+        assert engine.wait(10)
+
+    for _ in range(4):  # the agent's first stretch: said once, the node is in service
+        cycle()
+        clock.advance(600.0)
+    drained(engine, risk("gpu01", clock))
+    for _ in range(int(2 * HORIZON / 600.0)):
+        cycle()
+        clock.advance(600.0)
+    assert ("gpu01" not in sched.out) == bool(reannounce_s)
+    engine.close()
