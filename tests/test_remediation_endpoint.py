@@ -396,7 +396,7 @@ def test_operator_endpoints(running: Running) -> None:
     assert running.sched.out == set()
     assert running.post("/v1/undo/gpu03", {})[0] == 409
     assert running.post("/v1/approve/0123456789abcdef", {})[0] == 404
-    assert running.request("GET", "/v1/pending", None, auth) == (200, {"pending": []})
+    assert running.request("GET", "/v1/pending", None, auth) == (200, {"pending": [], "held": []})
     assert running.request("GET", "/healthz")[0] == 200
     assert running.request("DELETE", "/v1/findings", None, auth)[0] == 405
 
