@@ -91,6 +91,14 @@ log = logging.getLogger(__name__)
 HEALTH_PATH = "/healthz"
 
 
+#: Series /metrics shows from the start, at 0, so that an alert on their increase fires on
+#: the first one (a series that appears at 1 has not increased: Prometheus sees no change).
+#: deploy/prometheus/gpuwarden.rules.yml alerts on these.
+ALERTED_REFUSALS = (401, 403, 409, 503)
+ALERTED_OUTCOMES = ("failed", "timeout")
+ALERTED_VERDICTS = ("failed",)
+
+
 #: the legacy mode's one credential (every scope) and the read-only monitoring token
 SHARED = Principal("shared-credential", "shared")
 MONITOR = Principal("monitor", "monitor")
@@ -540,17 +548,19 @@ class Endpoint:
         s = self.engine.stats
         held = self.engine.held()
         with self._lock:
-            refused = dict(self.rejected)
+            refused = dict.fromkeys(ALERTED_REFUSALS, 0) | self.rejected
+        actions = {f"{k}:{o}": 0 for k in ActionKind for o in ALERTED_OUTCOMES} | s.actions
+        decisions = dict.fromkeys(ALERTED_VERDICTS, 0) | s.decisions
         body, content_type = render(
             [
                 Metric.one("gpuwarden_engine_findings_total", "findings received", s.findings,
                            "counter"),
                 Metric("gpuwarden_engine_decisions_total", "decisions, by verdict", "counter",
-                       [({"verdict": k}, v) for k, v in sorted(s.decisions.items())]),
+                       [({"verdict": k}, v) for k, v in sorted(decisions.items())]),
                 Metric("gpuwarden_engine_actions_total", "actions run, by kind and outcome",
                        "counter",
                        [({"action": k.partition(":")[0], "outcome": k.partition(":")[2]}, v)
-                        for k, v in sorted(s.actions.items())]),
+                        for k, v in sorted(actions.items())]),
                 Metric("gpuwarden_engine_requests_refused_total",
                        "requests refused, by HTTP status", "counter",
                        [({"status": str(k)}, v) for k, v in sorted(refused.items())]),

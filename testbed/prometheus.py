@@ -12,7 +12,9 @@ import os
 import shutil
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from testbed.errors import PrometheusError
@@ -36,12 +38,20 @@ class LocalPrometheus(LocalProcess):
     name = "prometheus"
     error = PrometheusError
 
-    def __init__(self, root: str | os.PathLike[str], targets: list[Target]) -> None:
+    def __init__(
+        self, root: str | os.PathLike[str], targets: list[Target], rule_files: Sequence[str] = ()
+    ) -> None:
         super().__init__(root)
         self.targets = targets
+        self.rule_files = list(rule_files)
+        """Alerting rules it evaluates every second (``alerts()`` reads what they raise)."""
 
     def _config(self) -> str:
-        lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s", "scrape_configs:"]
+        lines = ["global:", "  scrape_interval: 1s", "  scrape_timeout: 1s",
+                 "  evaluation_interval: 1s"]  # fmt: skip
+        if self.rule_files:
+            lines += ["rule_files:", *(f"  - {json.dumps(str(f))}" for f in self.rule_files)]
+        lines.append("scrape_configs:")
         for t in self.targets:
             lines += [f"  - job_name: {t.job}", "    static_configs:",
                       f"      - targets: ['{t.address}']"]  # fmt: skip
@@ -60,10 +70,40 @@ class LocalPrometheus(LocalProcess):
 
     def query(self, promql: str) -> list[dict[str, Any]]:
         """The instant vector ``promql`` gives now: ``[{"metric": {...}, "value": [t, "v"]}]``."""
-        url = f"{self.url}/api/v1/query?" + urllib.parse.urlencode({"query": promql})
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        result: list[dict[str, Any]] = self._api(
+            "query?" + urllib.parse.urlencode({"query": promql})
+        )["result"]
+        return result
+
+    def alerts(self) -> list[dict[str, Any]]:
+        """The alerts its rules raise now, pending or firing (``/api/v1/alerts``): each with
+        ``labels``, ``annotations`` (templates expanded) and ``state``."""
+        result: list[dict[str, Any]] = self._api("alerts")["alerts"]
+        return result
+
+    def evaluated(self) -> list[float]:
+        """When each rule group was last evaluated (seconds since the epoch; -inf: never)."""
+        groups = self._api("rules")["groups"]
+        return [_epoch(g.get("lastEvaluation", "")) for g in groups]
+
+    def now(self) -> float:
+        """Prometheus' own ``time()``."""
+        return float(self._api("query?query=time%28%29")["result"][1])
+
+    def _api(self, path: str) -> dict[str, Any]:
+        with urllib.request.urlopen(f"{self.url}/api/v1/{path}", timeout=10) as resp:
             answer = json.loads(resp.read())
         if answer.get("status") != "success":
-            raise PrometheusError(f"query {promql!r} failed: {answer}")
-        result: list[dict[str, Any]] = answer["data"]["result"]
-        return result
+            raise PrometheusError(f"/api/v1/{path} failed: {answer}")
+        data: dict[str, Any] = answer["data"]
+        return data
+
+
+def _epoch(rfc3339: str) -> float:
+    """``2026-11-28T00:10:11.123456789Z`` in seconds (Python keeps microseconds); Go's zero
+    time (``0001-01-01T00:00:00Z``, never evaluated) is -inf."""
+    try:
+        t = datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return float("-inf")
+    return t if t > 0 else float("-inf")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import http.client
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from gpuwarden.collector.metrics import DCGM, FB_FREE, XID_ERRORS, agent_metrics, gpu_metrics
@@ -33,6 +35,18 @@ from tests.test_signed_senders import Engine
 
 ROOT = Path(__file__).resolve().parent.parent
 H100 = ROOT / "tests/golden/nvml-h100-8gpu/nvml.json"
+RULES = ROOT / "deploy/prometheus/gpuwarden.rules.yml"
+
+
+def rule_metrics() -> set[str]:
+    """The gpuwarden metric names the shipped alerting rules' expressions read."""
+    rules = yaml.safe_load(RULES.read_text())
+    return {
+        name
+        for group in rules["groups"]
+        for rule in group["rules"]
+        for name in re.findall(r"\bgpuwarden_[a-z_]+", rule["expr"])
+    }
 
 
 def parse(body: bytes) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -147,18 +161,20 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
     assert conn.getresponse().status == 202
     conn.request("GET", "/metrics")  # no token: refused, and counted
     assert conn.getresponse().status == 401
+    # the job names deploy/prometheus/prometheus.example.yml gives them, which the shipped
+    # alerting rules select on
+    jobs = {"gpuwarden-agent", "gpuwarden-remediate", "gpuwarden-analyze"}
     targets = [
-        Target("agent", f"127.0.0.1:{services.agent_port}"),
-        Target("engine", f"127.0.0.1:{services.engine.port}", str(tmp_path / "token")),
-        Target("analyze", f"127.0.0.1:{services.analyze_port}"),
-    ]
-    with LocalPrometheus(tmp_path / "prometheus", targets) as prom:
+        Target("gpuwarden-agent", f"127.0.0.1:{services.agent_port}"),
+        Target("gpuwarden-remediate", f"127.0.0.1:{services.engine.port}",
+               str(tmp_path / "token")),
+        Target("gpuwarden-analyze", f"127.0.0.1:{services.analyze_port}"),
+    ]  # fmt: skip
+    with LocalPrometheus(tmp_path / "prometheus", targets, [str(RULES)]) as prom:
 
         def every_target_up() -> list[dict[str, Any]] | None:
             up = prom.query("up == 1")
-            return (
-                up if {r["metric"]["job"] for r in up} == {"agent", "engine", "analyze"} else None
-            )
+            return up if {r["metric"]["job"] for r in up} == jobs else None
 
         poll(every_target_up, 90, "Prometheus to scrape all three targets")
 
@@ -180,6 +196,46 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
             lambda: value("gpuwarden_agent_sink_points_written_total"), 30, "the agent's writes"
         )
         assert written > 0
+        # the shipped alerting rules: every metric they name is exported (a renamed metric
+        # would leave its rule silent for ever; a family without samples yet, a policy's
+        # precision before any outcome, counts), and none fires on this healthy stack ...
+        token = (tmp_path / "token").read_text().strip()
+        exported: set[str] = set()
+        for port, auth in (
+            (services.agent_port, {}),
+            (services.analyze_port, {}),
+            (services.engine.port, {"Authorization": f"Bearer {token}"}),
+        ):
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+            conn.request("GET", "/metrics", headers=auth)
+            exposition = conn.getresponse().read().decode()
+            exported |= set(re.findall(r"^# TYPE (\S+)", exposition, re.MULTILINE))
+        assert rule_metrics() - exported == set(), "the rules name metrics nothing exports"
+        since = prom.now()
+        poll(lambda: min(prom.evaluated()) > since or None, 30, "the rules evaluated")
+        raised = {a["labels"]["alertname"]: a for a in prom.alerts()}
+        # the risk posted above waits for an operator's approval: that one is raised, pending
+        # its 15 minutes; nothing else
+        assert value("gpuwarden_engine_plans_pending") == 1.0
+        assert raised.pop("GpuwardenPlansWaiting")["state"] == "pending"
+        assert raised == {}, "an alert on a healthy stack"
+        # ... and one fault raises its alert: the first replayed request the engine refuses
+        # (an alert on a counter's increase needs the series at 0 before it: the engine shows
+        # the statuses the rules watch from the start)
+        conn = http.client.HTTPConnection("127.0.0.1", services.engine.port, timeout=10)
+        conn.request("POST", "/v1/findings", body, headers)  # the signed request, again
+        assert conn.getresponse().status == 409
+
+        def refusing() -> list[dict[str, Any]] | None:
+            return [a for a in prom.alerts() if a["state"] == "firing"] or None
+
+        (alert,) = poll(refusing, 60, "the refused request's alert")
+        assert alert["labels"]["alertname"] == "GpuwardenEngineRefusingSenders"
+        assert alert["labels"]["status"] == "409"
+        assert alert["labels"]["component"] == "gpuwarden"
+        assert alert["annotations"]["summary"] == (
+            f"gpuwarden's engine on 127.0.0.1:{services.engine.port} refused requests (409)"
+        )
     # the agent's own exposition agrees with what it wrote: one cycle, read directly
     conn = http.client.HTTPConnection("127.0.0.1", services.agent_port, timeout=10)
     conn.request("GET", "/metrics")

@@ -1,0 +1,213 @@
+"""The shipped Prometheus alerting rules for gpuwarden's own services
+(``deploy/prometheus/gpuwarden.rules.yml``) and the example configurations beside them.
+
+Checked with Prometheus' and Alertmanager's own tools (Debian's ``prometheus`` 2.42 and
+``prometheus-alertmanager`` 0.25, REAL): ``promtool check rules`` and ``check config``,
+``amtool check-config``, and ``promtool test rules``, which evaluates every rule over
+CONSTRUCTED series: each alert fires on its fault, with the labels a route needs, and not on the
+healthy case next to it, nor before its ``for``. tests/test_prometheus.py loads the same file
+into a real Prometheus scraping the three real services (every metric named is exported, no
+alert on a healthy stack, a refused request raises its alert).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DEPLOY = ROOT / "deploy/prometheus"
+RULES = DEPLOY / "gpuwarden.rules.yml"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("promtool") is None or shutil.which("amtool") is None,
+    reason="needs Debian's prometheus and prometheus-alertmanager",
+)
+
+E, A, N = "e:9470", "a:9471", "gpu-node-001:9466"  # instances: engine, analyze, an agent
+ENGINE = {"job": "gpuwarden-remediate", "instance": E}
+ANALYZE = {"job": "gpuwarden-analyze", "instance": A}
+AGENT = {"job": "gpuwarden-agent", "instance": N}
+
+
+def series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
+    inner = ", ".join(f'{k}="{v}"' for k, v in labels.items())
+    return {"series": f"{name}{{{inner}}}", "values": values}
+
+
+# (alert, the input series, [(minute, the labels each firing alert has; [] = none fires)])
+# Each case pairs the fault with what must not fire: the healthy series beside it, or the
+# fault before its `for` has passed.
+CASES: list[tuple[str, list[dict[str, str]], list[tuple[int, list[dict[str, str]]]]]] = [
+    ("GpuwardenEngineDown",
+     [series("up", ENGINE, "1 1 0x20"), series("up", {**ENGINE, "instance": "ok:9470"}, "1x22")],
+     [(5, []), (8, [ENGINE])]),
+    ("GpuwardenEngineActionFailed",
+     [series("gpuwarden_engine_actions_total", {**ENGINE, "action": "drain", "outcome": "failed"},
+             "0 0 1 1"),
+      series("gpuwarden_engine_actions_total", {**ENGINE, "action": "cordon", "outcome": "ok"},
+             "0 1 2 3"),
+      series("gpuwarden_engine_actions_total", {**ENGINE, "action": "notify", "outcome": "failed"},
+             "0 1 2 3")],
+     [(1, []), (3, [{"instance": E, "action": "drain"}])]),
+    ("GpuwardenPlanFailed",
+     [series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "failed"}, "0 0 1 1"),
+      series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "act"}, "0 1 2 3")],
+     [(1, []), (3, [{"instance": E}])]),
+    ("GpuwardenNotifyFailed",
+     [series("gpuwarden_engine_actions_total", {**ENGINE, "action": "notify", "outcome": "timeout"},
+             "0 0 1 1"),
+      series("gpuwarden_engine_actions_total", {**ENGINE, "action": "drain", "outcome": "failed"},
+             "0 1 2 3")],
+     [(1, []), (3, [{"instance": E}])]),
+    ("GpuwardenEngineNotAccepting",
+     [series("gpuwarden_engine_requests_refused_total", {**ENGINE, "status": "503"}, "0 0 2 2"),
+      series("gpuwarden_engine_requests_refused_total", {**ENGINE, "status": "401"}, "0 5 9 9")],
+     [(1, []), (3, [{"instance": E}])]),
+    ("GpuwardenEngineRefusingSenders",
+     [series("gpuwarden_engine_requests_refused_total", {**ENGINE, "status": "403"}, "0 0 1 1"),
+      series("gpuwarden_engine_requests_refused_total", {**ENGINE, "status": "503"}, "0 5 9 9")],
+     [(1, []), (3, [{"instance": E, "status": "403"}])]),
+    ("GpuwardenPlansWaiting",
+     [series("gpuwarden_engine_plans_pending", ENGINE, "0 2x30")],
+     [(10, []), (20, [ENGINE])]),
+    ("GpuwardenNodeHoldEnded",
+     [series("gpuwarden_engine_nodes_held", {**ENGINE, "state": "ended"}, "0 1x150"),
+      series("gpuwarden_engine_nodes_held", {**ENGINE, "state": "holding"}, "3x150")],
+     [(60, []), (130, [{**ENGINE, "state": "ended"}])]),
+    ("GpuwardenPolicyDemoted",
+     [series("gpuwarden_policy_demoted", {**ENGINE, "policy": "xid-fatal"}, "0 0 1"),
+      series("gpuwarden_policy_demoted", {**ENGINE, "policy": "straggler"}, "0 0 0")],
+     [(1, []), (2, [{**ENGINE, "policy": "xid-fatal"}])]),
+    ("GpuwardenAnalyzeDown",
+     [series("up", ANALYZE, "1 0x20")],
+     [(4, []), (7, [ANALYZE])]),
+    ("GpuwardenAnalyzeStale",  # succeeds every minute (the value is the time), then stops at 5m
+     [series("gpuwarden_analyze_last_success_timestamp_seconds", ANALYZE, "0+60x5 300x40"),
+      series("gpuwarden_analyze_last_success_timestamp_seconds", {**ANALYZE, "instance": "b"},
+             "0+60x45")],
+     [(22, []), (27, [ANALYZE])]),
+    ("GpuwardenAnalyzeFailing",
+     [series("gpuwarden_analyze_run_failures_total", ANALYZE, "0 0 1 1"),
+      series("gpuwarden_analyze_runs_total", ANALYZE, "0 1 2 3")],
+     [(1, []), (3, [ANALYZE])]),
+    ("GpuwardenAgentDown",
+     [series("up", AGENT, "1 0x20")],
+     [(4, []), (7, [AGENT])]),
+    ("GpuwardenAgentSourceFailing",
+     [series("gpuwarden_agent_source_up", {**AGENT, "source": "xid"}, "1 0x20"),
+      series("gpuwarden_agent_source_up", {**AGENT, "source": "nvml"}, "1x21")],
+     [(8, []), (12, [{**AGENT, "source": "xid"}])]),
+    ("GpuwardenAgentLosingPoints",
+     [series("gpuwarden_agent_sink_points_dropped_total", AGENT, "0 0 5 5"),
+      series("gpuwarden_agent_sink_points_written_total", AGENT, "0 9 19 29")],
+     [(1, []), (3, [AGENT])]),
+    ("GpuwardenAgentSpoolUnwritable",
+     [series("gpuwarden_agent_sink_spool_write_errors_total", AGENT, "0 0 1 1")],
+     [(1, []), (3, [AGENT])]),
+    ("GpuwardenAgentCannotSend",  # InfluxDB refuses, points wait; and a blip that spooled none
+     [series("gpuwarden_agent_sink_sender_errors_total", AGENT, "0+1x40"),
+      series("gpuwarden_agent_sink_spool_points_count", AGENT, "0 100x40"),
+      series("gpuwarden_agent_sink_sender_errors_total", {**AGENT, "instance": "b"}, "0+1x40"),
+      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "b"}, "0x40")],
+     [(10, []), (20, [AGENT])]),
+]  # fmt: skip
+
+
+def rules() -> list[dict[str, Any]]:
+    return [r for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"]]
+
+
+def test_every_shipped_rule_has_a_case_and_says_where_to_route_it() -> None:
+    shipped = rules()
+    assert sorted(r["alert"] for r in shipped) == sorted(name for name, _, _ in CASES)
+    for r in shipped:  # the example Alertmanager route keys on component; pagers on severity
+        assert r["labels"]["component"] == "gpuwarden", r["alert"]
+        assert r["labels"]["severity"] in ("critical", "warning"), r["alert"]
+        assert r["annotations"]["summary"] and r["annotations"]["description"], r["alert"]
+    # the operator's page lists each one with its severity
+    page = (ROOT / "docs/DASHBOARDS.md").read_text().partition("## Alerts about gpuwarden")[2]
+    for r in shipped:
+        row = next(line for line in page.splitlines() if f"`{r['alert']}`" in line)
+        assert f"| {r['labels']['severity']} |" in row, row
+
+
+def test_the_rules_and_the_example_configurations_pass_prometheus_own_checks(
+    tmp_path: Path,
+) -> None:
+    run(["promtool", "check", "rules", str(RULES)])
+    # the example names credential files under /etc: promtool checks they exist, so the
+    # check runs on a copy whose paths lead to files made here
+    config = (DEPLOY / "prometheus.example.yml").read_text()
+    for path in ("/etc/prometheus/gpuwarden-engine.token", "/etc/prometheus/gpuwarden-ca.pem"):
+        assert path in config
+        made = tmp_path / Path(path).name
+        made.write_text("x\n")
+        config = config.replace(path, str(made))
+    (tmp_path / "prometheus.yml").write_text(config)
+    shutil.copy(RULES, tmp_path / RULES.name)
+    out = run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")])
+    assert "17 rules found" in out, out  # the rule file it names was found and read
+    run(["amtool", "check-config", str(DEPLOY / "alertmanager.example.yml")])
+
+
+def test_each_alert_fires_on_its_fault_and_not_on_the_healthy_case(tmp_path: Path) -> None:
+    # promtool compares annotations too, all or nothing: the test reads a copy without them
+    # (their templates are checked by `check rules`, and one is expanded by a real Prometheus
+    # in tests/test_prometheus.py)
+    doc = yaml.safe_load(RULES.read_text())
+    for group in doc["groups"]:
+        for r in group["rules"]:
+            r.pop("annotations")
+    (tmp_path / "rules.yml").write_text(json.dumps(doc))
+    by_name = {r["alert"]: r for r in rules()}
+    tests = []
+    for name, inputs, checks in CASES:
+        tests.append({
+            "interval": "1m",
+            "input_series": inputs,
+            "alert_rule_test": [
+                {"eval_time": f"{minute}m", "alertname": name,
+                 "exp_alerts": [{"exp_labels": {**labels, **by_name[name]["labels"]}}
+                                for labels in firing]}
+                for minute, firing in checks
+            ],
+        })  # fmt: skip
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": tests}
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    out = run(["promtool", "test", "rules", str(tmp_path / "test.yml")])
+    assert "SUCCESS" in out, out
+
+
+def test_a_rule_that_fires_on_the_healthy_case_fails_the_unit_test(tmp_path: Path) -> None:
+    """The unit test can fail: the engine-down rule made to fire on `up == 1` is caught."""
+    broken = RULES.read_text().replace('up{job="gpuwarden-remediate"} == 0',
+                                       'up{job="gpuwarden-remediate"} == 1')  # fmt: skip
+    assert broken != RULES.read_text()
+    doc = yaml.safe_load(broken)
+    rule = next(r for g in doc["groups"] for r in g["rules"] if r["alert"] == "GpuwardenEngineDown")
+    rule.pop("annotations")
+    doc["groups"] = [{"name": "one", "rules": [rule]}]
+    (tmp_path / "rules.yml").write_text(json.dumps(doc))
+    name, inputs, checks = CASES[0]
+    spec = {"rule_files": ["rules.yml"], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m", "input_series": inputs,
+        "alert_rule_test": [{"eval_time": f"{checks[0][0]}m", "alertname": name,
+                             "exp_alerts": []}],
+    }]}  # fmt: skip
+    (tmp_path / "test.yml").write_text(json.dumps(spec))
+    got = subprocess.run(["promtool", "test", "rules", str(tmp_path / "test.yml")],
+                         capture_output=True, text=True, check=False)  # fmt: skip
+    assert got.returncode != 0 and "FAILED" in got.stdout + got.stderr
+
+
+def run(argv: list[str]) -> str:
+    got = subprocess.run(argv, capture_output=True, text=True, check=False)
+    assert got.returncode == 0, f"{' '.join(argv)}:\n{got.stdout}{got.stderr}"
+    return got.stdout + got.stderr
