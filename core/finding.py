@@ -31,6 +31,13 @@ from gpuwarden.core.names import BadNameError, parse_subject
 
 #: a finding's time bucket is at most a week (the agent's healthy_after_s makes the longest)
 MAX_BUCKET_S = 7 * 86400
+MAX_EVIDENCE_DEPTH = 32
+"""Evidence nested deeper is refused (an attacker's 980 levels passed ``json.loads`` and then
+broke ``json.dumps`` in the journal's writer, and its readers)."""
+INT64 = 2**63
+"""Integers (``time_ns``, evidence) must fit in 64 bits, as InfluxDB's and every JSON reader's
+do: Python reads ``10**400`` from JSON as an int, and dividing it by ``1e9`` raised
+``OverflowError`` in the engine's tick, on every restart after (the record was journaled)."""
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
 
@@ -79,6 +86,11 @@ class Finding:
         for name, value in (("confidence", self.confidence), ("probability", self.probability)):
             if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise FindingError(f"{name} must be within [0, 1], got {value!r}")
+        if not 0 <= self.time_ns < INT64:
+            raise FindingError(
+                f"time_ns must be within 0 .. 2**63 - 1, got {str(self.time_ns)[:24]}"
+            )
+        _check_evidence(self.evidence)
         if not 0 < self.bucket_s <= MAX_BUCKET_S:
             raise FindingError(
                 f"bucket_s must be within 1 .. {MAX_BUCKET_S} s, got {self.bucket_s}"
@@ -160,6 +172,26 @@ class Finding:
         if self.confidence is not None:
             fields["confidence_ratio"] = self.confidence
         return tags, fields
+
+
+def _check_evidence(evidence: object) -> None:
+    """Evidence is JSON-shaped data of bounded depth whose integers fit in 64 bits (the
+    readers downstream divide them, compare them and write them to InfluxDB)."""
+    stack: list[tuple[object, int]] = [(evidence, 0)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int):
+            if not -INT64 <= value < INT64:
+                raise FindingError(
+                    f"evidence holds an integer beyond 64 bits: {str(value)[:24]}..."
+                )
+        elif isinstance(value, Mapping | list | tuple):
+            if depth >= MAX_EVIDENCE_DEPTH:
+                raise FindingError(f"evidence nested deeper than {MAX_EVIDENCE_DEPTH} levels")
+            items = value.values() if isinstance(value, Mapping) else value
+            stack.extend((v, depth + 1) for v in items)
 
 
 def _opt_float(value: object) -> float | None:

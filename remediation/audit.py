@@ -186,7 +186,7 @@ def read_records(path: str | Path, torn: list[int] | None = None) -> Iterator[di
                 continue
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
+            except (ValueError, RecursionError):  # torn, or nested past any reader
                 if torn is not None:
                     torn.append(number)
                 continue

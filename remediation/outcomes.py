@@ -140,8 +140,8 @@ class Outcomes:
         for line in data[:end].splitlines():
             try:
                 record = json.loads(line)
-            except (json.JSONDecodeError, UnicodeDecodeError):
-                continue  # a torn line
+            except (ValueError, RecursionError):  # (JSONDecodeError, UnicodeDecodeError)
+                continue  # a torn line, or one no reader can take
             if isinstance(record, dict):
                 records.append(record)
         return records

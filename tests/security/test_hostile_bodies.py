@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.core.finding import Finding, FindingError, Severity
-from tests.security.identity_engine import IdentityEngine
+from gpuwarden.core.finding import MAX_EVIDENCE_DEPTH, Finding, FindingError, Severity
+from tests.security.identity_engine import IdentityEngine, healthy
+from tests.security.identity_engine import xid as xid_of
 
 
 def xid(node: str = "node-001") -> dict[str, object]:
@@ -58,3 +59,60 @@ def test_a_bucket_of_its_own_cannot_claim_another_windows_id() -> None:
     assert real.id != claim.id
     with pytest.raises(FindingError, match="bucket_s"):
         Finding(time_ns=t300, bucket_s=10**9, **common)  # type: ignore[arg-type]
+
+
+# -- found in review, 2026-11-28: numbers and depth that passed the parser --------------------
+
+
+def test_a_huge_integer_in_evidence_cannot_stop_the_engine(engine: IdentityEngine) -> None:
+    """A node's own agent drained its node, then said it is healthy with ``checked_ns`` =
+    10**400 (valid JSON, an int to Python): the request's connection was dropped, the record
+    journaled, and the next tick raised OverflowError (``checked / 1e9``) and ended the engine,
+    at every start after too. Now refused at the door (422), and the engine goes on."""
+    engine.drained_by_its_agent("node-001")
+    bad = {**healthy("node-001"), "evidence": {"check": "pass", "checked_ns": 10**400}}
+    status, reply = engine.post("node-001", "/v1/findings", bad)
+    assert status == 422 and "64 bits" in reply["error"], (status, reply)
+    engine.settle()  # a tick later, it still answers and acts
+    assert engine.proc is not None and engine.proc.poll() is None, engine.output()
+    engine.stop()
+    engine.start()  # and it starts again on its journal
+    status, _ = engine.post("node-002", "/v1/findings", xid_of("node-002"))
+    assert status == 202
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("time_ns", 10**400), ("time_ns", -1), ("evidence", 10**30)],
+    ids=["time_ns-huge", "time_ns-negative", "evidence-huge"],
+)
+def test_a_number_beyond_64_bits_is_a_4xx(engine: IdentityEngine, field: str, value: int) -> None:
+    """``time_ns`` of 10**400 raised OverflowError in the freshness check (no answer)."""
+    finding = xid()
+    finding.pop("id")
+    finding[field] = {"n": value} if field == "evidence" else value
+    status, reply = post_raw(engine, json.dumps(finding).encode())
+    assert status == 422 and "not a finding" in reply["error"], (status, reply)
+
+
+def test_evidence_nested_past_the_bound_is_a_4xx_and_journals_nothing(
+    engine: IdentityEngine,
+) -> None:
+    """Evidence 980 levels deep passed ``json.loads``, then broke the journal's ``json.dumps``
+    (no answer) or, a level less, was journaled and broke its readers, which skipped the rest
+    of the batch they read (other senders' records with it)."""
+    finding = xid()
+    finding.pop("id")
+    deep: object = 1
+    for _ in range(MAX_EVIDENCE_DEPTH + 1):
+        deep = [deep]
+    finding["evidence"] = {"xid": 79, "deep": deep}
+    status, reply = post_raw(engine, json.dumps(finding).encode())
+    assert status == 422 and "nested deeper" in reply["error"], (status, reply)
+    assert not any("deep" in (r.get("evidence") or {}) for r in engine.records("finding"))
+    ok: object = 1
+    for _ in range(MAX_EVIDENCE_DEPTH - 2):  # within the bound: taken
+        ok = [ok]
+    finding["evidence"] = {"xid": 79, "deep": ok}
+    status, reply = post_raw(engine, json.dumps(finding).encode())
+    assert status == 202, reply
