@@ -159,7 +159,7 @@ def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None,
     if headers.get("Transfer-Encoding"):
         return None, 411, "send a Content-Length (chunked bodies are not read)"
     raw = headers.get("Content-Length") or "0"
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):  # "\xb2" (superscript two) is a digit to isdigit
         return None, 400, f"Content-Length {raw!r} is not a number of bytes"
     length = int(raw)
     if length > MAX_BODY:

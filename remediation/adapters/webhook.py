@@ -45,11 +45,20 @@ def generic_body(action: Action, now: float) -> dict[str, Any]:
     }
 
 
+def slack_escape(text: str) -> str:
+    """Text for Slack's ``mrkdwn`` as text, not markup: ``&``, ``<`` and ``>`` escaped as Slack
+    documents ("Escaping text"). A sender's summary reaches the reason: unescaped,
+    ``<!channel>`` paged the whole room and ``<https://evil|docs.internal>`` showed a link
+    under a label of the sender's choosing."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def slack_body(action: Action, now: float) -> dict[str, Any]:
     subject = dict(action.params.get("subject", {}))
-    fields = [{"title": k, "value": str(v), "short": True} for k, v in subject.items()]
+    fields = [{"title": k, "value": slack_escape(str(v)), "short": True}
+              for k, v in subject.items()]  # fmt: skip
     return {
-        "text": f"[{action.severity.upper()}] {action.reason}",
+        "text": f"[{action.severity.upper()}] {slack_escape(action.reason)}",
         "attachments": [
             {
                 "color": SLACK_COLOURS.get(action.severity, "#7f7f7f"),

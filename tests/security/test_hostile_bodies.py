@@ -116,3 +116,35 @@ def test_evidence_nested_past_the_bound_is_a_4xx_and_journals_nothing(
     finding["evidence"] = {"xid": 79, "deep": ok}
     status, reply = post_raw(engine, json.dumps(finding).encode())
     assert status == 202, reply
+
+
+def test_a_content_length_of_unicode_digits_is_a_400_at_the_relay() -> None:
+    """``"\\xb2"`` (superscript two, a latin-1 header byte) passed ``str.isdigit`` and then
+    ``int()`` raised ValueError in the relay's handler: no answer."""
+    import io
+    from email.message import Message
+
+    from gpuwarden.collector.relay import read_body
+
+    for raw in ("\xb2", "\u0663", "1\xb9"):  # superscript two, Arabic-Indic three, 1 and ¹
+        headers = Message()
+        headers["Content-Length"] = raw
+        body, status, why = read_body(headers, io.BytesIO(b"x"))
+        assert (body, status) == (None, 400) and "not a number" in why, raw
+
+
+def test_a_senders_text_reaches_slack_as_text_not_markup() -> None:
+    """A summary with ``<!channel>`` paged the whole room and ``<url|label>`` showed a link
+    under a label the sender chose; a subject value is the sender's too."""
+    from gpuwarden.remediation.adapters.webhook import slack_body
+    from gpuwarden.remediation.engine.decide import EngineSettings, action_for
+    from gpuwarden.remediation.model import ActionKind
+
+    summary = "<!channel> run <https://evil.example/fix.sh|docs.internal> & go"
+    f = Finding(kind="gpu_xid", subject={"node": "gpu07", "gpu": "0"},
+                severity=Severity.CRITICAL, time_ns=time.time_ns(), source="agent",
+                summary=summary)  # fmt: skip
+    body = slack_body(action_for(ActionKind.NOTIFY, f, EngineSettings()), time.time())
+    text = body["text"]
+    assert "<" not in text and ">" not in text
+    assert "&lt;!channel&gt; run &lt;https://evil.example/fix.sh|docs.internal&gt; &amp; go" in text
