@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.finding import Finding, FindingError, Severity
 from gpuwarden.remediation.audit import AuditLog
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine import Engine, EngineSettings
@@ -291,6 +291,10 @@ def test_a_broken_or_hostile_horizon_holds_at_most_the_longest(horizon: object) 
     settings = EngineSettings(max_prediction_hold_s=DAY)
     clock = HandClock()
     evidence = {} if horizon is None else {"horizon_s": horizon}
+    if horizon == 10**400:  # refused at the door now (an integer past 64 bits)
+        with pytest.raises(FindingError, match="64 bits"):
+            replace(risk("gpu01", clock), evidence=evidence)
+        return
     f = replace(risk("gpu01", clock), evidence=evidence)
     assert prediction_hold(f, settings) == DAY
     assert prediction_hold(risk("gpu01", clock), settings) == HORIZON
