@@ -143,6 +143,25 @@ def test_one_agent_key_gets_its_quota_and_no_more(engine: IdentityEngine) -> Non
     assert status == 202 and len(finding_ids(engine, "node-002")) == 1
 
 
+def test_refused_requests_spend_the_senders_quota(engine: IdentityEngine) -> None:
+    """Found in review: requests an agent signed that the engine refused after checking the
+    signature (403 on an operator's route, 404, a malformed finding) spent no quota, and each
+    wrote and fsynced a signature record: 3,000 in 2 s. Each now costs a finding's worth of
+    its quota (10 a minute here); past it, 429 before anything is read or recorded."""
+    signatures = Path(f"{engine.audit}.signatures")
+    before = len(signatures.read_text().splitlines()) if signatures.exists() else 0
+    statuses = []
+    for i in range(14):
+        path = "/v1/undo/node-001" if i % 2 else "/v1/nothing-here"
+        body = json.dumps({"n": i}).encode()
+        statuses.append(engine.send("POST", path, body,
+                                    engine.signed("node-001", "POST", path, body))[0])  # fmt: skip
+    assert sorted(set(statuses[:10])) == [403, 404] and statuses[10:] == [429] * 4
+    assert len(signatures.read_text().splitlines()) - before == 10
+    status, _ = engine.post("node-001", "/v1/findings", xid("node-001"))
+    assert status == 429  # the same bucket: its findings wait too
+
+
 def test_plans_about_one_node_hold_a_bounded_share_of_the_queue(engine: IdentityEngine) -> None:
     """Five fatal XIDs about node-001, each a plan that waits for an operator
     (``approval = ["drain"]``): before, five plans waited (and each told a person); with
