@@ -53,6 +53,7 @@ from typing import Any
 from gpuwarden.core.files import write_all
 from gpuwarden.remediation.clock import SYSTEM, Instant
 from gpuwarden.remediation.errors import RemediationError
+from gpuwarden.remediation.model import foreign_removal
 
 #: The crash-point sweep (tests/test_crash_sweep.py) kills the engine at a journal boundary:
 #: ``after:N`` once its Nth record of this process is on disk, ``before:N`` just before the Nth
@@ -282,7 +283,7 @@ class Memory:
         # does not start it: a node that breaks right after its repair must come out at once
         if action not in ("notify", "uncordon"):
             self.last_action_at[node] = mono
-        if action in ("cordon", "drain"):
+        if action in ("cordon", "drain") and not foreign_removal(record):
             if node not in self.taken_out:
                 times = self.taken_out_at.setdefault(node, [])
                 times.append((Instant(float(record["t"]), mono), str(record.get("reason", ""))))

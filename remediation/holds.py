@@ -33,6 +33,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from gpuwarden.remediation.model import foreign_removal
+
 EXPIRED_KIND = "prediction_expired"
 """The engine's own finding when a hold ends; no sender may send it (:mod:`.identity`)."""
 REMOVING = ("cordon", "drain")
@@ -123,8 +125,8 @@ class Holds:
             self.held.pop(node, None)
             self.fault_at.pop(node, None)
             return
-        if action not in REMOVING:
-            return
+        if action not in REMOVING or foreign_removal(r):
+            return  # (out by someone else: not gpuwarden's to hold or return)
         hold = r.get("hold_s")
         was_out = node in self._out
         self._out.add(node)

@@ -115,6 +115,21 @@ class Outcome:
         return self.status in (Status.OK, Status.DRY_RUN)
 
 
+ALREADY_OUT = "already_out"
+"""An ``Outcome.details`` key: a ``cordon``/``drain`` found the node out already, taken out by
+someone else (an administrator's maintenance drain, with its reason as the value). gpuwarden
+did not take it out and does not count it as its own: it never puts such a node back (the
+``not_ours`` guard) and holds no prediction on it. (Before, the removal answered "already
+draining", OK, and the node became gpuwarden's: its agent's next passing check resumed a node
+an administrator had drained "DO NOT RESUME".)"""
+
+
+def foreign_removal(record: Mapping[str, Any]) -> bool:
+    """Whether an ``action`` record is a removal that found the node out by someone else."""
+    details = record.get("details")
+    return isinstance(details, Mapping) and bool(details.get(ALREADY_OUT))
+
+
 class AdapterError(RemediationError, RuntimeError):
     """An adapter could not do what it was asked; the message says what and why."""
 

@@ -47,6 +47,7 @@ from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.holds import Holds, hold_of, is_prediction
+from gpuwarden.remediation.model import foreign_removal
 from gpuwarden.remediation.policy import Policy
 
 VERDICTS = ("confirmed", "refuted", "unknown")
@@ -235,7 +236,7 @@ class Outcomes:
     def _on_action(self, r: Mapping[str, Any], t: float, mono: float, node: str) -> None:
         action, ok = r.get("action"), r.get("outcome") == "ok" and not r.get("dry_run")
         known = self._plans.get(str(r.get("action_id", "")))
-        if action in REMOVING and ok and known is not None:
+        if action in REMOVING and ok and known is not None and not foreign_removal(r):
             plan_id, policy, kind, ids, _, hold = known
             if plan_id not in self.open and plan_id not in self.decided:
                 cluster = str(r.get("cluster", ""))

@@ -6,15 +6,17 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.engine import Engine, EngineSettings
-from gpuwarden.remediation.model import Action, ActionKind, AdapterError
+from gpuwarden.remediation.model import Action, ActionKind, Adapter, AdapterError
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.k8s import FakeKubernetes, matches_labels
 from tests.remediation_util import RecordingAdapter, risk
@@ -378,3 +380,47 @@ def test_an_error_answer_of_any_body_is_an_adapter_error(body: bytes, tmp_path: 
             KubernetesAdapter(api_url=url, token_file=str(token)).inventory()
     finally:
         listener.close()
+
+
+def test_a_node_someone_else_cordoned_stays_theirs(fake: FakeKubernetes, tmp_path: Path) -> None:
+    """Found in review: gpuwarden's cordon rewrote a node an administrator had cordoned
+    (``kubectl cordon``), answered OK, and the engine counted it as its own: the node's next
+    passing check uncordoned it. Now the node is left as it is, its pods are still moved (a
+    fault moves the work away), and the outcome says whose the node is."""
+    fake.set_pdb_allowed("train", "llama", 5)
+    fake.nodes["gpu03"]["spec"]["unschedulable"] = True  # kubectl cordon gpu03
+    k8s = adapter(fake, tmp_path)
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    settings = EngineSettings(dry_run=False, node_adapter="kubernetes", max_nodes_out=4,
+                              checkpoint_adapter="kubernetes",
+                              max_fraction_out=1.0, predicted_kinds=())  # fmt: skip
+    adapters: dict[str, Adapter] = {"kubernetes": k8s, "webhook": RecordingAdapter("webhook")}
+    engine = Engine(load_policies(DEFAULT_POLICIES), adapters, audit, settings)
+    try:
+        assert engine.submit(risk("gpu03")).verdict == "act"
+        assert engine.wait(30)
+        (removal,) = [r for r in read_records(audit.path)
+                      if r["event"] == "action" and r["action"] == "drain"]  # fmt: skip
+        assert removal["outcome"] == "ok" and removal["details"]["already_out"] == "cordoned"
+        assert removal["details"]["evicted"] == ["train/llama-2"]
+        node = fake.nodes["gpu03"]
+        assert not node["spec"].get("taints")
+        assert not any(k.startswith("gpuwarden.io/") for k in node["metadata"]["annotations"])
+        assert "gpuwarden.io/state" not in node["metadata"]["labels"]
+        now = time.time_ns()
+        back = Finding(kind="node_healthy", subject={"cluster": "test", "node": "gpu03"},
+                       severity=Severity.INFO, time_ns=now,
+                       evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
+        assert engine.submit(back).verdict == "not_ours"
+        assert engine.wait(30)
+        assert fake.nodes["gpu03"]["spec"]["unschedulable"] is True
+    finally:
+        engine.close()
+
+
+def test_a_kubeconfig_that_cannot_be_read_is_an_adapter_error(tmp_path: Path) -> None:
+    """Found in review: under the shipped systemd unit (ProtectHome=) ``~/.kube/config`` is
+    out of reach, and the client's ConfigException escaped as a traceback (the unit restarted
+    for ever); now it is the adapter's error, which the command reports and exits 2 on."""
+    with pytest.raises(AdapterError, match=r"kubeconfig .*none.*set \[kubernetes\] kubeconfig"):
+        KubernetesAdapter(kubeconfig=str(tmp_path / "none"))

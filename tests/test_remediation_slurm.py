@@ -8,15 +8,17 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.adapters.slurm import SlurmAdapter
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.engine import Engine, EngineSettings
-from gpuwarden.remediation.model import Action, ActionKind, AdapterError
+from gpuwarden.remediation.model import Action, ActionKind, Adapter, AdapterError
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.slurm import LocalSlurm, slurm_available
 from tests.remediation_util import RecordingAdapter, poll, risk
@@ -151,3 +153,72 @@ def test_checkpoint_by_signal_reaches_the_job(slurm: LocalSlurm, tmp_path: Path)
     poll(lambda: any(r[2] == "checkpoint" for r in progress(tmp_path)), 30, "the job's checkpoint")
     assert running_on(slurm, job) == node  # alive
     slurm.run("scancel", job)
+
+
+def live_engine(adapter: SlurmAdapter, audit: AuditLog, max_nodes_out: int) -> Engine:
+    settings = EngineSettings(dry_run=False, max_nodes_out=max_nodes_out, max_fraction_out=1.0,
+                              predicted_kinds=(), cooldown_s=0.0)  # fmt: skip
+    adapters: dict[str, Adapter] = {"slurm": adapter, "webhook": RecordingAdapter("webhook")}
+    return Engine(load_policies(DEFAULT_POLICIES), adapters, audit, settings)
+
+
+def xid_on(node: str, summary: str) -> Finding:
+    """A CONSTRUCTED fatal XID about ``node``, as its agent sends it."""
+    return Finding(kind="gpu_xid", subject={"cluster": "test", "node": node, "gpu": "0"},
+                   severity=Severity.CRITICAL, time_ns=time.time_ns(), evidence={"xid": 79},
+                   summary=summary, source="agent")  # fmt: skip
+
+
+def test_a_node_an_administrator_drained_stays_theirs(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """Found in review: a fault on a node an administrator had drained ("DO NOT RESUME")
+    "drained" it again, answered OK ("already draining"), and the engine counted the node as
+    one it took out: the node's agent's next passing check resumed it. Now the drain says the
+    node was out already by someone else, and nothing of gpuwarden's puts it back."""
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    admin = "admin: swapping the HGX baseboard, DO NOT RESUME"
+    slurm.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN", f"Reason={admin}")
+    audit = AuditLog(tmp_path / "audit.jsonl")
+    engine = live_engine(adapter, audit, max_nodes_out=4)
+    try:
+        assert engine.submit(xid_on("gpu03", "XID 79 (CONSTRUCTED)")).verdict == "act"
+        assert engine.wait(60)
+        (drain,) = [r for r in read_records(audit.path)
+                    if r["event"] == "action" and r["action"] == "drain"]  # fmt: skip
+        assert drain["outcome"] == "ok" and drain["details"]["already_out"] == admin
+        now = time.time_ns()
+        back = Finding(kind="node_healthy", subject={"cluster": "test", "node": "gpu03"},
+                       severity=Severity.INFO, time_ns=now,
+                       evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
+        assert engine.submit(back).verdict == "not_ours"
+        assert engine.wait(60)
+        with pytest.raises(KeyError):  # nor is it gpuwarden's to undo unforced
+            engine.undo("gpu03")
+        node = adapter.node("gpu03")
+        assert "DRAIN" in node["state_flags"] and node["reason"] == admin
+    finally:
+        engine.close()
+        slurm.run("scontrol", "update", "NodeName=gpu03", "State=RESUME")
+
+
+def test_a_summary_cannot_make_a_drained_node_a_hot_spare(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """Found in review: a drain's reason is ``gpuwarden: <the finding's summary> [id]``, and
+    any reason starting ``gpuwarden: hot spare`` counted as a spare, which the blast-radius
+    guard does not count as out: a sender whose summary began "hot spare" drained past
+    ``max_nodes_out``. Spares are matched on the whole reason now."""
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    engine = live_engine(adapter, AuditLog(tmp_path / "audit.jsonl"), max_nodes_out=1)
+    try:
+        verdicts = []
+        for node in ("gpu03", "gpu04"):
+            f = xid_on(node, "hot spare? no: XID 79 (CONSTRUCTED)")
+            verdicts.append(engine.submit(f).verdict)
+            assert engine.wait(60)
+        assert verdicts == ["act", "blast_radius"]
+        assert adapter.inventory().spares == frozenset()
+        assert "DRAIN" not in adapter.node("gpu04")["state_flags"]
+    finally:
+        engine.close()
+        for node in ("gpu03", "gpu04"):
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)

@@ -29,6 +29,7 @@ from typing import Any
 
 from gpuwarden.core.retry import Backoff
 from gpuwarden.remediation.model import (
+    ALREADY_OUT,
     Action,
     ActionKind,
     AdapterError,
@@ -74,13 +75,27 @@ class KubernetesAdapter:
                     cfg.api_key = {"authorization": fh.read().strip()}
                 cfg.api_key_prefix = {"authorization": "Bearer"}
             api_client = client.ApiClient(cfg)
-        elif in_cluster:
-            config.load_incluster_config()
-            api_client = client.ApiClient()
         else:
-            api_client = config.new_client_from_config(
-                config_file=kubeconfig or None, context=context or None
-            )
+            from kubernetes.config.config_exception import ConfigException
+
+            try:
+                if in_cluster:
+                    config.load_incluster_config()
+                    api_client = client.ApiClient()
+                else:
+                    api_client = config.new_client_from_config(
+                        config_file=kubeconfig or None, context=context or None
+                    )
+            except ConfigException as exc:  # a traceback and a restart loop, before: say it
+                where = (
+                    "in-cluster service account"
+                    if in_cluster
+                    else (f"kubeconfig {kubeconfig or '~/.kube/config'}")
+                )
+                raise AdapterError(
+                    f"the {where}: {exc} (set [kubernetes] kubeconfig, or api_url and "
+                    "token_file; a systemd unit with ProtectHome= cannot read ~/.kube)"
+                ) from None
         self._client = client
         self.core = client.CoreV1Api(api_client)
         self.pool_label = pool_label
@@ -210,8 +225,8 @@ class KubernetesAdapter:
         if action.kind is ActionKind.CORDON:
             return self._cordon(action)
         if action.kind is ActionKind.DRAIN:
-            cordoned = self._cordon(action)
-            return self._evict_all(action, cordoned.message)
+            # (on a node cordoned by someone else too: a fault moves the work away either way)
+            return self._evict_all(action, self._cordon(action))
         if action.kind is ActionKind.UNCORDON:
             return self._uncordon(action)
         raise AdapterError(f"kubernetes cannot {action.kind}")
@@ -237,12 +252,21 @@ class KubernetesAdapter:
 
     def _cordon(self, action: Action, state: str = "cordoned") -> Outcome:
         client = self._client
+        foreign: list[str] = []
 
         def change(node: Any) -> bool:
             taints = list(node.spec.taints or [])
             has_taint = any(t.key == self.taint_key for t in taints)
             annotations = node.metadata.annotations or {}
             labels = node.metadata.labels or {}
+            if (
+                node.spec.unschedulable
+                and not has_taint
+                and annotations.get(f"{ANNOTATION}/cordoned-by") != "gpuwarden"
+            ):  # cordoned by someone else (kubectl cordon, an upgrade): theirs, left as it is
+                foreign[:] = [annotations.get(f"{ANNOTATION}/reason") or "cordoned"]
+                return False
+            foreign.clear()  # (a 409 retry reads the node again)
             if (
                 node.spec.unschedulable
                 and has_taint
@@ -265,6 +289,10 @@ class KubernetesAdapter:
             return True
 
         self._rewrite_node(action.node, change)
+        if foreign:
+            return Outcome(Status.OK, f"{action.node} was cordoned already by someone else: "
+                           "left to them, gpuwarden does not put it back",
+                           {ALREADY_OUT: foreign[0]})  # fmt: skip
         return Outcome(Status.OK, f"cordoned and tainted {action.node}")
 
     def _uncordon(self, action: Action) -> Outcome:
@@ -311,7 +339,7 @@ class KubernetesAdapter:
             out.append(pod)
         return out
 
-    def _evict_all(self, action: Action, cordoned: str) -> Outcome:
+    def _evict_all(self, action: Action, cordon: Outcome) -> Outcome:
         from kubernetes.client.exceptions import ApiException
 
         client = self._client
@@ -345,7 +373,9 @@ class KubernetesAdapter:
             if not self._evict_retry.exhausted(attempt + 1):
                 time.sleep(self._evict_retry.delay(attempt + 1))
         blocked = sorted(f"{ns}/{name}" for ns, name in pending)
-        details = {"evicted": evicted, "blocked_by_pdb": blocked, "attempts": attempts}
+        details = {**cordon.details, "evicted": evicted, "blocked_by_pdb": blocked,
+                   "attempts": attempts}  # fmt: skip
+        cordoned = cordon.message
         if blocked:
             return Outcome(
                 Status.FAILED,

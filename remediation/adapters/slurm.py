@@ -43,6 +43,7 @@ from gpuwarden.core.checkpoint import (
 )
 from gpuwarden.core.names import BadNameError, NodeName
 from gpuwarden.remediation.model import (
+    ALREADY_OUT,
     Action,
     ActionKind,
     AdapterError,
@@ -56,6 +57,12 @@ from gpuwarden.remediation.model import (
 OUT_STATES = frozenset({"down", "drained", "draining", "fail", "failing", "future", "maint"})
 OUT_FLAGS = frozenset({"DRAIN", "DOWN", "FAIL", "MAINTENANCE", "REBOOT_REQUESTED"})
 SPARE_REASON = "gpuwarden: hot spare"
+"""A hot spare's drain reason, matched whole: a removal's reason carries the finding's summary
+(the sender's text) after ``gpuwarden: `` and its id after, so it never equals this (a prefix
+match counted any summary starting "hot spare" as a spare, outside the blast-radius limit)."""
+OURS = "gpuwarden:"
+"""Every drain reason gpuwarden writes starts so; a drain with any other reason is someone
+else's."""
 
 
 class SlurmAdapter:
@@ -147,7 +154,7 @@ class SlurmAdapter:
             state = str(n.get("state", "")).lower()
             if state in OUT_STATES or flags & OUT_FLAGS:
                 out.add(name)
-                if "DRAIN" in flags and str(n.get("reason", "")).startswith(SPARE_REASON):
+                if "DRAIN" in flags and str(n.get("reason", "")) == SPARE_REASON:
                     spares.add(name)
             elif state == "idle":
                 idle.add(name)
@@ -229,7 +236,7 @@ class SlurmAdapter:
         node = self.node(action.node)
         flags = {str(f).upper() for f in node.get("state_flags") or []}
         if "DRAIN" in flags:
-            return Outcome(Status.OK, f"{action.node} already draining: {node.get('reason')!r}")
+            return _already_draining(action.node, str(node.get("reason") or ""))
         reason = action.reason.replace("\n", " ")[:200]
         self._run(
             "scontrol", "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={reason}"
@@ -355,7 +362,7 @@ class SlurmAdapter:
         if kind in (ActionKind.CORDON, ActionKind.DRAIN):
             node = self.node(name)
             if "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}:
-                return Outcome(Status.OK, f"{name} is draining: {node.get('reason')!r}")
+                return _already_draining(name, str(node.get("reason") or ""))
             return None
         if kind is ActionKind.UNCORDON:
             node = self.node(name)
@@ -396,3 +403,16 @@ def _restarts(job: Mapping[str, Any]) -> int:
         return int(value)
     except (TypeError, ValueError):
         return 0
+
+
+def _already_draining(node: str, reason: str) -> Outcome:
+    """A drain that found ``node`` draining already: gpuwarden's own (a repeat, or its own
+    drain before a restart), or someone else's (:data:`ALREADY_OUT`: left to them)."""
+    if reason.startswith(OURS):
+        return Outcome(Status.OK, f"{node} already draining: {reason!r}")
+    return Outcome(
+        Status.OK,
+        f"{node} was drained already by someone else ({reason!r}): left to them, gpuwarden "
+        "does not put it back",
+        {ALREADY_OUT: reason or "(no reason)"},
+    )
