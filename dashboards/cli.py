@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -26,6 +27,8 @@ from gpuwarden.dashboards.config import grafana_token, load_config
 from gpuwarden.dashboards.errors import DashboardError, PushError
 from gpuwarden.dashboards.export import encode, generate
 from gpuwarden.dashboards.grafana import parse_duration
+
+log = logging.getLogger("gpuwarden.dashboards")
 
 Config = Mapping[str, Mapping[str, Any]]
 
@@ -70,6 +73,26 @@ def provider_file(cfg: Config, dashboards_dir: str) -> dict[str, Any]:
 
 
 ROUTE_SNIPPET = "gpuwarden-routes.example.yaml"
+
+
+def contact_point_warnings(cfg: Config) -> list[str]:
+    """What the exported contact points will not do, said before an operator finds out from
+    alerts that reach nobody (found in review)."""
+    a, found = cfg["alerts"], []
+    if not a["webhook_token_file"]:
+        found.append(
+            "alerts.webhook_token_file is empty: the contact point posts to the engine without "
+            "a token, and the engine answers 401 (with identities it takes a bearer token only "
+            "from an alerts identity, with [engine] alerts_unsigned = true: docs/DEPLOY.md, "
+            "Grafana)"
+        )
+    if not a["slack_url_file"]:
+        found.append(
+            "alerts.slack_url_file is empty: warnings go to the engine's webhook too, and a "
+            "warning no engine policy answers (a hot GPU, a link trained down, a silent agent) "
+            "reaches nobody: give warnings a contact point people read"
+        )
+    return found
 
 
 def export(cfg: Config, out: Path) -> list[Path]:
@@ -238,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args)
     try:
         cfg = load_config(config_path(args))
+        if args.command in ("export", "push"):
+            for warning in contact_point_warnings(cfg):
+                log.warning("%s", warning)
         if args.command == "export":
             for path in export(cfg, Path(args.out)):
                 print(path)

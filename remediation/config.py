@@ -240,6 +240,19 @@ def load_config(
             "passing check newer than the hold's end, or by hand); add the shipped "
             "prediction-expired policy", EXPIRED_KIND, ", ".join(e["predicted_kinds"]),
         )  # fmt: skip
+    if not e["notify_adapter"]:
+        log.warning(
+            "engine.notify_adapter is empty: plans run without their notifications (each is "
+            "recorded as skipped) and nobody is told what gpuwarden did or what waits for a "
+            'person; set it to "webhook" ([webhook]) unless another path tells people'
+        )
+    elif e["notify_adapter"] == "webhook" and not any(
+        config["webhook"][k] for k in ("generic_url", "slack_url_file", "alertmanager_url")
+    ):
+        log.warning(
+            "[webhook] names no receiver (generic_url, slack_url_file, alertmanager_url): "
+            "gpuwarden's notifications, and its requests for a person, reach nobody"
+        )
     if e["return_requires"] == "command" and not e["return_check_command"]:
         raise ConfigError("engine.return_requires = 'command' needs return_check_command")
     try:  # ssh must see '--' before {node}: refused here, before the engine serves

@@ -130,6 +130,24 @@ def test_the_configurations_in_configmaps_load(tmp_path: Path) -> None:
                 load_engine_config(path)
 
 
+def test_the_agents_node_check_writes_only_where_its_container_can(tmp_path: Path) -> None:
+    """The DaemonSet's root filesystem is read-only, and the node check's disk probe wrote in
+    the default ``/tmp``: it failed on every node, every ``healthy_after_s``, and the agent
+    reported its node as failing its check (found in review). Each disk path must lie in a
+    writable mount of the agent's container."""
+    docs = documents()
+    (tmp_path / "agent.toml").write_text(_configmap(docs, "gpuwarden-agent", "agent.toml"))
+    config = load_agent_config(str(tmp_path / "agent.toml"))
+    (daemonset,) = [d for d in docs if d["kind"] == "DaemonSet"]
+    (container,) = [c for c in daemonset["spec"]["template"]["spec"]["containers"]
+                    if c["name"] == "agent"]  # fmt: skip
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    writable = [m["mountPath"] for m in container["volumeMounts"] if not m.get("readOnly")]
+    assert "disk" in config["health"]["check_probes"]
+    for path in config["check"]["disk_paths"]:
+        assert any(Path(path).is_relative_to(m) for m in writable), (path, writable)
+
+
 def test_the_init_container_example_needs_nothing_from_gpuwardens_namespace() -> None:
     """The example is a fragment to copy (its name keeps ``kubectl apply -f`` off it) into a
     job's pod, in the job's namespace. Before, it mounted the ``gpuwarden-agent`` ConfigMap,
@@ -288,9 +306,9 @@ def test_a_node_agent_configured_as_shipped_speaks_for_its_own_node_only(tmp_pat
     """The shipped engine configuration, started for real (``gpuwarden remediate serve``, the
     Kubernetes fake for the API server), and the shipped agent configuration's fast path with
     the key the recipe derives (``gpuwarden remediate agent-key agents NODE``): node-001's
-    agent reports node-001 and is heard, and cannot report node-002. Only the key folder, the
-    listen address, the audit log and the API server differ from the manifests. Every finding
-    is CONSTRUCTED."""
+    agent reports node-001 and is heard and acted on, and cannot report node-002. Only the key
+    folder, the listen address, the audit log, the API server, ``dry_run = false`` (roll-out step 4)
+    and ``max_fraction_out`` (two nodes) differ from the manifests. Every finding is CONSTRUCTED."""
     import os
     import subprocess
     import sys
@@ -305,7 +323,7 @@ def test_a_node_agent_configured_as_shipped_speaks_for_its_own_node_only(tmp_pat
     docs = documents()
     keys = tmp_path / "keys"
     keys.mkdir()
-    for name in ("agents", "analyze", "admin"):
+    for name in ("agents", "analyze", "admin", "monitor"):
         (keys / name).write_text(f"a test key for {name}, CONSTRUCTED\n")
         (keys / name).chmod(0o400)
     config = tmp_path / "remediation.toml"
@@ -323,6 +341,8 @@ def test_a_node_agent_configured_as_shipped_speaks_for_its_own_node_only(tmp_pat
         "GPUWARDEN_KUBERNETES_IN_CLUSTER": "false",
         "GPUWARDEN_KUBERNETES_API_URL": fake.url,
         "GPUWARDEN_KUBERNETES_TOKEN_FILE": str(tmp_path / "k8s"),
+        "GPUWARDEN_ENGINE_DRY_RUN": "false",  # step 4 of docs/DEPLOY.md: live
+        "GPUWARDEN_GUARDS_MAX_FRACTION_OUT": "1.0",  # (a cluster of two nodes)
     }
     cmd = [sys.executable, "-m", "gpuwarden", "remediate", "--config", str(config)]
     derived = subprocess.run([*cmd, "agent-key", "agents", "node-001"], env=env, cwd=ROOT,
@@ -364,6 +384,10 @@ def test_a_node_agent_configured_as_shipped_speaks_for_its_own_node_only(tmp_pat
         assert posted("node-002") == (0, 1)
         assert posted("node-001") == (1, 0)
         assert heard("node-001") and not heard("node-002")
+        # and acted on, as shipped (its notify_adapter = "" made every plan fail, before:
+        # "no adapter configured for ['']", and the node stayed in service)
+        poll(lambda: fake.nodes["node-001"]["spec"].get("unschedulable"), 60, "node-001 out")
+        assert not fake.nodes["node-002"]["spec"].get("unschedulable")
     finally:
         engine.terminate()
         engine.wait(30)
@@ -394,3 +418,36 @@ def test_the_namespace_admits_what_the_agent_needs() -> None:
     assert labels.get("pod-security.kubernetes.io/enforce") == "privileged", labels
     spec = next(s for s in pod_specs(docs) if s.get("hostPID"))
     assert any("hostPath" in v for v in spec["volumes"])
+
+
+def test_the_grafana_identity_in_deploy_md_takes_what_grafana_sends(tmp_path: Path) -> None:
+    """docs/DEPLOY.md's ``grafana`` identity (found in review: following DEPLOY, every alert
+    Grafana posted was answered 401) loads, and its kinds are exactly those of the critical
+    rules, the ones whose contact point is the engine."""
+    import re
+    import tomllib
+
+    from gpuwarden.dashboards.alerts import rule_specs
+    from gpuwarden.dashboards.cli import contact_point_warnings
+    from gpuwarden.dashboards.config import load_config as load_dashboards_config
+    from gpuwarden.remediation.config import load_config as load_remediation_config
+
+    page = (ROOT / "docs/DEPLOY.md").read_text().partition("The engine must accept Grafana")[2]
+    block = re.search(r"```toml\n(.*?)```", page, re.DOTALL)
+    assert block is not None
+    (tmp_path / "grafana").write_text("a test key, CONSTRUCTED\n")
+    (tmp_path / "grafana").chmod(0o400)
+    text = block.group(1).replace("/etc/gpuwarden/keys/", f"{tmp_path}/")
+    doc = tomllib.loads(text)
+    cfg = load_dashboards_config(None)
+    critical = {s.kind for s in rule_specs(cfg) if s.severity == "critical"}
+    assert set(doc["identity"][0]["kinds"]) == critical
+    (tmp_path / "remediation.toml").write_text(text)
+    engine = load_remediation_config(tmp_path / "remediation.toml")
+    assert engine["engine"]["alerts_unsigned"] is True
+    (grafana,) = engine.identities
+    assert grafana.kind == "alerts" and set(grafana.kinds) == critical
+    # and the exporter says when the token, or a contact point for warnings, is missing
+    warned = contact_point_warnings(cfg)
+    assert any("webhook_token_file is empty" in w for w in warned)
+    assert any("slack_url_file is empty" in w for w in warned)

@@ -215,7 +215,10 @@ class Engine:
                 why = f"policy {policy.name} is demoted to notify: {demoted}"
                 d = Decision(finding.id, "demoted", policy.name, notify, why)
                 return self._decide(finding, d, received)
-            missing = sorted({a.adapter for a in actions} - set(self.adapters))
+            missing = sorted(
+                {a.adapter for a in actions if a.adapter or a.kind is not ActionKind.NOTIFY}
+                - set(self.adapters)
+            )  # (notify_adapter = "": notifications are skipped, the plan runs)
             if missing:
                 why = f"no adapter configured for {missing}"
                 return self._decide(

@@ -135,12 +135,19 @@ class Executor:
 
     def perform(self, action: Action, received: Instant, dry_run: bool) -> Outcome:
         started = self.clock.now()
-        adapter = self.adapters[action.adapter]
+        adapter = self.adapters.get(action.adapter)
         resumed = {}
         if action.id in self.memory.done_actions:
             outcome = Outcome(Status.SKIPPED, "already done (idempotent)")
+        elif adapter is None:  # a notification with notify_adapter = "" (Engine.submit); or a
+            # plan resumed after a restart whose configuration dropped an adapter it names
+            outcome = (
+                Outcome(Status.SKIPPED, "no notification adapter ([engine] notify_adapter)")
+                if action.kind is ActionKind.NOTIFY
+                else Outcome(Status.FAILED, f"no adapter {action.adapter!r} configured")
+            )
         elif action.kind not in adapter.actions:
-            outcome = Outcome(Status.SKIPPED, f"{adapter.name} has no {action.kind} (not needed)")
+            outcome = Outcome(Status.SKIPPED, f"{adapter.name} cannot {action.kind}: skipped")
         elif dry_run and action.kind in MUTATING:
             outcome = Outcome(Status.DRY_RUN, "would " + adapter.describe(action))
         elif (done := self._reconciled(adapter, action)) is not None:
