@@ -10,9 +10,17 @@ from typing import TypeVar
 from gpuwarden.core.finding import Finding, Severity
 from testbed.scheduler import RecordingAdapter
 
-__all__ = ["RecordingAdapter", "poll", "risk"]
+__all__ = ["RecordingAdapter", "passed_check", "poll", "risk"]
 
 T = TypeVar("T")
+
+
+def passed_check(node: str) -> Finding:
+    """The node's agent says it is healthy, with a check that passed just now (CONSTRUCTED)."""
+    now = time.time_ns()
+    return Finding(kind="node_healthy", subject={"cluster": "test", "node": node},
+                   severity=Severity.INFO, time_ns=now,
+                   evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
 
 
 def risk(node: str, probability: float = 0.93, t_ns: int | None = None, **subject: str) -> Finding:

@@ -6,20 +6,18 @@ from __future__ import annotations
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.adapters.kubernetes import KubernetesAdapter
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.model import Action, ActionKind, Adapter, AdapterError
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.k8s import FakeKubernetes, matches_labels
-from tests.remediation_util import RecordingAdapter, risk
+from tests.remediation_util import RecordingAdapter, passed_check, risk
 
 
 @pytest.fixture
@@ -407,10 +405,7 @@ def test_a_node_someone_else_cordoned_stays_theirs(fake: FakeKubernetes, tmp_pat
         assert not node["spec"].get("taints")
         assert not any(k.startswith("gpuwarden.io/") for k in node["metadata"]["annotations"])
         assert "gpuwarden.io/state" not in node["metadata"]["labels"]
-        now = time.time_ns()
-        back = Finding(kind="node_healthy", subject={"cluster": "test", "node": "gpu03"},
-                       severity=Severity.INFO, time_ns=now,
-                       evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
+        back = passed_check("gpu03")
         assert engine.submit(back).verdict == "not_ours"
         assert engine.wait(30)
         assert fake.nodes["gpu03"]["spec"]["unschedulable"] is True

@@ -21,7 +21,7 @@ from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.model import Action, ActionKind, Adapter, AdapterError
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from testbed.slurm import LocalSlurm, slurm_available
-from tests.remediation_util import RecordingAdapter, poll, risk
+from tests.remediation_util import RecordingAdapter, passed_check, poll, risk
 
 pytestmark = pytest.mark.skipif(not slurm_available(), reason="scripts/bootstrap.sh installs Slurm")
 
@@ -185,10 +185,7 @@ def test_a_node_an_administrator_drained_stays_theirs(slurm: LocalSlurm, tmp_pat
         (drain,) = [r for r in read_records(audit.path)
                     if r["event"] == "action" and r["action"] == "drain"]  # fmt: skip
         assert drain["outcome"] == "ok" and drain["details"]["already_out"] == admin
-        now = time.time_ns()
-        back = Finding(kind="node_healthy", subject={"cluster": "test", "node": "gpu03"},
-                       severity=Severity.INFO, time_ns=now,
-                       evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
+        back = passed_check("gpu03")
         assert engine.submit(back).verdict == "not_ours"
         assert engine.wait(60)
         with pytest.raises(KeyError):  # nor is it gpuwarden's to undo unforced
