@@ -237,7 +237,9 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         stats = (lambda: influx.stats().fields()) if influx else None
         metrics = serve_metrics(
             config["agent"]["metrics_listen"],
-            partial(agent_metrics, agent, stats, gpu=bool(config["agent"]["metrics_gpu"])),
+            partial(
+                agent_metrics, agent, stats, gpu=bool(config["agent"]["metrics_gpu"]), poster=poster
+            ),
         )
     probes = None
     if config["agent"]["health_listen"] and not args.once:

@@ -116,9 +116,10 @@ def gpu_metrics(
 
 
 def agent_metrics(
-    agent: Any, sink_stats: Callable[[], dict[str, Any]] | None, *, gpu: bool
+    agent: Any, sink_stats: Callable[[], dict[str, Any]] | None, *, gpu: bool, poster: Any = None
 ) -> list[Metric]:
-    """What the agent's ``/metrics`` shows now (``agent``: a :class:`collector.agent.Agent`)."""
+    """What the agent's ``/metrics`` shows now (``agent``: a :class:`collector.agent.Agent`;
+    ``poster``: its fast path to the engine, a :class:`core.poster.FindingPoster`, if any)."""
     out = [
         Metric.one("gpuwarden_agent_cycles_total", "collection cycles run", agent.cycles,
                    "counter"),
@@ -130,6 +131,14 @@ def agent_metrics(
         Metric.one("gpuwarden_agent_sink_errors_total",
                    "cycles whose points the sink refused (the loop went on)", agent.sink_errors,
                    "counter"),
+        # the fast path to the engine (0 without one): a finding it could not deliver went
+        # only the slow way, through InfluxDB; before, only the log said so (found in review)
+        Metric.one("gpuwarden_agent_findings_posted_total",
+                   "findings the engine took from this agent's fast path",
+                   getattr(poster, "posted", 0), "counter"),
+        Metric.one("gpuwarden_agent_findings_failed_total",
+                   "findings the fast path could not deliver (engine unreachable, refused)",
+                   getattr(poster, "failed", 0), "counter"),
     ]  # fmt: skip
     health = sorted(agent.health.items())
     for name, help_, kind, value in (

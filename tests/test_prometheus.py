@@ -18,6 +18,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -265,3 +266,10 @@ def test_agent_metrics_show_a_failing_source() -> None:
     assert got["gpuwarden_agent_sink_spool_bytes"] == [({}, 5.0)]
     assert got["gpuwarden_agent_skipped_ticks_total"] == [({}, 1.0)]
     assert got["gpuwarden_agent_sink_errors_total"] == [({}, 2.0)]
+    # no fast path: its counters at 0; with one, what it delivered and what it could not
+    assert got["gpuwarden_agent_findings_failed_total"] == [({}, 0.0)]
+    poster = SimpleNamespace(posted=7, failed=2)
+    body = render(agent_metrics(FakeAgent(), None, gpu=False, poster=poster))[0]
+    got = parse(body)
+    assert got["gpuwarden_agent_findings_posted_total"] == [({}, 7.0)]
+    assert got["gpuwarden_agent_findings_failed_total"] == [({}, 2.0)]

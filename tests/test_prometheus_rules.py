@@ -104,6 +104,10 @@ CASES: list[tuple[str, list[dict[str, str]], list[tuple[int, list[dict[str, str]
      [series("gpuwarden_agent_source_up", {**AGENT, "source": "xid"}, "1 0x20"),
       series("gpuwarden_agent_source_up", {**AGENT, "source": "nvml"}, "1x21")],
      [(8, []), (12, [{**AGENT, "source": "xid"}])]),
+    ("GpuwardenAgentCannotReachEngine",
+     [series("gpuwarden_agent_findings_failed_total", AGENT, "0 0 1 1"),
+      series("gpuwarden_agent_findings_posted_total", AGENT, "0 1 2 3")],
+     [(1, []), (3, [AGENT])]),
     ("GpuwardenAgentLosingPoints",
      [series("gpuwarden_agent_sink_points_dropped_total", AGENT, "0 0 5 5"),
       series("gpuwarden_agent_sink_points_written_total", AGENT, "0 9 19 29")],
@@ -153,7 +157,7 @@ def test_the_rules_and_the_example_configurations_pass_prometheus_own_checks(
     (tmp_path / "prometheus.yml").write_text(config)
     shutil.copy(RULES, tmp_path / RULES.name)
     out = run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")])
-    assert "17 rules found" in out, out  # the rule file it names was found and read
+    assert "18 rules found" in out, out  # the rule file it names was found and read
     run(["amtool", "check-config", str(DEPLOY / "alertmanager.example.yml")])
 
 
