@@ -282,7 +282,11 @@ def test_the_shipped_manifests_give_every_sender_its_own_identity() -> None:
     its host holds (a hostPath file, not a Secret every node mounts)."""
     docs = documents()
     engine = tomllib.loads(_configmap(docs, "gpuwarden-remediate", "remediation.toml"))
-    assert not engine["engine"].get("token_file") and not engine["engine"].get("hmac_secret_file")
+    assert not engine["engine"].get("hmac_secret_file")
+    # with identities, token_file is Prometheus' read-only token for GET /metrics (it posts,
+    # approves and undoes nothing: docs/SECURITY.md), in the engine's Secret, which no agent
+    # mounts (below)
+    assert engine["engine"]["token_file"].startswith("/var/run/secrets/gpuwarden/keys/")
     kinds = {i["kind"]: i for i in engine["identity"]}
     assert set(kinds) == {"agent", "analytics", "operator"}
     assert kinds["agent"]["node"] == "*"
