@@ -86,10 +86,8 @@ class Finding:
         for name, value in (("confidence", self.confidence), ("probability", self.probability)):
             if value is not None and not (math.isfinite(value) and 0.0 <= value <= 1.0):
                 raise FindingError(f"{name} must be within [0, 1], got {value!r}")
-        if not 0 <= self.time_ns < INT64:
-            raise FindingError(
-                f"time_ns must be within 0 .. 2**63 - 1, got {str(self.time_ns)[:24]}"
-            )
+        if not -INT64 <= self.time_ns < INT64:  # (stale, or from the future: the endpoint's)
+            raise FindingError(f"time_ns must fit in 64 bits, got {str(self.time_ns)[:24]}")
         _check_evidence(self.evidence)
         if not 0 < self.bucket_s <= MAX_BUCKET_S:
             raise FindingError(
