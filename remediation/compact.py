@@ -51,6 +51,7 @@ from gpuwarden.remediation.audit import (
     finished,
     read_records,
 )
+from gpuwarden.remediation.model import foreign_removal
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +87,9 @@ def _moves(r: Mapping[str, Any]) -> bool:
         and r.get("outcome") == "ok"
         and not r.get("dry_run")
         and bool(r.get("node"))
+        # a removal that found the node out by someone else moved nothing of gpuwarden's:
+        # kept as a node's last move, it hid gpuwarden's own earlier removal
+        and not (r.get("action") in REMOVING_KINDS and foreign_removal(r))
     )
 
 

@@ -243,15 +243,18 @@ def load_config(
     if not e["notify_adapter"]:
         log.warning(
             "engine.notify_adapter is empty: plans run without their notifications (each is "
-            "recorded as skipped) and nobody is told what gpuwarden did or what waits for a "
-            'person; set it to "webhook" ([webhook]) unless another path tells people'
+            "recorded as skipped) and nobody is told what gpuwarden did, nor of a plan that "
+            "waits for a person (approval, a lemon, no room), which expires unseen after "
+            'pending_expire_s; set it to "webhook" ([webhook]) unless another path tells '
+            "people (the GpuwardenPlansWaiting alert, deploy/prometheus/)"
         )
     elif e["notify_adapter"] == "webhook" and not any(
         config["webhook"][k] for k in ("generic_url", "slack_url_file", "alertmanager_url")
     ):
         log.warning(
             "[webhook] names no receiver (generic_url, slack_url_file, alertmanager_url): "
-            "gpuwarden's notifications, and its requests for a person, reach nobody"
+            "gpuwarden's notifications, and its requests for a person, reach nobody (each is "
+            "recorded as sent to nobody)"
         )
     if e["return_requires"] == "command" and not e["return_check_command"]:
         raise ConfigError("engine.return_requires = 'command' needs return_check_command")

@@ -125,7 +125,9 @@ an administrator had drained "DO NOT RESUME".)"""
 
 
 def foreign_removal(record: Mapping[str, Any]) -> bool:
-    """Whether an ``action`` record is a removal that found the node out by someone else."""
+    """Whether an ``action`` record found the node out by someone else: a removal (the node
+    is theirs, not gpuwarden's), or a return (someone took gpuwarden's node over since:
+    gpuwarden lets go of it, and the node stays out)."""
     details = record.get("details")
     return isinstance(details, Mapping) and bool(details.get(ALREADY_OUT))
 

@@ -245,7 +245,9 @@ class Outcomes:
         elif action == "uncordon":
             for o in self._open_on(node):
                 message = str(r.get("message", ""))
-                if ok:
+                if ok and foreign_removal(r):  # someone else took it over: it never returned
+                    self._know(o, "unknown", {"why": message[:300]})
+                elif ok:
                     o.returned_mono = mono
                 elif "return check" in message:
                     self._know(o, "confirmed", {"why": message[:300]})

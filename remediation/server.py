@@ -94,7 +94,7 @@ HEALTH_PATH = "/healthz"
 #: Series /metrics shows from the start, at 0, so that an alert on their increase fires on
 #: the first one (a series that appears at 1 has not increased: Prometheus sees no change).
 #: deploy/prometheus/gpuwarden.rules.yml alerts on these.
-ALERTED_REFUSALS = (401, 403, 409, 503)
+ALERTED_REFUSALS = (401, 403, 429, 503)
 ALERTED_OUTCOMES = ("failed", "timeout")
 ALERTED_VERDICTS = ("failed",)
 
@@ -506,7 +506,7 @@ class Endpoint:
             body = read(self.body_length(headers)) if method == "POST" else b""
             target = path + (f"?{query}" if query else "")
             principal = self.verify(principal, key, headers, (method, target, body), peer_names)
-            verified = principal if sends else None
+            verified = principal if sends and key is not None else None
             if method == "GET":
                 return self._get(path, principal)
             if method != "POST":

@@ -571,3 +571,25 @@ def test_the_audit_trail_of_a_symlinked_log_shows_its_archives(
     assert remediate(["audit", "--log", str(link), "--all", "--json"]) == 0
     shown = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [r["finding_id"] for r in shown if r["event"] == "decision"] == ["old", "new"]
+
+
+def test_a_removal_that_found_the_node_out_is_not_a_nodes_last_move(tmp_path: Path) -> None:
+    """Found in review: gpuwarden drained n1; weeks later a removal found n1 out by someone
+    else (``already_out``); compaction kept only that record as n1's last move, and after a
+    restart n1 was no longer gpuwarden's (its return, undo and lemon history gone)."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    plans: list[tuple[str, float, dict[str, str]]] = [
+        ("f1", 1000.0, {}),
+        ("f2", 1000.0 + 40 * 86400, {"already_out": "admin: x"}),
+    ]
+    for fid, t, details in plans:
+        a = {"action_id": f"a-{fid}", "action": "drain"}
+        log.append("decision", t, finding_id=fid, verdict="act", node="n1", policy="p", plan=[a])
+        log.append("intent", t, action_id=a["action_id"], action="drain", node="n1",
+                   finding_id=fid)  # fmt: skip
+        log.append("action", t, action_id=a["action_id"], action="drain", node="n1",
+                   finding_id=fid, outcome="ok", details=details)  # fmt: skip
+    assert replay(path).taken_out == {"n1"}
+    compact_file(path, path.stat().st_size, horizon=1000.0 + 50 * 86400, now=1000.0 + 51 * 86400)
+    assert replay(path).taken_out == {"n1"}

@@ -220,22 +220,24 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
         assert value("gpuwarden_engine_plans_pending") == 1.0
         assert raised.pop("GpuwardenPlansWaiting")["state"] == "pending"
         assert raised == {}, "an alert on a healthy stack"
-        # ... and one fault raises its alert: the first replayed request the engine refuses
-        # (an alert on a counter's increase needs the series at 0 before it: the engine shows
-        # the statuses the rules watch from the start)
+        # ... and one fault raises its alert: the first request the engine refuses as not
+        # allowed (an alert on a counter's increase needs the series at 0 before it: the
+        # engine shows the statuses the rules watch from the start): the analyze service
+        # asking for an operator's undo
         conn = http.client.HTTPConnection("127.0.0.1", services.engine.port, timeout=10)
-        conn.request("POST", "/v1/findings", body, headers)  # the signed request, again
-        assert conn.getresponse().status == 409
+        undo = sign_request(b"the-key-of-analyze", "POST", "/v1/undo/node-001", b"", "analyze")
+        conn.request("POST", "/v1/undo/node-001", b"", undo)
+        assert conn.getresponse().status == 403
 
         def refusing() -> list[dict[str, Any]] | None:
             return [a for a in prom.alerts() if a["state"] == "firing"] or None
 
         (alert,) = poll(refusing, 60, "the refused request's alert")
         assert alert["labels"]["alertname"] == "GpuwardenEngineRefusingSenders"
-        assert alert["labels"]["status"] == "409"
+        assert alert["labels"]["status"] == "403"
         assert alert["labels"]["component"] == "gpuwarden"
         assert alert["annotations"]["summary"] == (
-            f"gpuwarden's engine on 127.0.0.1:{services.engine.port} refused requests (409)"
+            f"gpuwarden's engine on 127.0.0.1:{services.engine.port} refused requests (403)"
         )
     # the agent's own exposition agrees with what it wrote: one cycle, read directly
     conn = http.client.HTTPConnection("127.0.0.1", services.agent_port, timeout=10)

@@ -419,3 +419,23 @@ def test_a_kubeconfig_that_cannot_be_read_is_an_adapter_error(tmp_path: Path) ->
     for ever); now it is the adapter's error, which the command reports and exits 2 on."""
     with pytest.raises(AdapterError, match=r"kubeconfig .*none.*set \[kubernetes\] kubeconfig"):
         KubernetesAdapter(kubeconfig=str(tmp_path / "none"))
+
+
+def test_gpuwardens_marks_go_with_a_node_returned_by_hand(
+    fake: FakeKubernetes, tmp_path: Path
+) -> None:
+    """Found in review: a node gpuwarden cordoned and someone uncordoned by hand kept
+    gpuwarden's annotations (its uncordon found nothing else to change), and a later
+    ``kubectl cordon`` of it then looked like gpuwarden's own."""
+    k8s = adapter(fake, tmp_path)
+    k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="f", reason="r"))
+    node = fake.nodes["gpu01"]
+    node["spec"]["unschedulable"] = None  # kubectl uncordon, and the taint removed by hand
+    node["spec"]["taints"] = []
+    node["metadata"]["labels"].pop("gpuwarden.io/state")
+    k8s.perform(Action(ActionKind.UNCORDON, "kubernetes", node="gpu01"))
+    node = fake.nodes["gpu01"]  # (a PUT replaces the fake's object)
+    assert not any(k.startswith("gpuwarden.io/") for k in node["metadata"]["annotations"])
+    node["spec"]["unschedulable"] = True  # kubectl cordon gpu01
+    again = k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="g"))
+    assert again.details["already_out"] == "cordoned"

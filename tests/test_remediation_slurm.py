@@ -219,3 +219,74 @@ def test_a_summary_cannot_make_a_drained_node_a_hot_spare(
         engine.close()
         for node in ("gpu03", "gpu04"):
             slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+
+
+def test_a_node_an_administrator_set_down_stays_theirs_and_stays_out(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """Found in review: only a DRAIN counted as someone else's; a node an administrator set
+    DOWN ("bad DIMM, DO NOT RESUME") was drained over, its reason replaced by gpuwarden's, and
+    resumed on its next passing check. Now it is theirs: drained as well (so it does not come
+    back by itself when slurmd answers), with their reason kept."""
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    admin = "admin: bad DIMM, DO NOT RESUME"
+    slurm.run("scontrol", "update", "NodeName=gpu03", "State=DOWN", f"Reason={admin}")
+    engine = live_engine(adapter, AuditLog(tmp_path / "audit.jsonl"), max_nodes_out=4)
+    try:
+        assert engine.submit(xid_on("gpu03", "XID 79 (CONSTRUCTED)")).verdict == "act"
+        assert engine.wait(60)
+        assert engine.submit(passed_check("gpu03")).verdict == "not_ours"
+        assert engine.wait(60)
+        node = adapter.node("gpu03")
+        assert node["reason"] == admin and "DRAIN" in node["state_flags"]
+    finally:
+        engine.close()
+        slurm.run("scontrol", "update", "NodeName=gpu03", "State=RESUME")
+
+
+def test_a_node_taken_over_while_out_is_let_go(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """Found in review: gpuwarden drained gpu03, an administrator then drained it again with
+    a reason of their own ("DO NOT RESUME"), and gpuwarden's return on the next passing check
+    resumed it. Now the return finds it taken over, leaves it to them and lets go of it."""
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    engine = live_engine(adapter, AuditLog(tmp_path / "audit.jsonl"), max_nodes_out=4)
+    try:
+        assert engine.submit(xid_on("gpu03", "XID 79 (CONSTRUCTED)")).verdict == "act"
+        assert engine.wait(60)
+        admin = "admin: reseating the HCA, DO NOT RESUME"
+        slurm.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN", f"Reason={admin}")
+        assert engine.submit(passed_check("gpu03")).verdict in ("act", "unchecked")
+        assert engine.wait(60)
+        node = adapter.node("gpu03")
+        assert node["reason"] == admin and "DRAIN" in node["state_flags"]
+        assert "gpu03" not in engine.memory.taken_out  # theirs now
+    finally:
+        engine.close()
+        slurm.run("scontrol", "update", "NodeName=gpu03", "State=RESUME")
+
+
+def test_the_node_checks_drain_is_gpuwardens_and_a_faulty_spare_leaves_the_pool(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """Found in review: deploy/slurm/healthcheck.sh drains with ``gpuwarden check: ...``, which
+    the engine read as someone else's (its node-check failures then counted for no lemon and
+    no outcome); and a hot spare with a fault of its own kept its spare reason, stayed outside
+    the blast radius and was put back in service by the next requeue."""
+    adapter = SlurmAdapter(conf=str(slurm.conf))
+    engine = live_engine(adapter, AuditLog(tmp_path / "audit.jsonl"), max_nodes_out=4)
+    try:
+        slurm.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN",
+                  "Reason=gpuwarden check: disk: /tmp: read-only")  # fmt: skip
+        assert engine.submit(xid_on("gpu03", "XID 79 (CONSTRUCTED)")).verdict == "act"
+        assert engine.wait(60)
+        assert "gpu03" in engine.memory.taken_out
+        adapter.hold_spare("gpu04")
+        assert adapter.inventory().spares == frozenset({"gpu04"})
+        assert engine.submit(xid_on("gpu04", "XID 79 (CONSTRUCTED)")).verdict == "act"
+        assert engine.wait(60)
+        assert adapter.inventory().spares == frozenset()
+        assert adapter.node("gpu04")["reason"].startswith("gpuwarden: XID 79")
+    finally:
+        engine.close()
+        for node in ("gpu03", "gpu04"):
+            slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)

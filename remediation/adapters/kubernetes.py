@@ -308,7 +308,9 @@ class KubernetesAdapter:
                 not node.spec.unschedulable
                 and taints == list(node.spec.taints or [])
                 and labels == (node.metadata.labels or {})
-            ):
+                and annotations == (node.metadata.annotations or {})
+            ):  # (gpuwarden's annotations on a node returned by hand go too: left, they made
+                # a later cordon by someone else look like gpuwarden's)
                 return False
             node.spec.taints = taints or None
             node.metadata.labels = labels

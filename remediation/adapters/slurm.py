@@ -60,9 +60,10 @@ SPARE_REASON = "gpuwarden: hot spare"
 """A hot spare's drain reason, matched whole: a removal's reason carries the finding's summary
 (the sender's text) after ``gpuwarden: `` and its id after, so it never equals this (a prefix
 match counted any summary starting "hot spare" as a spare, outside the blast-radius limit)."""
-OURS = "gpuwarden:"
-"""Every drain reason gpuwarden writes starts so; a drain with any other reason is someone
-else's."""
+OURS = ("gpuwarden:", "gpuwarden check")
+"""Every drain reason gpuwarden writes starts so (the engine's ``gpuwarden: ...``, the node
+check's ``gpuwarden check: ...``, deploy/slurm/healthcheck.sh); a node out with any other reason
+is someone else's (an administrator's, Slurm's own "Not responding")."""
 
 
 class SlurmAdapter:
@@ -235,8 +236,22 @@ class SlurmAdapter:
     def _drain(self, action: Action) -> Outcome:
         node = self.node(action.node)
         flags = {str(f).upper() for f in node.get("state_flags") or []}
-        if "DRAIN" in flags:
-            return _already_draining(action.node, str(node.get("reason") or ""))
+        theirs = _theirs(node)
+        if theirs:  # out already, by someone else: theirs to return
+            if "DRAIN" not in flags:  # DOWN or FAIL: drained too, with their reason, so that
+                # it does not come back by itself when slurmd answers (ReturnToService)
+                self._run("scontrol", "update", f"NodeName={action.node}", "State=DRAIN",
+                          f"Reason={theirs}")  # fmt: skip
+            return Outcome(
+                Status.OK,
+                f"{action.node} was out already, taken out by someone else ({theirs!r}): left "
+                "to them, gpuwarden does not put it back",
+                {ALREADY_OUT: theirs},
+            )
+        if "DRAIN" in flags and str(node.get("reason") or "") != SPARE_REASON:
+            return Outcome(Status.OK, f"{action.node} already draining: {node.get('reason')!r}")
+        # (a hot spare with a fault of its own: its reason becomes the fault's, and it leaves
+        # the spare pool, which would have put it back in service for a requeue)
         reason = action.reason.replace("\n", " ")[:200]
         self._run(
             "scontrol", "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={reason}"
@@ -248,6 +263,12 @@ class SlurmAdapter:
         flags = {str(f).upper() for f in node.get("state_flags") or []}
         if not flags & {"DRAIN", "DOWN", "FAIL"} and str(node.get("state")) != "down":
             return Outcome(Status.OK, f"{action.node} already in service")
+        theirs = _theirs(node)
+        if theirs and action.params.get("kind") != "operator_undo":
+            # gpuwarden's node, taken out again by someone else since (an administrator's
+            # "DO NOT RESUME"): theirs now; gpuwarden lets go of it (an operator's undo may)
+            return Outcome(Status.OK, f"{action.node} was taken out again by someone else "
+                           f"({theirs!r}): left to them", {ALREADY_OUT: theirs})  # fmt: skip
         self._run("scontrol", "update", f"NodeName={action.node}", "State=RESUME")
         return Outcome(Status.OK, f"resumed {action.node}")
 
@@ -362,7 +383,13 @@ class SlurmAdapter:
         if kind in (ActionKind.CORDON, ActionKind.DRAIN):
             node = self.node(name)
             if "DRAIN" in {str(f).upper() for f in node.get("state_flags") or []}:
-                return _already_draining(name, str(node.get("reason") or ""))
+                theirs = _theirs(node)
+                if theirs:
+                    return Outcome(Status.OK, f"{name} is out, by someone else ({theirs!r})",
+                                   {ALREADY_OUT: theirs})  # fmt: skip
+                if str(node.get("reason") or "") == SPARE_REASON:
+                    return None  # still a spare: the fault's drain was not done (redone)
+                return Outcome(Status.OK, f"{name} is draining: {node.get('reason')!r}")
             return None
         if kind is ActionKind.UNCORDON:
             node = self.node(name)
@@ -405,14 +432,12 @@ def _restarts(job: Mapping[str, Any]) -> int:
         return 0
 
 
-def _already_draining(node: str, reason: str) -> Outcome:
-    """A drain that found ``node`` draining already: gpuwarden's own (a repeat, or its own
-    drain before a restart), or someone else's (:data:`ALREADY_OUT`: left to them)."""
-    if reason.startswith(OURS):
-        return Outcome(Status.OK, f"{node} already draining: {reason!r}")
-    return Outcome(
-        Status.OK,
-        f"{node} was drained already by someone else ({reason!r}): left to them, gpuwarden "
-        "does not put it back",
-        {ALREADY_OUT: reason or "(no reason)"},
-    )
+def _theirs(node: Mapping[str, Any]) -> str:
+    """The reason of a node that is out by someone else's hand (not gpuwarden's: not a reason
+    of :data:`OURS`), ``""`` if it is in service or out by gpuwarden. A node out with no
+    reason is taken as gpuwarden's to act on (Slurm asks a reason of every drain and down)."""
+    flags = {str(f).upper() for f in node.get("state_flags") or []}
+    state = str(node.get("state", "")).lower()
+    reason = str(node.get("reason") or "")
+    out = state in OUT_STATES or bool(flags & OUT_FLAGS)
+    return reason if out and reason and not reason.startswith(OURS) else ""
