@@ -66,7 +66,7 @@ from http import HTTPStatus
 from http.server import ThreadingHTTPServer
 from typing import Any, Protocol
 
-from gpuwarden.core.finding import SUBJECT_KEYS, Finding, FindingError, FindingNameError, Severity
+from gpuwarden.core.finding import Finding, FindingError, FindingNameError
 from gpuwarden.core.metrics import Metric, render
 from gpuwarden.core.names import BadNameError
 from gpuwarden.core.signing import (
@@ -75,8 +75,8 @@ from gpuwarden.core.signing import (
     signature_mac,
     verify_request,
 )
-from gpuwarden.core.timeparse import parse_iso
 from gpuwarden.core.tls import GuardedHandler, http_server, per_peer_cap
+from gpuwarden.remediation.alerts import alert_finding
 from gpuwarden.remediation.audit import JournalError
 from gpuwarden.remediation.clock import SYSTEM, Clock
 from gpuwarden.remediation.engine import Engine, EngineClosedError
@@ -649,68 +649,6 @@ class Endpoint:
                 raise RequestError(HTTPStatus.CONFLICT, str(exc.args[0])) from None
             return HTTPStatus.ACCEPTED, {"plan_id": d.plan_id, "verdict": d.verdict}
         raise RequestError(HTTPStatus.NOT_FOUND, f"no such endpoint: POST {path}")
-
-
-def _subject(labels: Mapping[str, str], source: str) -> dict[str, str]:
-    subject = {k: labels[k] for k in SUBJECT_KEYS if labels.get(k)}
-    if "node" not in subject:  # Prometheus' own names for the host
-        host = labels.get("Hostname") or labels.get("hostname")
-        if not host and labels.get("instance"):
-            host = labels["instance"].rsplit(":", 1)[0] if ":" in labels["instance"] else ""
-        if host:
-            subject["node"] = host
-    if not subject:  # a grouping only: a folder title ("GPU alerts") made a name
-        group = labels.get("grafana_folder") or labels.get("job") or source
-        subject = {"cluster": re.sub(r"[^A-Za-z0-9._-]", "_", group).lstrip("-.")[:253] or source}
-    return subject
-
-
-def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
-    """One firing Grafana or Alertmanager alert as a finding: kind from the rule's ``kind``
-    label, subject from the series labels, evidence from its values (Grafana's reduced
-    expressions) or annotations, and for risk alerts the probability (Grafana's ``B``
-    expression, or a ``probability`` annotation)."""
-    labels = {str(k): str(v) for k, v in dict(alert.get("labels") or {}).items()}
-    kind = re.sub(
-        r"[^a-z0-9_]", "_", labels.get("kind") or labels.get("alertname", "alert").lower()
-    )
-    starts = str(alert.get("startsAt", ""))
-    try:
-        t_ns = int(parse_iso(starts).timestamp() * 1e9)
-    except ValueError:
-        raise ValueError(f"startsAt {starts!r} is not a time") from None
-    values = {str(k): v for k, v in dict(alert.get("values") or {}).items()}
-    annotations = {str(k): str(v) for k, v in dict(alert.get("annotations") or {}).items()}
-    probability = None
-    if kind == "failure_risk":
-        reduced: Any = values.get("B", annotations.get("probability"))
-        try:
-            p = float(reduced)
-        except (TypeError, ValueError):
-            p = math.nan
-        if 0.0 <= p <= 1.0:
-            probability = p
-    severity = labels.get("severity", "warning")
-    evidence: dict[str, Any] = {
-        "alertname": labels.get("alertname", ""),
-        "fingerprint": str(alert.get("fingerprint", "")),
-        "values": values,
-    }
-    if source != "grafana":
-        evidence["labels"] = labels
-        evidence["generator_url"] = str(alert.get("generatorURL", ""))
-    return Finding(
-        kind=kind,
-        subject=_subject(labels, source),
-        severity=Severity(severity)
-        if severity in Severity.__members__.values()
-        else Severity.WARNING,
-        time_ns=t_ns,
-        evidence=evidence,
-        probability=probability,
-        summary=annotations.get("summary", labels.get("alertname", "")),
-        source=source,
-    )
 
 
 class _Handler(GuardedHandler):
