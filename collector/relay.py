@@ -41,6 +41,7 @@ from typing import Protocol
 from gpuwarden.collector.attribution import POD_UID_PREFIX, parse_cgroup
 from gpuwarden.core.catalogue import CATALOGUE, Producer, check_point
 from gpuwarden.core.errors import LineProtocolError
+from gpuwarden.core.names import SUBJECT_TYPES, BadNameError
 from gpuwarden.core.store.lineprotocol import EncodeStats, Point, encode_points
 from gpuwarden.core.store.lineprotocol.strict import PRECISIONS, parse_lines
 from gpuwarden.core.tls import (
@@ -128,6 +129,9 @@ def checked_lines(
         long = sorted(k for k, v in point.tags.items() if len(v) > MAX_TAG_VALUE)
         if long:
             return [], 400, f"point {n}: tag {long[0]} is over {MAX_TAG_VALUE} characters"
+        bad = _bad_name(point.tags)
+        if bad:  # a rank of its own per line made a new series per line (found in review)
+            return [], 400, f"point {n}: {bad}"
         now = time.time_ns() if now_ns is None else now_ns
         if not (now - MAX_AGE_S * 1e9 <= point.time_ns <= now + MAX_AHEAD_S * 1e9):
             return (
@@ -150,6 +154,19 @@ def checked_lines(
     if stats.points_dropped:  # cannot happen for what parse_lines reads; say so if it does
         return [], 500, f"{stats.points_dropped} point(s) could not be written: {stats.reasons}"
     return lines, 204, ""
+
+
+def _bad_name(tags: Mapping[str, str]) -> str:
+    """Why a tag that names something (``rank``, ``job``, ``node``, ...) is not a name of its
+    kind (:mod:`core.names`: a rank is digits), or ``""``."""
+    for key, value in tags.items():
+        parse = SUBJECT_TYPES.get(key)
+        if parse is not None:
+            try:
+                parse(value)
+            except BadNameError as exc:
+                return f"tag {key}: {exc}"
+    return ""
 
 
 def read_body(headers: Message, rfile: io.BufferedIOBase) -> tuple[bytes | None, int, str]:

@@ -38,6 +38,14 @@ INT64 = 2**63
 """Integers (``time_ns``, evidence) must fit in 64 bits, as InfluxDB's and every JSON reader's
 do: Python reads ``10**400`` from JSON as an int, and dividing it by ``1e9`` raised
 ``OverflowError`` in the engine's tick, on every restart after (the record was journaled)."""
+MAX_KIND = 64
+MAX_SOURCE = 128
+MAX_SUMMARY = 4096
+"""Characters of a finding's ``summary``: it is copied into every action's reason, so a
+sender's 1 MB summary grew the engine's journal by 7 MB when acted on (found in review)."""
+MAX_EVIDENCE_BYTES = 16384
+"""Evidence, as JSON: the largest a producer here writes is a switch's node list (about 1 KB);
+the cap bounds what one key's quota of findings can add to the journal and the store."""
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
 
@@ -73,7 +81,14 @@ class Finding:
 
     def __post_init__(self) -> None:
         if not self.kind or not self.kind.replace("_", "").isalnum():
-            raise FindingError(f"finding kind must be snake_case, got {self.kind!r}")
+            raise FindingError(f"finding kind must be snake_case, got {self.kind[:80]!r}")
+        for name, text, most in (
+            ("kind", self.kind, MAX_KIND),
+            ("source", self.source, MAX_SOURCE),
+            ("summary", self.summary, MAX_SUMMARY),
+        ):
+            if len(text) > most:
+                raise FindingError(f"{name} is over {most} characters ({len(text)})")
         unknown = set(self.subject) - set(SUBJECT_KEYS)
         if unknown:
             raise FindingError(f"unknown subject keys {sorted(unknown)}; allowed {SUBJECT_KEYS}")
@@ -89,6 +104,9 @@ class Finding:
         if not -INT64 <= self.time_ns < INT64:  # (stale, or from the future: the endpoint's)
             raise FindingError(f"time_ns must fit in 64 bits, got {str(self.time_ns)[:24]}")
         _check_evidence(self.evidence)
+        size = len(json.dumps(self.evidence, separators=(",", ":"), default=str))
+        if size > MAX_EVIDENCE_BYTES:
+            raise FindingError(f"evidence is over {MAX_EVIDENCE_BYTES} bytes as JSON ({size})")
         if not 0 < self.bucket_s <= MAX_BUCKET_S:
             raise FindingError(
                 f"bucket_s must be within 1 .. {MAX_BUCKET_S} s, got {self.bucket_s}"

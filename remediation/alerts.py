@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.core.finding import SUBJECT_KEYS, Finding, Severity
+from gpuwarden.core.finding import MAX_SUMMARY, SUBJECT_KEYS, Finding, Severity
 from gpuwarden.core.timeparse import parse_iso
 
 
@@ -49,7 +49,7 @@ def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
         reduced: Any = values.get("B", annotations.get("probability"))
         try:
             p = float(reduced)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):  # (an int of 400 digits: overflow)
             p = math.nan
         if 0.0 <= p <= 1.0:
             probability = p
@@ -71,6 +71,6 @@ def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
         time_ns=t_ns,
         evidence=evidence,
         probability=probability,
-        summary=annotations.get("summary", labels.get("alertname", "")),
+        summary=annotations.get("summary", labels.get("alertname", ""))[:MAX_SUMMARY],
         source=source,
     )

@@ -221,6 +221,10 @@ class Memory:
     done_actions: set[str] = field(default_factory=set)
     last_action_at: dict[str, float] = field(default_factory=dict)
     """When gpuwarden last changed each node (monotonic: the cooldown measures from it)."""
+    return_failed_at: dict[str, float] = field(default_factory=dict)
+    """When gpuwarden last failed to return each node to service (monotonic): another return
+    is not tried within ``cooldown_s`` (a node's own key sent 60 ``node_healthy`` a minute,
+    each a return check that hung in an executor thread for up to 15 minutes)."""
     taken_out: set[str] = field(default_factory=set)
     taken_out_at: dict[str, list[tuple[Instant, str]]] = field(default_factory=dict)
     """Every time gpuwarden took each node out, and why (the lemon rule reads it: its window
@@ -272,6 +276,11 @@ class Memory:
         record read back from the journal: its ``t`` placed in this process's frame)."""
         self.recorded.add(str(record.get("action_id", "")))
         self.intents.pop(str(record.get("action_id", "")), None)
+        if record.get("action") == "uncordon" and not record.get("dry_run"):
+            if record.get("outcome") in ("failed", "timeout"):
+                self.return_failed_at[str(record.get("node", ""))] = mono
+            else:
+                self.return_failed_at.pop(str(record.get("node", "")), None)
         if record.get("dry_run") or record.get("outcome") not in ("ok",):
             return
         self.done_actions.add(str(record["action_id"]))

@@ -150,6 +150,10 @@ class Inventory:
     """Nodes held out as hot spares by gpuwarden (within ``out``, not broken)."""
     idle: frozenset[str] = frozenset()
     """Nodes in service with no work on them (candidates for the spare pool)."""
+    lists_all: bool = True
+    """``partitions`` names every node the scheduler has (a real scheduler's view): a node it
+    does not name is not one of the scheduler's, and gpuwarden does not act on it. False for a
+    view that knows only some nodes (no scheduler configured: the nodes gpuwarden took out)."""
 
     def partition_size(self, partition: str) -> int:
         return sum(1 for p in self.partitions.values() if p == partition)

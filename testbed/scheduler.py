@@ -17,7 +17,10 @@ class RecordingAdapter:
     """A scheduler that keeps its state in memory and records every call that changes it."""
 
     def __init__(self, name: str, nodes: dict[str, str] | None = None) -> None:
+        """``nodes`` maps each node the scheduler has to its partition; without it the
+        scheduler takes any node name (its inventory does not list them all)."""
         self.name = name
+        self.lists_all = nodes is not None
         self.actions = frozenset(ActionKind)
         self.partitions = dict(nodes or {})
         self.out: set[str] = set()
@@ -27,7 +30,7 @@ class RecordingAdapter:
 
     def inventory(self) -> Inventory:
         with self._lock:
-            return Inventory(dict(self.partitions), frozenset(self.out))
+            return Inventory(dict(self.partitions), frozenset(self.out), lists_all=self.lists_all)
 
     def describe(self, action: Action) -> str:
         return f"{action.kind} {action.node}"

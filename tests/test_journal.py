@@ -113,9 +113,9 @@ def test_an_action_done_while_the_disk_fills_is_recorded_once_space_returns(
 ) -> None:
     adapter = FillsTheDisk(small_disk)
     engine = engine_on(small_disk / "audit.jsonl", adapter)
-    # each action record carries the summary: at 5 KB it needs a page the full disk lacks
+    # each action record carries the summary: at 4.5 KB it needs a page the full disk lacks
     # (tmpfs gives a file whole pages, so a short record could still fit in the last one)
-    finding = xid("gpu04", summary="XID 79 " + "x" * 5000)
+    finding = xid("gpu04", summary="XID 79 " + "x" * 4000)  # (at most 4,096 characters)
     assert engine.submit(finding).verdict == "act"
     deadline = time.monotonic() + 60
     while adapter.filler is None and time.monotonic() < deadline:

@@ -34,13 +34,14 @@ from gpuwarden.collector.health import HealthGate
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.remediation.audit import AuditLog, read_records
 from gpuwarden.remediation.cli import main as remediate
+from gpuwarden.remediation.clock import SYSTEM, Clock
 from gpuwarden.remediation.engine import Engine, EngineSettings
 from gpuwarden.remediation.model import NodeFacts
 from gpuwarden.remediation.policy import DEFAULT_POLICIES, Policy, PolicyError, load_policies
 from testbed.influxd import LocalInfluxd, free_port
 from testbed.k8s import FakeKubernetes
 from testbed.slurm import LocalSlurm, slurm_available
-from tests.remediation_util import RecordingAdapter, poll
+from tests.remediation_util import HandClock, RecordingAdapter, poll
 
 ROOT = Path(__file__).resolve().parent.parent
 S = 1_000_000_000
@@ -77,7 +78,9 @@ def test_an_episode_warns_once_at_its_threshold_and_again_only_after_recovery() 
 # -- the engine's return check ----------------------------------------------------------------
 
 
-def _engine(tmp: Path, **settings: object) -> tuple[Engine, RecordingAdapter]:
+def _engine(
+    tmp: Path, clock: HandClock | None = None, **settings: object
+) -> tuple[Engine, RecordingAdapter]:
     sched = RecordingAdapter("slurm", NODES)
     base = {"dry_run": False, "max_nodes_out": 4, "max_fraction_out": 1.0}
     engine = Engine(
@@ -85,6 +88,7 @@ def _engine(tmp: Path, **settings: object) -> tuple[Engine, RecordingAdapter]:
         {"slurm": sched, "webhook": RecordingAdapter("webhook")},
         AuditLog(tmp / "audit.jsonl"),
         EngineSettings(**(base | settings)),  # type: ignore[arg-type]
+        clock=SYSTEM if clock is None else Clock(wall=clock.wall, mono=clock.mono),
     )
     return engine, sched
 
@@ -142,7 +146,10 @@ def test_return_by_a_check_command_the_engine_runs(tmp_path: Path) -> None:
     flag = tmp_path / "repaired"
     command = ("sh", "-c", f'echo "checking {{node}}"; test -e {flag} || {{ echo "disk: FAIL"; '
                "exit 1; }")  # fmt: skip
-    engine, sched = _engine(tmp_path, return_requires="command", return_check_command=command)
+    clock = HandClock(wall=time.time())
+    engine, sched = _engine(
+        tmp_path, clock, return_requires="command", return_check_command=command
+    )
     engine.submit(_xid("gpu04"))
     assert engine.wait(10) and "gpu04" in sched.out
     quiet = Finding(kind="node_healthy", subject={"cluster": "c", "node": "gpu04"},
@@ -153,6 +160,14 @@ def test_return_by_a_check_command_the_engine_runs(tmp_path: Path) -> None:
     again = Finding(kind="node_healthy", subject={"cluster": "c", "node": "gpu04"},
                     severity=Severity.INFO, time_ns=time.time_ns() + 400 * S,
                     summary="q2")  # fmt: skip
+    # a return that failed is not tried again within the cooldown (a node's key sending
+    # node_healthy 60 times a minute held a thread each for the check: tests/security/
+    # test_one_key_bounded.py); after it, the next node_healthy returns the repaired node
+    assert engine.submit(again).verdict == "cooldown"
+    clock.advance(engine.settings.cooldown_s + 1)
+    again = Finding(kind="node_healthy", subject={"cluster": "c", "node": "gpu04"},
+                    severity=Severity.INFO, time_ns=time.time_ns() + 800 * S,
+                    summary="q3")  # fmt: skip
     assert engine.submit(again).verdict == "act"
     assert engine.wait(10) and "gpu04" not in sched.out
     engine.close()

@@ -60,6 +60,11 @@ CASES: list[tuple[str, list[dict[str, str]], list[tuple[int, list[dict[str, str]
      [series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "failed"}, "0 0 1 1"),
       series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "act"}, "0 1 2 3")],
      [(1, []), (3, [{"instance": E}])]),
+    ("GpuwardenUnknownNodes",
+     [series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "unknown_node"},
+             "0 0 1 1"),
+      series("gpuwarden_engine_decisions_total", {**ENGINE, "verdict": "failed"}, "0 1 2 3")],
+     [(1, []), (3, [{"instance": E}])]),
     ("GpuwardenNotifyFailed",
      [series("gpuwarden_engine_actions_total", {**ENGINE, "action": "notify", "outcome": "timeout"},
              "0 0 1 1"),
@@ -157,7 +162,7 @@ def test_the_rules_and_the_example_configurations_pass_prometheus_own_checks(
     (tmp_path / "prometheus.yml").write_text(config)
     shutil.copy(RULES, tmp_path / RULES.name)
     out = run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")])
-    assert "18 rules found" in out, out  # the rule file it names was found and read
+    assert "19 rules found" in out, out  # the rule file it names was found and read
     run(["amtool", "check-config", str(DEPLOY / "alertmanager.example.yml")])
 
 

@@ -260,21 +260,28 @@ class Engine:
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
         if d.verdict in ("act", "dry_run", "cooldown", "not_ours", "unchecked", "held",
                          "demoted"):  # fmt: skip
-            reserved = self.guards.started(d, node)
+            reserved, busy = self.guards.started(d, node)
             dry_run = d.verdict == "dry_run"
             # after a real drain the scheduler's own view shows the node out; a dry run keeps
             # its reservation so that later decisions see what would have been out
-            done = self._releaser(reserved) if reserved and not dry_run else None
+            done = self._releaser("" if dry_run else reserved, busy)
             self.executor.start(d, received, dry_run=dry_run, done=done)
         elif d.verdict in WAITING:
             self.waiting.add(finding, d, received, approved)
             self._escalate(finding, d)
         return d
 
-    def _releaser(self, node: str) -> Callable[[], None]:
+    def _releaser(self, reserved: str, busy: str) -> Callable[[], None] | None:
+        """What frees a finished plan's reserved node and busy node (None: neither)."""
+        if not reserved and not busy:
+            return None
+
         def release() -> None:
             with self._lock:
-                self.guards.release(node)
+                if reserved:
+                    self.guards.release(reserved)
+                if busy:
+                    self.guards.finished(busy)
 
         return release
 
@@ -556,8 +563,8 @@ class Engine:
                 removing = any(
                     a.kind in REMOVING and a.id not in self.memory.recorded for a in d.actions
                 )
-                reserved = self.guards.started(d, node) if removing else ""
-                done = self._releaser(reserved) if reserved and not dry_run else None
+                reserved, busy = self.guards.started(d, node) if removing else ("", "")
+                done = self._releaser("" if dry_run else reserved, busy)
                 self.executor.start(
                     d, self._restored(p.received), dry_run=dry_run, done=done, resume=True
                 )

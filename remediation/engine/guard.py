@@ -2,6 +2,8 @@
 
 The checks, in order (de-duplication by finding id happens before, in the engine):
 
+0. **unknown node**: a plan that would change a node the scheduler does not list is not
+   made at all (``unknown_node``: journaled, counted, no notification);
 1. **not ours**: a plan whose only change is ``uncordon`` touches only nodes gpuwarden took
    out itself; an admin's maintenance drain is the admin's to end;
 2. **held**: a node taken out on a prediction does not return before the prediction's hold
@@ -14,14 +16,19 @@ The checks, in order (de-duplication by finding id happens before, in the engine
    removal (and than its hold's end, and than a fault that ended its hold); without one the
    plan is cut down to a notification (``unchecked``). With ``"approval"`` it waits for an operator;
    **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
-4. **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
-   (putting a repaired node back is exempt: it disrupts nothing; nor does it start the
-   cooldown: a node that breaks again right after it returns comes out again at once);
+4. **cooldown** per node: a node acted on in the last ``cooldown_s``, or that a plan is acting
+   on now, gets only a notification (putting a repaired node back is exempt: it disrupts
+   nothing; nor does it start the cooldown: a node that breaks again right after it returns
+   comes out again at once; but a return that failed is not tried again within
+   ``cooldown_s``);
 5. **blast radius**: taking a node out when ``max_nodes_out`` nodes (or ``max_fraction_out``
    of its partition) are already out (by anyone: the scheduler's own view, plus the nodes
    plans in flight are taking out) waits;
 6. **rate limit**: at most ``actions_per_minute`` target-changing actions a minute;
 7. **dry run** (the default): the plan runs, but no adapter is asked to change anything.
+
+A plan cut down to a notification (cooldown, not ours, held, unchecked) tells people once
+per node, policy and verdict within ``cooldown_s``; the others are journaled, with no action.
 
 An approved plan skips 1-4: the operator has decided.
 
@@ -55,6 +62,10 @@ from gpuwarden.remediation.model import (
 
 log = logging.getLogger("gpuwarden.remediation.engine")
 
+#: verdicts that cut a plan down to its notification (:meth:`Guards._told_once`)
+CUT_TO_NOTIFY = ("cooldown", "not_ours", "held", "unchecked")
+TOLD_MAX = 10_000
+
 
 class Guards:
     """The guards' state: nodes plans in flight are taking out, and the last minute's actions.
@@ -76,6 +87,8 @@ class Guards:
         # nodes that plans in flight are taking out, counted per plan: one plan finishing must
         # not free a node another plan is still about to drain
         self.reserved: Counter[str] = Counter()
+        self.busy: Counter[str] = Counter()  # nodes a plan in flight changes, per plan
+        self._told: dict[tuple[str, str, str], float] = {}  # (node, policy, verdict): when
         self._inventory: tuple[float, Inventory] | None = None  # (when, view) for inventory_ttl_s
         self.recent: deque[float] = deque()  # when (monotonic) each of the last minute's actions
         # the scheduler that lists nodes out, told once: a runtime Protocol check costs ~0.1 ms,
@@ -84,11 +97,58 @@ class Guards:
         self._scheduler = scheduler if isinstance(scheduler, Scheduler) else None
 
     def check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
+        d = self._check(finding, d, approved=approved)
+        node = finding.subject.get("node", "")
+        if d.verdict in CUT_TO_NOTIFY and d.actions and node:
+            return self._told_once(d, node)
+        return d
+
+    def _told_once(self, d: Decision, node: str) -> Decision:
+        """A plan cut down to a notification tells people once per node, policy and verdict
+        within ``cooldown_s``; the others are journaled with no action. (A node's own key sent
+        60 critical findings a minute about its node, each a different GPU: after the first
+        drain each was ``cooldown``, and each paged, 86,000 a day.)"""
+        now, window = self.clock.mono(), self.settings.cooldown_s
+        key = (node, d.policy, d.verdict)
+        told = self._told.get(key)
+        if told is not None and now - told < window:
+            why = f"{d.why}; told at most once in {window:.0f} s ({now - told:.0f} s ago)"
+            return Decision(d.finding_id, d.verdict, d.policy, (), why)
+        if len(self._told) >= TOLD_MAX:  # bounded: forget what no longer silences anything
+            self._told = {k: t for k, t in self._told.items() if now - t < window}
+        self._told[key] = now
+        return d
+
+    def cooling(self, node: str, undo_only: bool) -> str:
+        """Why a plan that changes ``node`` is cut down to a notification now, or ``""``: a
+        plan acting on it is under way (two drains, two requeues: found in review), it was
+        acted on within ``cooldown_s``, or (for a return to service) returning it failed
+        within ``cooldown_s``. Putting a repaired node back otherwise disrupts nothing and is
+        exempt, nor does it start the cooldown."""
+        s, now = self.settings, self.clock.mono()
+        if self.busy[node] > 0:
+            return f"a plan acting on {node} is under way"
+        if undo_only:
+            failed = self.memory.return_failed_at.get(node)
+            if failed is not None and now - failed < s.cooldown_s:
+                return (
+                    f"returning {node} to service failed {now - failed:.0f} s ago; it is tried "
+                    f"again {s.cooldown_s:.0f} s after (cooldown)"
+                )
+            return ""
+        last = self.memory.last_action_at.get(node)
+        if last is not None and now - last < s.cooldown_s:
+            return f"{node} was acted on {now - last:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
+        return ""
+
+    def _check(self, finding: Finding, d: Decision, *, approved: bool = False) -> Decision:
         s = self.settings
         node = finding.subject.get("node", "")
         mutating = [a for a in d.actions if a.kind in MUTATING]
         notify_only = tuple(a for a in d.actions if a.kind is ActionKind.NOTIFY)
         undo_only = bool(mutating) and all(a.kind is ActionKind.UNCORDON for a in mutating)
+        if node and mutating and (unknown := self.unknown(node)):
+            return Decision(d.finding_id, "unknown_node", d.policy, (), unknown)
         if undo_only and not approved and node not in self.memory.taken_out:
             why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
             return Decision(d.finding_id, "not_ours", d.policy, notify_only, why)
@@ -115,12 +175,8 @@ class Guards:
                 f"gpuwarden remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
-        if node and mutating and not undo_only:  # putting a repaired node back disrupts nothing
-            last = self.memory.last_action_at.get(node)
-            ago = self.clock.mono() - last if last is not None else None
-            if ago is not None and ago < s.cooldown_s and not approved:
-                why = f"{node} was acted on {ago:.0f} s ago (cooldown {s.cooldown_s:.0f} s)"
-                return Decision(d.finding_id, "cooldown", d.policy, notify_only, why)
+        if node and mutating and not approved and (cooling := self.cooling(node, undo_only)):
+            return Decision(d.finding_id, "cooldown", d.policy, notify_only, cooling)
         if any(a.kind in REMOVING for a in mutating):
             blocked = self.blast_radius(node)
             if blocked:
@@ -200,7 +256,31 @@ class Guards:
             except AdapterError as exc:
                 log.error("inventory from %s failed: %s", adapter.name, exc)
                 raise
-        return Inventory({}, frozenset(self.memory.taken_out))
+        return Inventory({}, frozenset(self.memory.taken_out), lists_all=False)
+
+    def unknown(self, node: str) -> str:
+        """Why ``node`` is none of the scheduler's, or ``""`` (it is, or that cannot be told:
+        no scheduler, or its inventory failed, which the blast radius answers for a removal).
+
+        A sender that may name any node (an ``alerts`` identity, the shared credential) could
+        otherwise queue a plan per invented name while the blast radius is full (each with a
+        page), or fail one per name against the scheduler. Nothing is done and nobody is paged:
+        the decision is journaled and counted (``gpuwarden_engine_decisions_total
+        {verdict="unknown_node"}``, the ``GpuwardenUnknownNodes`` alert), which is also how a
+        name that differs between the agents and the scheduler shows (``gpu01`` against
+        ``gpu01.cluster``)."""
+        if self._scheduler is None:
+            return ""
+        try:
+            inv = self.inventory()
+        except AdapterError:
+            return ""
+        if not inv.lists_all or node in inv.partitions:
+            return ""
+        return (
+            f"{self._scheduler.name} has no node named {node!r}; nothing done (a name the "
+            f"agents and the scheduler spell differently, or a sender naming nodes at random)"
+        )
 
     def forget_inventory(self) -> None:
         """The next check asks the scheduler again (a new tick, a plan that finished)."""
@@ -232,17 +312,28 @@ class Guards:
                 )
         return ""
 
-    def started(self, d: Decision, node: str) -> str:
-        """A plan starts: count its target-changing actions against the rate limit and reserve
-        the node it takes out (returned, ``""`` for none)."""
-        reserved = ""
+    def started(self, d: Decision, node: str) -> tuple[str, str]:
+        """A plan starts: count its target-changing actions against the rate limit, reserve
+        the node it takes out, and mark the node it changes busy. Returns the reserved node
+        and the busy one (``""`` for none): :meth:`release` and :meth:`finished` free them."""
+        reserved = busy = ""
         if d.verdict in ("act", "dry_run") and any(a.kind in REMOVING for a in d.actions):
             reserved = node
             self.reserved[reserved] += 1
-        self.recent.extend([self.clock.mono()] * sum(a.kind in MUTATING for a in d.actions))
-        return reserved
+        changes = sum(a.kind in MUTATING for a in d.actions)
+        if node and changes:
+            busy = node
+            self.busy[busy] += 1
+        self.recent.extend([self.clock.mono()] * changes)
+        return reserved, busy
 
     def release(self, node: str) -> None:
         """A plan that took ``node`` out has finished (the scheduler's view now shows it)."""
         self.reserved[node] -= 1
         self.forget_inventory()  # a view from before the drain would miss this node
+
+    def finished(self, node: str) -> None:
+        """A plan that changed ``node`` has finished (its action records are written)."""
+        self.busy[node] -= 1
+        if self.busy[node] <= 0:
+            del self.busy[node]

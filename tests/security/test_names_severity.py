@@ -79,5 +79,6 @@ def test_a_409_counts_as_delivered_only_for_the_same_content(
     assert (poster.posted, poster.failed, poster.conflicts) == (1, 1, 1)
     verdicts = [r["verdict"] for r in engine.records("decision") if r["finding_id"] == same.id]
     assert verdicts == ["act", "duplicate", "duplicate"]
+    engine.action_done(node="node-002", action="drain")  # (it runs after the 202)
     acted = [r for r in engine.records("action") if r.get("node") == "node-002"]
     assert [r["action"] for r in acted] == ["drain"]  # the first one, once

@@ -1,0 +1,205 @@
+"""Found in a fourth review (2026-11-28, a helper reviewing as an attacker): what one sender's
+key could make the engine do without bound. Each test fails on the code before the fix (shown
+by running it there). The findings, alerts and relay lines are CONSTRUCTED.
+
+* an alerts token named nodes the scheduler does not have: each such plan waited while the
+  blast radius was full (up to ``max_pending``, each with a page), or failed against the
+  scheduler: now ``unknown_node``, journaled and counted, nothing done, nobody paged;
+* a node's own key sent 60 critical findings a minute about its node, each a different GPU:
+  the ones decided while the first drain ran drained and requeued it again (cooldown starts
+  when an action is recorded), and every ``cooldown`` after paged (86,000 a day);
+* with ``return_requires = "command"``, 60 ``node_healthy`` a minute about its node (taken
+  out, its check made to hang) each ran a return check that held an executor thread for up to
+  15 minutes: every other node's plans waited behind them;
+* a 1 MB summary grew the journal by 7 MB when acted on (copied into every action's reason);
+* an alert whose value is an integer of 400 digits overflowed ``float()``: the connection was
+  dropped unanswered, uncounted, and free of quota;
+* a job's reporter could write ``rank=r<N>``, a new InfluxDB series per line.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpuwarden.core.finding import MAX_EVIDENCE_BYTES, MAX_SUMMARY, Finding, FindingError, Severity
+from gpuwarden.remediation.audit import AuditLog, read_records
+from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.model import ActionKind, Outcome, Status
+from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
+from tests.remediation_util import RecordingAdapter
+from tests.security.identity_engine import IdentityEngine
+
+NODES = {f"gpu{i:02d}": "a" for i in range(8)}
+POLICIES = load_policies(DEFAULT_POLICIES)
+
+
+def make_engine(tmp: Path, **settings: Any) -> tuple[Engine, RecordingAdapter, RecordingAdapter]:
+    sched = RecordingAdapter("slurm", NODES)
+    notes = RecordingAdapter("webhook")
+    base = {"dry_run": False, "actions_per_minute": 10_000, "max_fraction_out": 1.0,
+            "predicted_kinds": ()}  # fmt: skip
+    engine = Engine(
+        POLICIES,
+        {"slurm": sched, "webhook": notes},
+        AuditLog(tmp / "audit.jsonl"),
+        EngineSettings(**(base | settings)),  # type: ignore[arg-type]
+    )
+    return engine, sched, notes
+
+
+def xid(node: str, gpu: str = "0") -> Finding:
+    return Finding(kind="gpu_xid", subject={"cluster": "c", "node": node, "gpu": gpu},
+                   severity=Severity.CRITICAL, time_ns=time.time_ns(), evidence={"xid": 79},
+                   confidence=1.0, summary="XID 79 (CONSTRUCTED)", source="agent")  # fmt: skip
+
+
+def healthy(node: str, n: int) -> Finding:
+    """A passing check, each a finding of its own (``n``: a GPU, to make the id differ)."""
+    now = time.time_ns()
+    return Finding(kind="node_healthy", subject={"cluster": "c", "node": node, "gpu": str(n)},
+                   severity=Severity.INFO, time_ns=now,
+                   evidence={"check": "pass", "checked_ns": now}, source="agent")  # fmt: skip
+
+
+def test_a_node_the_scheduler_does_not_have_is_not_acted_on_nor_queued(tmp_path: Path) -> None:
+    engine, sched, notes = make_engine(tmp_path, max_nodes_out=1, cooldown_s=0.0)
+    assert engine.submit(xid("gpu01")).verdict == "act"
+    assert engine.wait(10)
+    told = len(notes.calls)
+    # the blast radius is full: every invented name waited, each with a page
+    verdicts = {engine.submit(xid(f"ghost-{i:03d}")).verdict for i in range(50)}
+    assert verdicts == {"unknown_node"}
+    assert engine.pending() == [] and engine.stats.decisions["unknown_node"] == 50
+    assert engine.wait(10)
+    assert len(notes.calls) == told  # nobody paged
+    assert [a.node for a in sched.calls if a.kind is ActionKind.DRAIN] == ["gpu01"]
+    why = next(r for r in read_records(tmp_path / "audit.jsonl")
+               if r.get("verdict") == "unknown_node")["why"]  # fmt: skip
+    assert "slurm has no node named 'ghost-000'" in why
+    # a real node still waits for room, and its person is told
+    assert engine.submit(xid("gpu02")).verdict == "blast_radius"
+    assert [p["node"] for p in engine.pending()] == ["gpu02"]
+    engine.close()
+
+
+def test_a_node_being_acted_on_is_acted_on_once_and_pages_once(tmp_path: Path) -> None:
+    engine, sched, notes = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0)
+    gate, entered = threading.Event(), threading.Event()
+    perform = sched.perform
+
+    def slow(action):  # the first drain takes its time (a checkpoint, a slow scontrol)
+        if action.kind is ActionKind.DRAIN:
+            entered.set()
+            gate.wait(30)
+        return perform(action)
+
+    sched.perform = slow
+    assert engine.submit(xid("gpu03", "0")).verdict == "act"
+    assert entered.wait(10), "the plan under way"
+    later = [engine.submit(xid("gpu03", str(g))) for g in range(1, 8)]
+    gate.set()
+    assert engine.wait(10)
+    assert {d.verdict for d in later} == {"cooldown"}
+    assert "under way" in later[0].why
+    assert [a.kind for a in sched.calls].count(ActionKind.DRAIN) == 1
+    assert [a.kind for a in sched.calls].count(ActionKind.REQUEUE) == 1
+    # the plan's own notification and one for the cooldown; the other six are journaled only
+    assert len(later[0].actions) == 1 and all(d.actions == () for d in later[1:])
+    assert "told at most once" in later[1].why
+    assert len([a for a in notes.calls if a.node == "gpu03"]) == 2
+    engine.close()
+
+
+def test_a_return_that_failed_is_not_tried_again_within_the_cooldown(tmp_path: Path) -> None:
+    engine, sched, _ = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0)
+    perform = sched.perform
+
+    def failing_return(action):  # the return check fails (or hangs, then times out)
+        if action.kind is ActionKind.UNCORDON:
+            sched.calls.append(action)
+            return Outcome(Status.FAILED, "return check failed (CONSTRUCTED)")
+        return perform(action)
+
+    sched.perform = failing_return
+    assert engine.submit(xid("gpu05")).verdict == "act"
+    assert engine.wait(10)
+    first = engine.submit(healthy("gpu05", 0))
+    assert first.verdict == "act"
+    assert engine.wait(10)
+    again = [engine.submit(healthy("gpu05", n)) for n in range(1, 20)]
+    assert engine.wait(10)
+    assert {d.verdict for d in again} == {"cooldown"}
+    assert "failed" in again[0].why
+    assert [a.kind for a in sched.calls].count(ActionKind.UNCORDON) == 1
+    # a restart remembers it (the journal's action record)
+    engine.close()
+    engine2, _, _ = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0)
+    assert engine2.submit(healthy("gpu05", 30)).verdict == "cooldown"
+    engine2.close()
+
+
+def test_a_findings_text_and_evidence_are_bounded() -> None:
+    common: dict[str, Any] = {"kind": "gpu_xid", "subject": {"node": "gpu01"},
+                              "severity": Severity.CRITICAL, "time_ns": time.time_ns()}  # fmt: skip
+    with pytest.raises(FindingError, match="summary is over"):
+        Finding(summary="x" * (MAX_SUMMARY + 1), **common)
+    with pytest.raises(FindingError, match="evidence is over"):
+        Finding(evidence={"blob": "x" * MAX_EVIDENCE_BYTES}, **common)
+    with pytest.raises(FindingError, match="kind is over"):
+        Finding(**(common | {"kind": "k" * 65}))
+    with pytest.raises(FindingError, match="source is over"):
+        Finding(source="s" * 129, **common)
+    # what producers here write stays well inside: a switch with 64 nodes under it
+    under = [f"gpu-a100-{i:03d}.cluster.example" for i in range(64)]
+    Finding(evidence={"switch": "0x7cfe900300a4b1c0", "nodes_under_switch": under},
+            summary="s" * MAX_SUMMARY, **common)  # fmt: skip
+
+
+def test_a_huge_summary_is_a_422_and_journals_nothing(tmp_path: Path) -> None:
+    engine = IdentityEngine(tmp_path)
+    try:
+        payload = {"kind": "gpu_xid", "subject": {"cluster": "c", "node": "node-001", "gpu": "0"},
+                   "severity": "critical", "time_ns": time.time_ns(), "summary": "x" * 900_000,
+                   "source": "agent"}  # fmt: skip
+        status, reply = engine.post("node-001", "/v1/findings", payload)
+        assert status == 422 and "summary is over" in reply["error"], (status, reply)
+        assert engine.records("finding") == []
+    finally:
+        engine.close()
+
+
+def test_an_alert_value_that_overflows_is_a_422_counted(tmp_path: Path) -> None:
+    engine = IdentityEngine(tmp_path)
+    try:
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        alert = {"status": "firing", "startsAt": now,
+                 "labels": {"kind": "failure_risk", "node": "node-001", "severity": "warning"},
+                 "values": {"B": 10**400}}  # fmt: skip
+        body = json.dumps({"alerts": [alert]}).encode()
+        headers = {"Authorization": f"Bearer {engine.bearer('grafana')}"}
+        for _ in range(3):  # before: no answer at all (the connection dropped)
+            status, reply = engine.send("POST", "/v1/alerts/grafana", body, headers)
+            assert status == 422 and "64 bits" in reply["error"], (status, reply)
+        status, stats = engine.send(
+            "GET", "/v1/stats", b"", {"Authorization": "Bearer t0ken-for-tests"}
+        )
+        assert status == 200 and stats["rejected"].get("422") == 3, stats
+    finally:
+        engine.close()
+
+
+def test_a_relay_rank_that_is_not_a_number_is_a_400() -> None:
+    from gpuwarden.collector.relay import checked_lines
+
+    now = time.time_ns()
+    for rank in ("r0", "0x1f", "1" * 10):
+        _, status, why = checked_lines(f"job_step,job=77,rank={rank} step_index=1i {now}", "", now)
+        assert status == 400 and "tag rank" in why, (rank, status, why)
+    lines, status, _ = checked_lines(f"job_step,job=77,rank=12 step_index=1i {now}", "", now)
+    assert status == 204 and len(lines) == 1
