@@ -7,9 +7,11 @@ is one resource: a provisioning file with ``policies:`` (or a PUT of
 provision a subtree. So each rule carries ``notification_settings`` (Grafana's "simplified
 routing", Grafana 11 and later): its contact point by severity (:data:`ROUTING`), with its
 grouping and repeat interval, and Grafana routes it through a policy it manages itself beside
-the site's tree. A site that wants gpuwarden's alerts in its own tree instead gets the routes
-as a snippet to paste (:func:`route_snippet`, exported beside the provisioning files, never in
-them).
+the site's tree. Critical rules go to the engine's webhook; warnings to Slack where
+``[alerts] slack_url_file`` is set, else they carry no routing of their own and the site's
+tree routes them (never to the engine, whose ``alerts`` identity takes critical kinds only).
+A site that wants gpuwarden's alerts in its own tree instead gets the routes as a snippet
+to paste (:func:`route_snippet`, exported beside the provisioning files, never in them).
 
 Each rule is the SDK's ``Rule``: query A (InfluxQL, one series per node/GPU/port), B reduces
 each series to one number, C compares it with a threshold; the rule fires per series. Rules
@@ -310,18 +312,28 @@ GROUP_BY = ["alertname", "cluster", "node"]
 
 
 def receiver(cfg: Mapping[str, Mapping[str, Any]], severity: str) -> str:
-    """The contact point a rule of ``severity`` notifies."""
+    """The contact point a rule of ``severity`` notifies; ``""``: none of gpuwarden's (a
+    warning without Slack goes through the organisation's own notification policy). Warnings
+    never go to the engine: its ``alerts`` identity takes the critical rules' kinds only, so a
+    warning there was refused with 403, retried, and reached nobody (found in review)."""
     name = ROUTING[severity][0]
     if name == "gpuwarden-slack" and not cfg["alerts"]["slack_url_file"]:
-        return "gpuwarden-webhook"
+        return ""
     return name
 
 
-def notification_settings(cfg: Mapping[str, Mapping[str, Any]], severity: str) -> dict[str, Any]:
-    """A rule's own routing (Grafana's ``notification_settings``): no policy tree involved."""
+def notification_settings(
+    cfg: Mapping[str, Mapping[str, Any]], severity: str
+) -> dict[str, Any] | None:
+    """A rule's own routing (Grafana's ``notification_settings``): no policy tree involved;
+    None where gpuwarden has no contact point for it (then the organisation's tree routes
+    it, to its default contact point unless a route matches)."""
     _, wait, repeat = ROUTING[severity]
+    name = receiver(cfg, severity)
+    if not name:
+        return None
     return {
-        "receiver": receiver(cfg, severity),
+        "receiver": name,
         "group_by": list(GROUP_BY),
         "group_wait": wait,
         "repeat_interval": repeat,
@@ -342,6 +354,7 @@ def route_snippet(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 "repeat_interval": repeat,
             }
             for severity, (_, wait, repeat) in ROUTING.items()
+            if receiver(cfg, severity)
         ]
     }
 
@@ -368,8 +381,12 @@ def rules_file(cfg: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
                 "labels": r["labels"],
                 "annotations": r["annotations"],
                 "isPaused": False,
-                "notification_settings": notification_settings(cfg, spec.severity),
             }
+            | (
+                {"notification_settings": ns}
+                if (ns := notification_settings(cfg, spec.severity)) is not None
+                else {}
+            )
         )
     return {
         "apiVersion": 1,

@@ -88,9 +88,10 @@ def contact_point_warnings(cfg: Config) -> list[str]:
         )
     if not a["slack_url_file"]:
         found.append(
-            "alerts.slack_url_file is empty: warnings go to the engine's webhook too, and a "
-            "warning no engine policy answers (a hot GPU, a link trained down, a silent agent) "
-            "reaches nobody: give warnings a contact point people read"
+            "alerts.slack_url_file is empty: warnings (a hot GPU, a link trained down, a "
+            "silent agent) have no contact point of gpuwarden's and go through your "
+            "organisation's notification policy tree (its default contact point): make sure "
+            "people read it, or set slack_url_file"
         )
     return found
 

@@ -28,7 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -349,8 +349,7 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
     key in ``operator_secret_file`` when set (an engine with identities requires it); else, in
     the legacy mode, with the shared token, a POST signed with ``hmac_secret_file`` if set."""
     e = config["engine"]
-    host_port = e["listen"]
-    url = f"{'https' if e['tls_cert_file'] else 'http'}://{host_port}{path}"
+    url = engine_url(e) + path
     context = None
     if e["tls_cert_file"]:
         context = client_context(
@@ -379,6 +378,31 @@ def call(config: RemediationConfig, method: str, path: str, body: bytes = b"") -
     return 1
 
 
+def engine_url(e: Mapping[str, Any]) -> str:
+    """Where the operator commands reach the engine: ``[engine] url``, else ``listen`` with
+    an address that listens everywhere (``0.0.0.0``, ``::``) read as this host's loopback
+    (the shipped Kubernetes engine listens on ``0.0.0.0:9470``: an operator there reaches it
+    through ``kubectl port-forward`` on 127.0.0.1)."""
+    if e["url"]:
+        return str(e["url"]).rstrip("/")
+    host, _, port = str(e["listen"]).rpartition(":")
+    host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "[::]": "[::1]", "::": "[::1]"}.get(host, host)
+    return f"{'https' if e['tls_cert_file'] else 'http'}://{host}:{port}"
+
+
+def operator_secrets(e: Mapping[str, Any]) -> tuple[str, ...]:
+    """The secret settings an operator command reads: its identity's key, or (legacy) the
+    shared token and secret; and its TLS client key. (The engine's own read-only ``monitor``
+    token file is not read by a command that signs as an identity: the shipped ConfigMap
+    names one that only exists in the engine's pod.)"""
+    own = (
+        ("engine.operator_secret_file",)
+        if e["operator_identity"]
+        else ("engine.token_file", "engine.hmac_secret_file")
+    )
+    return (*own, "engine.tls_client_key_file")
+
+
 def print_agent_key(config: RemediationConfig, family: str, node: str) -> int:
     """The key of ``<family>/<node>``: what that node's agent keeps in its key file."""
     found = [i for i in config.identities if i.name == family and i.node == "*"]
@@ -388,13 +412,6 @@ def print_agent_key(config: RemediationConfig, family: str, node: str) -> int:
     return 0
 
 
-#: what an operator's command reads to talk to a running engine
-OPERATOR_SECRETS = (
-    "engine.operator_secret_file",
-    "engine.token_file",
-    "engine.hmac_secret_file",
-    "engine.tls_client_key_file",
-)
 OPERATOR_ONLY = ("engine.operator_secret_file", "engine.tls_client_key_file")  # not the engine's
 
 
@@ -455,7 +472,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.command in ("serve", "apply"):
             check_secrets(config.sections, skip=OPERATOR_ONLY)
         elif args.command in ("pending", "approve", "undo"):
-            check_secrets(config.sections, only=OPERATOR_SECRETS)
+            check_secrets(config.sections, only=operator_secrets(config["engine"]))
         if args.command == "apply" and (args.live or args.dry_run):
             sections = {k: dict(v) for k, v in config.sections.items()}
             sections["engine"]["dry_run"] = not args.live

@@ -94,6 +94,7 @@ ENGINE = {
     "tls_client_key_file": "",
     "operator_identity": "",
     "operator_secret_file": "",
+    "url": "",
 }
 GUARDS = {
     "max_nodes_out": 2,
@@ -256,6 +257,18 @@ def load_config(
             "gpuwarden's notifications, and its requests for a person, reach nobody (each is "
             "recorded as sent to nobody)"
         )
+    asks = {ActionKind.CHECKPOINT, ActionKind.CHECKPOINT_INTERVAL}
+    sl = config["slurm"]
+    if (
+        e["checkpoint_adapter"] == "slurm"
+        and not (sl["checkpoint_dir"] or sl["checkpoint_signal"])
+        and (asking := sorted(p.name for p in policies if asks & set(p.actions)))
+    ):
+        log.warning(
+            "slurm.checkpoint_dir and checkpoint_signal are empty: the checkpoint steps of %s "
+            "are skipped (no job is asked to save before its node is drained); set one "
+            "(docs/DEPLOY.md, checkpoint requests)", asking,
+        )  # fmt: skip
     if e["return_requires"] == "command" and not e["return_check_command"]:
         raise ConfigError("engine.return_requires = 'command' needs return_check_command")
     try:  # ssh must see '--' before {node}: refused here, before the engine serves

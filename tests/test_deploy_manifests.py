@@ -455,3 +455,36 @@ def test_the_grafana_identity_in_deploy_md_takes_what_grafana_sends(tmp_path: Pa
     warned = contact_point_warnings(cfg)
     assert any("webhook_token_file is empty" in w for w in warned)
     assert any("slack_url_file is empty" in w for w in warned)
+
+
+def test_an_operator_reaches_the_shipped_engine_with_their_own_key(
+    tmp_path: Path, capsys: Any
+) -> None:
+    """Found in review (as a new operator): with the ConfigMap's remediation.toml and their own
+    key (recipe step 3), ``gpuwarden remediate pending`` exited 2 on the engine pod's monitor
+    token (a file only the pod has; a command signing as an identity never reads it), and
+    would have called 0.0.0.0. Now it reads only the operator's key and calls the engine at
+    127.0.0.1 (``kubectl port-forward``), or at ``[engine] url``."""
+    from gpuwarden.remediation.cli import main
+    from testbed.influxd import free_port
+
+    port = free_port()  # nothing listens there: the command gets as far as calling
+    key = tmp_path / "admin"
+    key.write_text("a test key for admin, CONSTRUCTED\n")
+    key.chmod(0o400)
+    text = _configmap(documents(), "gpuwarden-remediate", "remediation.toml")
+    assert '"/var/run/secrets/gpuwarden/keys/monitor"' in text  # not on this machine
+    text = text.replace('listen = "0.0.0.0:9470"', f'listen = "0.0.0.0:{port}"').replace(
+        "[engine]\n",
+        f'[engine]\noperator_identity = "admin"\noperator_secret_file = "{key}"\n',
+        1,
+    )
+    config = tmp_path / "remediation.toml"
+    config.write_text(text)
+    assert main(["--config", str(config), "pending"]) == 1
+    err = capsys.readouterr().err
+    assert f"cannot reach the engine at http://127.0.0.1:{port}/v1/pending" in err, err
+    url = f'[engine]\nurl = "http://localhost:{port}/"\n'
+    config.write_text(text.replace("[engine]\n", url, 1))
+    assert main(["--config", str(config), "pending"]) == 1
+    assert f"http://localhost:{port}/v1/pending" in capsys.readouterr().err

@@ -64,6 +64,11 @@ def test_every_rule_routes_itself_to_a_contact_point_the_export_ships(tmp_path: 
     assert contacts == {"gpuwarden-webhook"}
     assert len(rules) == len(rule_specs(load_config(None, environ={})))
     for rule in rules:
+        if rule["labels"]["severity"] == "warning":
+            # no Slack: the site's own tree routes warnings; the engine's alerts identity
+            # takes critical kinds only, and refused each warning with 403 (found in review)
+            assert "notification_settings" not in rule, rule["uid"]
+            continue
         ns = rule["notification_settings"]
         assert ns["receiver"] in contacts, rule["uid"]
         assert ns["group_by"] == ["alertname", "cluster", "node"]
@@ -91,7 +96,8 @@ def test_the_route_snippet_lies_outside_provisioning_and_routes_what_the_rules_l
         assert route["receiver"] in contacts
         m = {k: v for k, op, v in route["object_matchers"] if op == "="}
         routed.add((m["source"], m["severity"]))
-    assert labels <= routed
+    # without Slack, warnings are the site tree's own: no route of gpuwarden's for them
+    assert {(s, v) for s, v in labels if v == "critical"} == routed
     assert not list((out / "provisioning").rglob("*routes*"))
 
 

@@ -164,3 +164,25 @@ def test_check_report_works_beside_a_running_agents_spool(tmp_path: Path) -> Non
         held.close()
     assert done.returncode == 0, done.stdout + done.stderr
     assert "2 node_check points spooled" in done.stderr
+
+
+def test_the_check_names_the_node_as_slurm_does(slurm: LocalSlurm, tmp_path: Path) -> None:
+    """Found in review (as a new operator): the check named the node by its hostname, so on
+    a host called ``gpu02.cluster`` (or a NodeHostname that is not the NodeName) its findings
+    named a node the engine could neither drain nor resume. Slurm's name goes to the check
+    (``GPUWARDEN_AGENT_NODE``), unless the environment names one already."""
+    seen = tmp_path / "node"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    gw = bindir / "gpuwarden"  # records the node the check would name, and passes
+    gw.write_text(f'#!/bin/sh\nprintf %s "${{GPUWARDEN_AGENT_NODE:-}}" > {seen}\nexit 0\n')
+    gw.chmod(0o755)
+    config = agent_config(tmp_path, str(tmp_path))  # it names gpu01: Slurm's name wins
+    path = f"{bindir}:{os.environ['PATH']}"
+    assert healthcheck(slurm, tmp_path, config, path=path, node="gpu02").returncode == 0
+    assert seen.read_text() == "gpu02"
+    named = {"GPUWARDEN_AGENT_NODE": "gpu02-ib"}
+    assert (
+        healthcheck(slurm, tmp_path, config, path=path, node="gpu02", extra=named).returncode == 0
+    )
+    assert seen.read_text() == "gpu02-ib"

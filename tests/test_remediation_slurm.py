@@ -290,3 +290,25 @@ def test_the_node_checks_drain_is_gpuwardens_and_a_faulty_spare_leaves_the_pool(
         engine.close()
         for node in ("gpu03", "gpu04"):
             slurm.run("scontrol", "update", f"NodeName={node}", "State=RESUME", check=False)
+
+
+def test_without_a_checkpoint_path_the_step_is_skipped_and_said_at_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Found in review (as a new operator): the sample's empty ``checkpoint_dir`` and
+    ``checkpoint_signal`` made every prediction's checkpoint step fail (the critical
+    "action failed" alert each time), with nothing said at start. Now it is skipped, as on
+    Kubernetes, and the engine says so when it starts. No Slurm is asked (a bad conf path)."""
+    from gpuwarden.remediation.config import load_config
+    from gpuwarden.remediation.model import Status
+
+    adapter = SlurmAdapter(conf=str(tmp_path / "no-slurm.conf"))
+    ask = Action(ActionKind.CHECKPOINT, "slurm", "gpu01", reason="CONSTRUCTED", finding_id="f1")
+    assert adapter.perform(ask).status is Status.SKIPPED
+    interval = Action(ActionKind.CHECKPOINT_INTERVAL, "slurm", "", job="77",
+                      params={"interval_s": 600}, finding_id="f2")  # fmt: skip
+    assert adapter.perform(interval).status is Status.SKIPPED
+    with caplog.at_level("WARNING", logger="gpuwarden"):
+        load_config(None, environ={})
+    said = [r.getMessage() for r in caplog.records if "checkpoint steps of" in r.getMessage()]
+    assert said and "predicted-gpu-failure" in said[0] and "are skipped" in said[0], caplog.text

@@ -36,6 +36,10 @@ report=""
 [ "${GPUWARDEN_CHECK_REPORT:-0}" = "1" ] && report="--report"
 # this script's own switches are not the check's settings (GPUWARDEN_CHECK_<KEY> would read
 # as [check] <key>): kept from it
+# the check names the node as Slurm does (a host named gpu01.cluster, or a NodeHostname that
+# differs, would report a node the engine cannot drain, nor resume): unless the
+# environment names it already (it overrides [agent] node: on Slurm, the name Slurm knows)
+[ -n "${GPUWARDEN_AGENT_NODE:-}" ] || export GPUWARDEN_AGENT_NODE="$node"
 out=$(env -u GPUWARDEN_CHECK_CONFIG -u GPUWARDEN_CHECK_REPORT -u GPUWARDEN_CHECK_TIMEOUT_S \
   timeout -k 2 "$limit" "$gw" check --config "$config" $report 2>&1)
 rc=$?
