@@ -28,29 +28,17 @@ from typing import Any
 import pytest
 
 from gpuwarden.core.finding import MAX_EVIDENCE_BYTES, MAX_SUMMARY, Finding, FindingError, Severity
-from gpuwarden.remediation.audit import AuditLog, read_records
-from gpuwarden.remediation.engine import Engine, EngineSettings
+from gpuwarden.remediation.audit import read_records
+from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.model import ActionKind, Outcome, Status
-from gpuwarden.remediation.policy import DEFAULT_POLICIES, load_policies
 from tests.remediation_util import RecordingAdapter
 from tests.security.identity_engine import IdentityEngine
-
-NODES = {f"gpu{i:02d}": "a" for i in range(8)}
-POLICIES = load_policies(DEFAULT_POLICIES)
+from tests.test_remediation_guards import make_engine as guards_engine
 
 
 def make_engine(tmp: Path, **settings: Any) -> tuple[Engine, RecordingAdapter, RecordingAdapter]:
-    sched = RecordingAdapter("slurm", NODES)
-    notes = RecordingAdapter("webhook")
-    base = {"dry_run": False, "actions_per_minute": 10_000, "max_fraction_out": 1.0,
-            "predicted_kinds": ()}  # fmt: skip
-    engine = Engine(
-        POLICIES,
-        {"slurm": sched, "webhook": notes},
-        AuditLog(tmp / "audit.jsonl"),
-        EngineSettings(**(base | settings)),  # type: ignore[arg-type]
-    )
-    return engine, sched, notes
+    """The guards tests' engine (20 nodes, live, no rate limit), without a partition limit."""
+    return guards_engine(tmp, max_fraction_out=1.0, **settings)
 
 
 def xid(node: str, gpu: str = "0") -> Finding:
