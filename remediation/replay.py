@@ -12,7 +12,9 @@ and is not acted on (its sender signs its retry afresh).
 
 The window is wall time on purpose: a signature is accepted by comparing its timestamp with the
 engine's wall clock, and it is forgotten by the same comparison, so one is forgotten only once
-it would be refused as stale, whatever steps that clock took in between.
+it would be refused as stale, whatever steps that clock took in between. And once one is
+forgotten, every signature signed at or before it is a replay (the file keeps that time,
+``{"floor": ...}``): a clock stepped back after forgetting cannot make a captured request new.
 """
 
 from __future__ import annotations
@@ -49,6 +51,11 @@ class SignatureMemory:
         self.window_s = window_s
         self._wall = wall
         self._seen: dict[str, int] = {}
+        # the newest signed time of a signature forgotten: one signed at or before it may have
+        # been seen, so it is a replay whatever the clock says now (a captured request was
+        # accepted again once the engine's clock stepped back past its window; found in
+        # review). Kept in the file across a rewrite, so across a restart too.
+        self._floor: int | None = None
         self._lines = 0
         self._next_expiry = 0.0
         self._lock = threading.Lock()  # what is seen, the file's descriptor, what is written
@@ -72,6 +79,10 @@ class SignatureMemory:
         except FileNotFoundError:
             text = ""
         for raw in text.splitlines():
+            if raw.startswith('{"floor": '):
+                with contextlib.suppress(ValueError, KeyError, TypeError):
+                    self._forgot(int(json.loads(raw)["floor"]))
+                continue
             # a line may follow bytes a failed writeback left (NULs, no newline): each entry
             # is read from its own start
             try:
@@ -81,6 +92,8 @@ class SignatureMemory:
                 continue  # a torn last line: it was never acted on (written before acting)
             if t >= now - self.window_s:
                 self._seen[mac] = t
+            else:
+                self._forgot(t)
         self._rewrite()
         if self._seen:
             log.info("remembering %d signatures from before the restart", len(self._seen))
@@ -94,7 +107,10 @@ class SignatureMemory:
         # (a reopen that failed would leave later lines in the file replaced)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND | os.O_CLOEXEC, 0o600)
         try:
-            text = "".join(json.dumps({"t": t, "mac": mac}) + "\n" for mac, t in self._seen.items())
+            floor = "" if self._floor is None else json.dumps({"floor": self._floor}) + "\n"
+            text = floor + "".join(
+                json.dumps({"t": t, "mac": mac}) + "\n" for mac, t in self._seen.items()
+            )
             write_all(fd, text.encode())
             os.fsync(fd)
             os.replace(tmp, self.path)
@@ -116,6 +132,10 @@ class SignatureMemory:
         self._synced = self._written
         self._lines = len(self._seen)
 
+    def _forgot(self, t: int) -> None:
+        if self._floor is None or t > self._floor:
+            self._floor = t
+
     def seen(self, mac: str) -> bool:
         with self._lock:
             return mac in self._seen
@@ -130,7 +150,7 @@ class SignatureMemory:
         under the lock). A second request with the same MAC is a replay from the moment the
         first one's line is written; the first is answered only once it is durable."""
         with self._lock:
-            if mac in self._seen:
+            if mac in self._seen or (self._floor is not None and t <= self._floor):
                 return False
             if self.path is None:
                 self._seen[mac] = t
@@ -200,7 +220,7 @@ class SignatureMemory:
             self._next_expiry = time.monotonic() + 1.0
             horizon = self._wall() - self.window_s
             for mac in [m for m, t in self._seen.items() if t < horizon]:
-                del self._seen[mac]
+                self._forgot(self._seen.pop(mac))
             if self.path is not None and self._lines > 2 * len(self._seen) + 64:
                 try:
                     self._rewrite()

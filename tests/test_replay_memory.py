@@ -96,7 +96,8 @@ def test_the_rewrite_keeps_appending_to_the_live_file(tmp_path: Path) -> None:
     for i in range(1, 5):
         assert memory.remember(f"new{i}", int(clock[0]))
     memory.close()
-    lines = path.read_text().splitlines()
+    floor, *lines = path.read_text().splitlines()
+    assert floor == '{"floor": 1000000}'  # the newest forgotten (test below)
     assert [line.split('"mac": ')[1] for line in lines] == [f'"new{i}"}}' for i in range(5)]
     assert len(SignatureMemory(path, 10.0, wall=lambda: clock[0])) == 5
 
@@ -241,3 +242,29 @@ def test_a_close_that_fails_in_the_rewrite_leaves_no_stale_descriptor(
         os.close(reuse)
     assert "new1" in path.read_text() and "new1" not in other.read_text()
     memory.close()
+
+
+def test_a_clock_stepped_back_cannot_make_a_forgotten_signature_new(tmp_path: Path) -> None:
+    """Found in review: a signature is forgotten once its window is over; if the engine's
+    clock then stepped back past it, a captured request verified as fresh again and was not
+    in memory: accepted twice. Now anything signed at or before the newest forgotten
+    signature is a replay, in the running process and after a restart (the file keeps it)."""
+    path = tmp_path / "sig"
+    clock = [1_000_000.0]
+    memory = SignatureMemory(path, 300.0, wall=lambda: clock[0])
+    assert memory.remember("captured", 1_000_000)
+    clock[0] += 400  # its window is over: forgotten
+    memory._next_expiry = 0.0
+    assert memory.remember("later", int(clock[0])) and len(memory) == 1
+    clock[0] -= 400  # the clock steps back: the captured request is "fresh" again
+    assert memory.remember("captured", 1_000_000) is False
+    assert memory.remember("fresh", 1_000_001) is True  # signed after it: new
+    memory.close()
+    # and across a restart, where the file no longer holds the captured one
+    clock[0] += 1000
+    SignatureMemory(path, 300.0, wall=lambda: clock[0]).close()  # forgets all, keeps the floor
+    assert "captured" not in path.read_text()
+    clock[0] -= 1000
+    again = SignatureMemory(path, 300.0, wall=lambda: clock[0])
+    assert again.remember("captured", 1_000_000) is False
+    again.close()
