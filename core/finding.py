@@ -42,10 +42,14 @@ MAX_KIND = 64
 MAX_SOURCE = 128
 MAX_SUMMARY = 4096
 """Characters of a finding's ``summary``: it is copied into every action's reason, so a
-sender's 1 MB summary grew the engine's journal by 7 MB when acted on (found in review)."""
+sender's 1 MB summary grew the engine's journal by 7 MB when acted on (found in review). A
+finding that arrives over it is refused (:meth:`Finding.from_json`, the endpoint's 422); one
+built here is cut to it (a hang on a large job lists many nodes)."""
 MAX_EVIDENCE_BYTES = 16384
-"""Evidence, as JSON: the largest a producer here writes is a switch's node list (about 1 KB);
-the cap bounds what one key's quota of findings can add to the journal and the store."""
+"""Evidence, as JSON: refused over it when it arrives, fitted when built here
+(:func:`fit_evidence`: a 256-node job across a driver rollout lists every node per setting)."""
+TRUNCATED = "evidence_truncated"
+"""The evidence key :func:`fit_evidence` adds: each cut list's path and how many items it lost."""
 SUBJECT_KEYS = ("cluster", "node", "gpu", "hca", "port", "switch", "job", "rank")
 
 
@@ -85,10 +89,11 @@ class Finding:
         for name, text, most in (
             ("kind", self.kind, MAX_KIND),
             ("source", self.source, MAX_SOURCE),
-            ("summary", self.summary, MAX_SUMMARY),
         ):
             if len(text) > most:
                 raise FindingError(f"{name} is over {most} characters ({len(text)})")
+        if len(self.summary) > MAX_SUMMARY:
+            object.__setattr__(self, "summary", self.summary[: MAX_SUMMARY - 1] + "…")
         unknown = set(self.subject) - set(SUBJECT_KEYS)
         if unknown:
             raise FindingError(f"unknown subject keys {sorted(unknown)}; allowed {SUBJECT_KEYS}")
@@ -104,9 +109,8 @@ class Finding:
         if not -INT64 <= self.time_ns < INT64:  # (stale, or from the future: the endpoint's)
             raise FindingError(f"time_ns must fit in 64 bits, got {str(self.time_ns)[:24]}")
         _check_evidence(self.evidence)
-        size = len(json.dumps(self.evidence, separators=(",", ":"), default=str))
-        if size > MAX_EVIDENCE_BYTES:
-            raise FindingError(f"evidence is over {MAX_EVIDENCE_BYTES} bytes as JSON ({size})")
+        if _json_size(self.evidence) > MAX_EVIDENCE_BYTES:
+            object.__setattr__(self, "evidence", fit_evidence(self.evidence))
         if not 0 < self.bucket_s <= MAX_BUCKET_S:
             raise FindingError(
                 f"bucket_s must be within 1 .. {MAX_BUCKET_S} s, got {self.bucket_s}"
@@ -149,7 +153,15 @@ class Finding:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Finding:
-        """Parse and validate; a claimed ``id`` that does not match the content is refused."""
+        """Parse and validate; a claimed ``id`` that does not match the content is refused, and
+        so is a summary or evidence over its bound (a sender's text is refused, not cut)."""
+        summary, evidence = data.get("summary", ""), data.get("evidence") or {}
+        if isinstance(summary, str) and len(summary) > MAX_SUMMARY:
+            raise FindingError(f"summary is over {MAX_SUMMARY} characters ({len(summary)})")
+        if isinstance(evidence, Mapping):
+            _check_evidence(evidence)  # (its depth first: json.dumps recurses)
+            if (size := _json_size(evidence)) > MAX_EVIDENCE_BYTES:
+                raise FindingError(f"evidence is over {MAX_EVIDENCE_BYTES} bytes as JSON ({size})")
         try:
             finding = cls(
                 kind=str(data["kind"]),
@@ -208,6 +220,54 @@ def _check_evidence(evidence: object) -> None:
                 raise FindingError(f"evidence nested deeper than {MAX_EVIDENCE_DEPTH} levels")
             items = value.values() if isinstance(value, Mapping) else value
             stack.extend((v, depth + 1) for v in items)
+
+
+def _json_size(value: object) -> int:
+    return len(json.dumps(value, separators=(",", ":"), default=str))
+
+
+def fit_evidence(evidence: Mapping[str, Any]) -> dict[str, Any]:
+    """``evidence`` within :data:`MAX_EVIDENCE_BYTES`: its longest list (of plain values first)
+    halved until it fits, each cut counted under :data:`TRUNCATED` (``{"fields.a.0.nodes": 120}``);
+    where no list is left to cut, only its short top-level values are kept. The finding itself
+    is never dropped for its size (a hang on a 512-node job is still a hang)."""
+    fitted: dict[str, Any] = json.loads(json.dumps(dict(evidence), default=str))
+    budget = MAX_EVIDENCE_BYTES - 1024  # room for the note of what was cut
+    cut: dict[str, int] = {}
+    while _json_size(fitted) > budget:
+        longest = _longest_list(fitted)
+        if longest is None or len(longest[1]) < 2:
+            break
+        path, items = longest
+        keep = len(items) // 2
+        cut[path] = cut.get(path, 0) + len(items) - keep
+        del items[keep:]
+    if _json_size(fitted) > budget:  # one long value, no list to cut
+        fitted = {k: v for k, v in fitted.items() if _json_size(v) <= 256}
+        cut["*"] = 1
+        while fitted and _json_size(fitted) > budget:
+            fitted.popitem()
+    fitted[TRUNCATED] = dict(list(cut.items())[:16])
+    return fitted
+
+
+def _longest_list(value: object) -> tuple[str, list[Any]] | None:
+    """The list in ``value`` that is longest as JSON, and where it is (dotted keys): a list of
+    plain values first (a list of nodes, not the list of settings that holds them), else any."""
+    best: dict[bool, tuple[int, str, list[Any]]] = {}
+    stack: list[tuple[str, object]] = [("", value)]
+    while stack:
+        where, v = stack.pop()
+        if isinstance(v, list):
+            plain = not any(isinstance(x, list | dict) for x in v)
+            size = _json_size(v)
+            if plain not in best or size > best[plain][0]:
+                best[plain] = (size, where, v)
+            stack.extend((f"{where}.{i}".lstrip("."), x) for i, x in enumerate(v))
+        elif isinstance(v, dict):
+            stack.extend((f"{where}.{k}".lstrip("."), x) for k, x in v.items())
+    found = best.get(True) if best.get(True) and len(best[True][2]) > 1 else best.get(False)
+    return None if found is None else (found[1][:120], found[2])
 
 
 def _opt_float(value: object) -> float | None:

@@ -10,7 +10,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from gpuwarden.core.finding import MAX_SUMMARY, SUBJECT_KEYS, Finding, Severity
+from gpuwarden.core.finding import SUBJECT_KEYS, Finding, Severity
 from gpuwarden.core.timeparse import parse_iso
 
 
@@ -71,6 +71,6 @@ def alert_finding(alert: Mapping[str, Any], source: str = "grafana") -> Finding:
         time_ns=t_ns,
         evidence=evidence,
         probability=probability,
-        summary=annotations.get("summary", labels.get("alertname", ""))[:MAX_SUMMARY],
+        summary=annotations.get("summary", labels.get("alertname", "")),  # (cut to its bound)
         source=source,
     )

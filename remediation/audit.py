@@ -303,7 +303,7 @@ class Memory:
 
 #: verdicts whose plans run (and so may be unfinished), and those whose plans wait
 RUNNING_VERDICTS = ("act", "dry_run", "cooldown", "not_ours", "unchecked", "held", "demoted")
-WAITING_VERDICTS = ("approval", "lemon", "blast_radius", "rate_limited")
+WAITING_VERDICTS = ("approval", "lemon", "blast_radius", "rate_limited", "busy")
 REMOVING_KINDS = ("cordon", "drain")
 
 

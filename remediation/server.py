@@ -529,6 +529,8 @@ class Endpoint:
             if exc.retry_after_s:
                 return exc.status, {"error": exc.message, "retry_after_s": exc.retry_after_s}
             return exc.status, {"error": exc.message}
+        except OSError:  # the peer went away mid-body (reset, TLS): the server's own matter
+            raise
         except Exception as exc:  # a bug, not the sender's: answered and counted
             # a request no handler foresaw (an alert whose value overflowed a float ended the
             # connection unanswered, uncounted and free of quota): 500, its traceback logged

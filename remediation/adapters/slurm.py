@@ -139,7 +139,9 @@ class SlurmAdapter:
     # -- what is there ------------------------------------------------------------------------
 
     def nodes(self) -> list[dict[str, Any]]:
-        nodes = self._json("sinfo", "--json").get("nodes")
+        # --all: nodes of hidden partitions, and of ones this user may not use, are nodes too
+        # (else never drained: unknown_node)
+        nodes = self._json("sinfo", "--json", "--all").get("nodes")
         if not isinstance(nodes, list):
             raise AdapterError("sinfo --json has no 'nodes' list")
         return nodes

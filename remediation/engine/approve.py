@@ -36,8 +36,10 @@ class Pending:
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: verdicts whose plans wait here, and those of them that free themselves (tick)
-WAITING = ("approval", "lemon", "blast_radius", "rate_limited")
-SELF_RELEASING = ("blast_radius", "rate_limited")
+WAITING = ("approval", "lemon", "blast_radius", "rate_limited", "busy")
+SELF_RELEASING = ("blast_radius", "rate_limited", "busy")
+#: waiting verdicts nobody is paged about: ``busy`` ends by itself within a plan's run
+QUIET = ("busy",)
 
 
 class PendingPlans:

@@ -113,8 +113,9 @@ class Decision:
     ``unchecked`` (a return to service without the passing check it needs: notify only),
     ``held`` (a return to service while a prediction holds the node out: notify only),
     ``approval``, ``lemon`` (a node taken out too often waits for an operator to return it),
-    ``blast_radius``, ``rate_limited``, ``failed`` (no such adapter) or ``unknown_node`` (the
-    scheduler has no such node: nothing done, nobody told)."""
+    ``blast_radius``, ``rate_limited``, ``busy`` (another plan is acting on the node: decided
+    again when it is done), ``failed`` (no such adapter) or ``unknown_node`` (the scheduler has
+    no such node: nothing done, nobody told)."""
     policy: str = ""
     actions: tuple[Action, ...] = ()
     why: str = ""

@@ -22,7 +22,13 @@ from gpuwarden.core.names import BadNameError, NodeName, fill_argv
 from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
 from gpuwarden.remediation.compact import choose, compacted_size, swap, tidy
-from gpuwarden.remediation.engine.approve import SELF_RELEASING, WAITING, Pending, PendingPlans
+from gpuwarden.remediation.engine.approve import (
+    QUIET,
+    SELF_RELEASING,
+    WAITING,
+    Pending,
+    PendingPlans,
+)
 from gpuwarden.remediation.engine.decide import (
     Decision,
     EngineSettings,
@@ -268,7 +274,8 @@ class Engine:
             self.executor.start(d, received, dry_run=dry_run, done=done)
         elif d.verdict in WAITING:
             self.waiting.add(finding, d, received, approved)
-            self._escalate(finding, d)
+            if d.verdict not in QUIET:
+                self._escalate(finding, d)
         return d
 
     def _releaser(self, reserved: str, busy: str) -> Callable[[], None] | None:

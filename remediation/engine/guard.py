@@ -2,8 +2,8 @@
 
 The checks, in order (de-duplication by finding id happens before, in the engine):
 
-0. **unknown node**: a plan that would change a node the scheduler does not list is not
-   made at all (``unknown_node``: journaled, counted, no notification);
+0. **unknown node**: a plan that would take out (or act on) a node the scheduler does not
+   list is not made at all (``unknown_node``: journaled, counted, no notification);
 1. **not ours**: a plan whose only change is ``uncordon`` touches only nodes gpuwarden took
    out itself; an admin's maintenance drain is the admin's to end;
 2. **held**: a node taken out on a prediction does not return before the prediction's hold
@@ -16,11 +16,12 @@ The checks, in order (de-duplication by finding id happens before, in the engine
    removal (and than its hold's end, and than a fault that ended its hold); without one the
    plan is cut down to a notification (``unchecked``). With ``"approval"`` it waits for an operator;
    **approval**: a plan with an action kind listed in ``approval`` waits for an operator;
-4. **cooldown** per node: a node acted on in the last ``cooldown_s``, or that a plan is acting
-   on now, gets only a notification (putting a repaired node back is exempt: it disrupts
-   nothing; nor does it start the cooldown: a node that breaks again right after it returns
-   comes out again at once; but a return that failed is not tried again within
-   ``cooldown_s``);
+4. **busy**: a plan for a node another plan is acting on now waits, and is decided again when
+   that one has finished (nobody is paged for it);
+   **cooldown** per node: a node acted on in the last ``cooldown_s`` gets only a notification
+   (putting a repaired node back is exempt: it disrupts nothing; nor does it start the
+   cooldown: a node that breaks again right after it returns comes out again at once; but a
+   return that failed is not tried again within ``cooldown_s``);
 5. **blast radius**: taking a node out when ``max_nodes_out`` nodes (or ``max_fraction_out``
    of its partition) are already out (by anyone: the scheduler's own view, plus the nodes
    plans in flight are taking out) waits;
@@ -49,7 +50,7 @@ from gpuwarden.core.finding import Finding
 from gpuwarden.remediation.audit import Memory
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine.decide import Decision, EngineSettings
-from gpuwarden.remediation.holds import Holds
+from gpuwarden.remediation.holds import EXPIRED_KIND, Holds
 from gpuwarden.remediation.model import (
     MUTATING,
     REMOVING,
@@ -119,15 +120,16 @@ class Guards:
         self._told[key] = now
         return d
 
-    def cooling(self, node: str, undo_only: bool) -> str:
-        """Why a plan that changes ``node`` is cut down to a notification now, or ``""``: a
-        plan acting on it is under way (two drains, two requeues: found in review), it was
-        acted on within ``cooldown_s``, or (for a return to service) returning it failed
-        within ``cooldown_s``. Putting a repaired node back otherwise disrupts nothing and is
-        exempt, nor does it start the cooldown."""
+    def cooling(self, finding: Finding, undo_only: bool) -> str:
+        """Why a plan that changes the finding's node is cut down to a notification now, or
+        ``""``: it was acted on within ``cooldown_s``, or (for a return to service) returning
+        it failed within ``cooldown_s`` (the engine's own offer when a hold ends excepted: it
+        comes once). Putting a repaired node back otherwise disrupts nothing and is exempt,
+        nor does it start the cooldown."""
         s, now = self.settings, self.clock.mono()
-        if self.busy[node] > 0:
-            return f"a plan acting on {node} is under way"
+        node = finding.subject.get("node", "")
+        if undo_only and finding.kind == EXPIRED_KIND:
+            return ""
         if undo_only:
             failed = self.memory.return_failed_at.get(node)
             if failed is not None and now - failed < s.cooldown_s:
@@ -147,7 +149,9 @@ class Guards:
         mutating = [a for a in d.actions if a.kind in MUTATING]
         notify_only = tuple(a for a in d.actions if a.kind is ActionKind.NOTIFY)
         undo_only = bool(mutating) and all(a.kind is ActionKind.UNCORDON for a in mutating)
-        if node and mutating and (unknown := self.unknown(node)):
+        # (a return needs no look: a node gpuwarden took out is the scheduler's, and any other
+        # is not_ours; every node_healthy asked the scheduler for its whole inventory)
+        if node and mutating and not undo_only and (unknown := self.unknown(node)):
             return Decision(d.finding_id, "unknown_node", d.policy, (), unknown)
         if undo_only and not approved and node not in self.memory.taken_out:
             why = f"gpuwarden did not take {node} out; whoever did decides when it returns"
@@ -175,7 +179,12 @@ class Guards:
                 f"gpuwarden remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
-        if node and mutating and not approved and (cooling := self.cooling(node, undo_only)):
+        if node and mutating and not approved and self.busy[node] > 0:
+            # decided again once that plan has finished (a tick): a fault that came while a
+            # prediction's plan ran then finds its hold and ends it, as it should
+            why = f"a plan acting on {node} is under way; this one is decided when it is done"
+            return Decision(d.finding_id, "busy", d.policy, d.actions, why)
+        if node and mutating and not approved and (cooling := self.cooling(finding, undo_only)):
             return Decision(d.finding_id, "cooldown", d.policy, notify_only, cooling)
         if any(a.kind in REMOVING for a in mutating):
             blocked = self.blast_radius(node)

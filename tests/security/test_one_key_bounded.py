@@ -31,7 +31,7 @@ from gpuwarden.core.finding import MAX_EVIDENCE_BYTES, MAX_SUMMARY, Finding, Fin
 from gpuwarden.remediation.audit import read_records
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.model import ActionKind, Outcome, Status
-from tests.remediation_util import RecordingAdapter
+from tests.remediation_util import RecordingAdapter, risk
 from tests.security.identity_engine import IdentityEngine
 from tests.test_remediation_guards import make_engine as guards_engine
 
@@ -91,16 +91,72 @@ def test_a_node_being_acted_on_is_acted_on_once_and_pages_once(tmp_path: Path) -
     assert engine.submit(xid("gpu03", "0")).verdict == "act"
     assert entered.wait(10), "the plan under way"
     later = [engine.submit(xid("gpu03", str(g))) for g in range(1, 8)]
+    # they wait for it (nobody paged), four at most (max_pending_per_node); the rest are 503s
+    # their sender retries, not remembered
+    assert [d.verdict for d in later] == ["busy"] * 4 + ["queue_full"] * 3
+    assert "under way" in later[0].why
     gate.set()
     assert engine.wait(10)
-    assert {d.verdict for d in later} == {"cooldown"}
-    assert "under way" in later[0].why
+    released = engine.tick()  # decided again now: acted on just now, so cooldown
+    assert engine.wait(10)
+    assert [d.verdict for d in released] == ["cooldown"] * 4
     assert [a.kind for a in sched.calls].count(ActionKind.DRAIN) == 1
     assert [a.kind for a in sched.calls].count(ActionKind.REQUEUE) == 1
-    # the plan's own notification and one for the cooldown; the other six are journaled only
-    assert len(later[0].actions) == 1 and all(d.actions == () for d in later[1:])
-    assert "told at most once" in later[1].why
+    # the plan's own notification and one for the cooldown; the other three journaled only
+    assert len(released[0].actions) == 1 and all(d.actions == () for d in released[1:])
+    assert "told at most once" in released[1].why
     assert len([a for a in notes.calls if a.node == "gpu03"]) == 2
+    engine.close()
+
+
+def test_a_fault_while_a_predictions_plan_runs_ends_its_hold(tmp_path: Path) -> None:
+    """Found by a third look (a helper) at the busy rule as first written (a cooldown): a
+    fatal XID that came while a prediction's plan waited for its checkpoint was cut to a
+    notification before the hold existed, so the hold never saw the fault, and the node was
+    offered back when the prediction's horizon ended. It now waits for that plan, and then
+    ends the hold: the node is out for the fault."""
+    engine, sched, _ = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0,
+                                   predicted_kinds=("failure_risk",))  # fmt: skip
+    gate, entered = threading.Event(), threading.Event()
+    perform = sched.perform
+
+    def slow(action):  # the prediction's checkpoint waits for the job
+        if action.kind is ActionKind.CHECKPOINT:
+            entered.set()
+            gate.wait(30)
+        return perform(action)
+
+    sched.perform = slow
+    r = risk("gpu03")
+    prediction = Finding(kind=r.kind, subject=r.subject, severity=r.severity,
+                         time_ns=r.time_ns, evidence={"horizon_s": 3600}, probability=0.93,
+                         summary=r.summary, source="analytics")  # fmt: skip
+    assert engine.submit(prediction).verdict == "act"
+    assert entered.wait(10)
+    assert engine.submit(xid("gpu03")).verdict == "busy"
+    gate.set()
+    assert engine.wait(10)
+    assert [h["node"] for h in engine.held()] == ["gpu03"]  # the prediction holds it
+    assert [d.verdict for d in engine.tick()] == ["cooldown"]
+    assert engine.held() == [] and "gpu03" in engine.holds.fault_at  # out for the fault
+    engine.close()
+
+
+def test_a_healthy_node_does_not_make_the_engine_ask_the_scheduler(tmp_path: Path) -> None:
+    """A node_healthy about a node gpuwarden did not take out is not_ours: the unknown-node
+    look (the scheduler's whole inventory) is not needed for a return, and was made for
+    every one (a Slurm health check reports every idle node every 5 minutes)."""
+    engine, sched, _ = make_engine(tmp_path)
+    asked = []
+    inventory = sched.inventory
+
+    def counted():
+        asked.append(1)
+        return inventory()
+
+    sched.inventory = counted
+    assert {engine.submit(healthy("gpu07", n)).verdict for n in range(5)} == {"not_ours"}
+    assert asked == []
     engine.close()
 
 
@@ -133,20 +189,43 @@ def test_a_return_that_failed_is_not_tried_again_within_the_cooldown(tmp_path: P
 
 
 def test_a_findings_text_and_evidence_are_bounded() -> None:
+    """Refused when they arrive (the endpoint's 422); cut to fit when built here."""
     common: dict[str, Any] = {"kind": "gpu_xid", "subject": {"node": "gpu01"},
                               "severity": Severity.CRITICAL, "time_ns": time.time_ns()}  # fmt: skip
+    sent = Finding(**common).to_json()
     with pytest.raises(FindingError, match="summary is over"):
-        Finding(summary="x" * (MAX_SUMMARY + 1), **common)
+        Finding.from_json(sent | {"summary": "x" * (MAX_SUMMARY + 1)})
     with pytest.raises(FindingError, match="evidence is over"):
-        Finding(evidence={"blob": "x" * MAX_EVIDENCE_BYTES}, **common)
+        Finding.from_json(sent | {"evidence": {"blob": "x" * MAX_EVIDENCE_BYTES}})
     with pytest.raises(FindingError, match="kind is over"):
         Finding(**(common | {"kind": "k" * 65}))
     with pytest.raises(FindingError, match="source is over"):
         Finding(source="s" * 129, **common)
-    # what producers here write stays well inside: a switch with 64 nodes under it
-    under = [f"gpu-a100-{i:03d}.cluster.example" for i in range(64)]
-    Finding(evidence={"switch": "0x7cfe900300a4b1c0", "nodes_under_switch": under},
-            summary="s" * MAX_SUMMARY, **common)  # fmt: skip
+
+
+def test_a_finding_built_here_is_cut_to_fit_and_still_taken() -> None:
+    """Found by a third look (a helper): the bounds refused what analytics builds on a large
+    job, a hang whose summary names 128 nodes (4,626 characters) and a job across a driver
+    rollout that lists every node per setting (18 KB), and the whole analysis window was lost.
+    Built here, a finding is cut to its bounds, and the engine takes it."""
+    nodes = [f"gpu-h100-r{i // 32:02d}-n{i % 32:02d}.cluster.example" for i in range(512)]
+    mixed = {"fields": {"driver_version": [{"value": "550.54.15", "nodes": nodes[:256]},
+                                           {"value": "535.161.08", "nodes": nodes[256:]}]},
+             "gpus": 4096, "explained": False}  # fmt: skip
+    f = Finding(kind="job_config_mixed", subject={"cluster": "c", "job": "77"},
+                severity=Severity.WARNING, time_ns=time.time_ns(), evidence=mixed,
+                summary="job 77 hangs: ranks behind on " + ", ".join(nodes[:128]),
+                source="analytics")  # fmt: skip
+    assert len(f.summary) == MAX_SUMMARY and f.summary.endswith("…")
+    ev = f.evidence
+    assert len(json.dumps(ev, separators=(",", ":"))) <= MAX_EVIDENCE_BYTES
+    assert ev["gpus"] == 4096 and ev["explained"] is False  # what is not a list stays whole
+    cut = ev["evidence_truncated"]
+    kept = {s["value"]: len(s["nodes"]) for s in ev["fields"]["driver_version"]}
+    assert all(n >= 32 for n in kept.values()), kept  # each setting keeps nodes to look at
+    assert sum(kept.values()) + sum(cut.values()) == 512, (kept, cut)
+    again = Finding.from_json(f.to_json())  # what the engine's endpoint does with it
+    assert again.id == f.id and again.digest == f.digest
 
 
 def test_a_huge_summary_is_a_422_and_journals_nothing(tmp_path: Path) -> None:
@@ -191,3 +270,21 @@ def test_a_relay_rank_that_is_not_a_number_is_a_400() -> None:
         assert status == 400 and "tag rank" in why, (rank, status, why)
     lines, status, _ = checked_lines(f"job_step,job=77,rank=12 step_index=1i {now}", "", now)
     assert status == 204 and len(lines) == 1
+
+
+def test_a_peer_gone_mid_body_is_not_an_internal_error(tmp_path: Path) -> None:
+    """The catch-all 500 (above) must not take a reset connection for a bug: that stays the
+    server's own matter (logged at debug), uncounted, and nothing is written back."""
+    from gpuwarden.remediation.server import Endpoint
+
+    engine, _, _ = make_engine(tmp_path)
+    endpoint = Endpoint(engine, "tok")
+
+    def read(n: int) -> bytes:
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    headers = {"Authorization": "Bearer tok", "Content-Length": "10"}
+    with pytest.raises(ConnectionResetError):
+        endpoint.handle("POST", "/v1/findings", headers, read)
+    assert endpoint.rejected == {}
+    engine.close()
