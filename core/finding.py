@@ -158,10 +158,11 @@ class Finding:
         summary, evidence = data.get("summary", ""), data.get("evidence") or {}
         if isinstance(summary, str) and len(summary) > MAX_SUMMARY:
             raise FindingError(f"summary is over {MAX_SUMMARY} characters ({len(summary)})")
-        if isinstance(evidence, Mapping):
-            _check_evidence(evidence)  # (its depth first: json.dumps recurses)
-            if (size := _json_size(evidence)) > MAX_EVIDENCE_BYTES:
-                raise FindingError(f"evidence is over {MAX_EVIDENCE_BYTES} bytes as JSON ({size})")
+        if not isinstance(evidence, Mapping):  # (a list of pairs made a dict, then was cut)
+            raise FindingError(f"evidence must be an object, got {type(evidence).__name__}")
+        _check_evidence(evidence)  # (its depth first: json.dumps recurses)
+        if (size := _json_size(evidence)) > MAX_EVIDENCE_BYTES:
+            raise FindingError(f"evidence is over {MAX_EVIDENCE_BYTES} bytes as JSON ({size})")
         try:
             finding = cls(
                 kind=str(data["kind"]),
@@ -232,28 +233,31 @@ def fit_evidence(evidence: Mapping[str, Any]) -> dict[str, Any]:
     where no list is left to cut, only its short top-level values are kept. The finding itself
     is never dropped for its size (a hang on a 512-node job is still a hang)."""
     fitted: dict[str, Any] = json.loads(json.dumps(dict(evidence), default=str))
-    budget = MAX_EVIDENCE_BYTES - 1024  # room for the note of what was cut
     cut: dict[str, int] = {}
-    while _json_size(fitted) > budget:
+
+    def noted() -> dict[str, Any]:
+        return {**fitted, TRUNCATED: {k[:60]: n for k, n in list(cut.items())[:8]}}
+
+    while _json_size(noted()) > MAX_EVIDENCE_BYTES:
         longest = _longest_list(fitted)
-        if longest is None or len(longest[1]) < 2:
+        if longest is None:
             break
         path, items = longest
         keep = len(items) // 2
         cut[path] = cut.get(path, 0) + len(items) - keep
         del items[keep:]
-    if _json_size(fitted) > budget:  # one long value, no list to cut
+    if _json_size(noted()) > MAX_EVIDENCE_BYTES:  # long values no list holds
         fitted = {k: v for k, v in fitted.items() if _json_size(v) <= 256}
         cut["*"] = 1
-        while fitted and _json_size(fitted) > budget:
+        while fitted and _json_size(noted()) > MAX_EVIDENCE_BYTES:
             fitted.popitem()
-    fitted[TRUNCATED] = dict(list(cut.items())[:16])
-    return fitted
+    return noted()
 
 
 def _longest_list(value: object) -> tuple[str, list[Any]] | None:
-    """The list in ``value`` that is longest as JSON, and where it is (dotted keys): a list of
-    plain values first (a list of nodes, not the list of settings that holds them), else any."""
+    """The list of two or more items in ``value`` that is longest as JSON, and where it is
+    (dotted keys): a list of plain values first (a list of nodes, not the list of settings
+    that holds them), else any."""
     best: dict[bool, tuple[int, str, list[Any]]] = {}
     stack: list[tuple[str, object]] = [("", value)]
     while stack:
@@ -261,12 +265,12 @@ def _longest_list(value: object) -> tuple[str, list[Any]] | None:
         if isinstance(v, list):
             plain = not any(isinstance(x, list | dict) for x in v)
             size = _json_size(v)
-            if plain not in best or size > best[plain][0]:
+            if len(v) > 1 and (plain not in best or size > best[plain][0]):
                 best[plain] = (size, where, v)
             stack.extend((f"{where}.{i}".lstrip("."), x) for i, x in enumerate(v))
         elif isinstance(v, dict):
             stack.extend((f"{where}.{k}".lstrip("."), x) for k, x in v.items())
-    found = best.get(True) if best.get(True) and len(best[True][2]) > 1 else best.get(False)
+    found = best.get(True) or best.get(False)
     return None if found is None else (found[1][:120], found[2])
 
 

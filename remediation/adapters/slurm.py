@@ -140,7 +140,7 @@ class SlurmAdapter:
 
     def nodes(self) -> list[dict[str, Any]]:
         # --all: nodes of hidden partitions, and of ones this user may not use, are nodes too
-        # (else never drained: unknown_node)
+        # (else never drained: unknown_node); Slurm 22.05's --json may list them anyway
         nodes = self._json("sinfo", "--json", "--all").get("nodes")
         if not isinstance(nodes, list):
             raise AdapterError("sinfo --json has no 'nodes' list")

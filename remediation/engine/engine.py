@@ -42,6 +42,7 @@ from gpuwarden.remediation.engine.spares import Spares
 from gpuwarden.remediation.errors import RemediationError
 from gpuwarden.remediation.holds import EXPIRED_KIND, Hold, Holds
 from gpuwarden.remediation.model import (
+    MUTATING,
     REMOVING,
     Action,
     ActionKind,
@@ -443,6 +444,11 @@ class Engine:
                 if d.verdict not in SELF_RELEASING:
                     self.waiting.drop(plan_id)
                     released.append(self._decide(p.finding, d, p.received, approved=p.approved))
+                elif p.decision.verdict in QUIET and d.verdict not in QUIET:
+                    # it waited for a plan on its node, and now for room or the rate limit:
+                    # journaled and told as any plan that waits so
+                    self.waiting.drop(plan_id)
+                    self._decide(p.finding, d, p.received, approved=p.approved)
         return released
 
     def _forget_old(self) -> None:
@@ -567,10 +573,12 @@ class Engine:
                 log.warning("resuming plan %s (%s) on %s after a restart", d.plan_id,
                             [str(a.kind) for a in d.actions], node or "-")  # fmt: skip
                 dry_run = d.verdict == "dry_run"
-                removing = any(
-                    a.kind in REMOVING and a.id not in self.memory.recorded for a in d.actions
+                # busy while any change is still to be done (a return, a requeue after its
+                # drain): a fault that arrives meanwhile waits for it, as before the restart
+                changing = any(
+                    a.kind in MUTATING and a.id not in self.memory.recorded for a in d.actions
                 )
-                reserved, busy = self.guards.started(d, node) if removing else ("", "")
+                reserved, busy = self.guards.started(d, node) if changing else ("", "")
                 done = self._releaser("" if dry_run else reserved, busy)
                 self.executor.start(
                     d, self._restored(p.received), dry_run=dry_run, done=done, resume=True

@@ -179,9 +179,10 @@ class Guards:
                 f"gpuwarden remediate approve {d.plan_id}"
             )
             return Decision(d.finding_id, "approval", d.policy, d.actions, why)
-        if node and mutating and not approved and self.busy[node] > 0:
+        if node and mutating and self.busy[node] > 0:
             # decided again once that plan has finished (a tick): a fault that came while a
-            # prediction's plan ran then finds its hold and ends it, as it should
+            # prediction's plan ran then finds its hold and ends it, as it should. An approved
+            # plan waits too (approving a busy plan drained and requeued the node twice)
             why = f"a plan acting on {node} is under way; this one is decided when it is done"
             return Decision(d.finding_id, "busy", d.policy, d.actions, why)
         if node and mutating and not approved and (cooling := self.cooling(finding, undo_only)):

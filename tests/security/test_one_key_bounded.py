@@ -288,3 +288,97 @@ def test_a_peer_gone_mid_body_is_not_an_internal_error(tmp_path: Path) -> None:
         endpoint.handle("POST", "/v1/findings", headers, read)
     assert endpoint.rejected == {}
     engine.close()
+
+
+# -- found by a fourth look (a helper) at the busy wait and the fitting ----------------------
+
+
+def _held(sched: RecordingAdapter, kind: ActionKind) -> tuple[threading.Event, threading.Event]:
+    """``kind`` on the scheduler blocks until the first event is set (the second says it
+    started)."""
+    gate, entered = threading.Event(), threading.Event()
+    perform = sched.perform
+
+    def slow(action):
+        if action.kind is kind:
+            entered.set()
+            gate.wait(30)
+        return perform(action)
+
+    sched.perform = slow
+    return gate, entered
+
+
+def test_a_return_resumed_after_a_restart_keeps_its_node_busy(tmp_path: Path) -> None:
+    """A return (uncordon) in flight at a crash was resumed without marking its node busy:
+    a fault's plan then ran beside it (drain, requeue, then the resumed uncordon), and the
+    faulty node ended back in service."""
+    first, sched1, _ = make_engine(tmp_path)
+    assert first.submit(xid("gpu03")).verdict == "act" and first.wait(10)
+    gate1, in1 = _held(sched1, ActionKind.UNCORDON)
+    assert first.submit(healthy("gpu03", 0)).verdict == "act" and in1.wait(10)
+    # the engine dies here, its uncordon's intent on disk; another starts on the journal
+    again, sched2, _ = make_engine(tmp_path)
+    sched2.out.add("gpu03")
+    gate2, in2 = _held(sched2, ActionKind.UNCORDON)
+    assert [[a.kind for a in d.actions] for d in again.resume()] == [[ActionKind.UNCORDON]]
+    assert in2.wait(10)
+    assert again.submit(xid("gpu03", "5")).verdict == "busy"
+    gate2.set()
+    assert again.wait(10)
+    assert [d.verdict for d in again.tick()] == ["act"]  # after the return: out again
+    assert again.wait(10) and "gpu03" in sched2.out
+    gate1.set()
+    first.close()
+    again.close()
+
+
+def test_a_busy_plan_that_then_waits_for_room_says_so(tmp_path: Path) -> None:
+    """Released from ``busy`` into ``blast_radius``, a plan kept its old verdict and reason,
+    unjournaled and unpaged, until it expired."""
+    engine, sched, notes = make_engine(tmp_path, max_nodes_out=2)
+    assert engine.submit(xid("gpu03")).verdict == "act" and engine.wait(10)
+    gate, entered = _held(sched, ActionKind.UNCORDON)
+    assert engine.submit(healthy("gpu03", 0)).verdict == "act" and entered.wait(10)
+    assert engine.submit(xid("gpu03", "1")).verdict == "busy"
+    told = len(notes.calls)
+    gate.set()
+    assert engine.wait(10)
+    sched.out |= {"gpu05", "gpu07"}  # an administrator drains two nodes meanwhile
+    assert engine.tick() == []
+    assert [p["verdict"] for p in engine.pending()] == ["blast_radius"]
+    assert engine.wait(10) and len(notes.calls) == told + 1  # a person is told it waits
+    engine.close()
+
+
+def test_approving_a_busy_plan_does_not_run_it_beside_the_other(tmp_path: Path) -> None:
+    engine, sched, _ = make_engine(tmp_path)
+    gate, entered = _held(sched, ActionKind.DRAIN)
+    assert engine.submit(xid("gpu03")).verdict == "act" and entered.wait(10)
+    second = engine.submit(xid("gpu03", "1"))
+    assert second.verdict == "busy"
+    assert engine.approve(second.plan_id).verdict == "busy"  # still waits, now approved
+    assert engine.guards.busy["gpu03"] == 1  # (it had started a second plan beside the first)
+    gate.set()
+    assert engine.wait(10)
+    assert [d.verdict for d in engine.tick()] == ["act"]  # approved: no cooldown
+    assert engine.wait(10)
+    assert [a.kind for a in sched.calls].count(ActionKind.DRAIN) == 2  # one after the other
+    engine.close()
+
+
+def test_fitted_evidence_is_what_the_engine_takes() -> None:
+    common: dict[str, Any] = {"kind": "gpu_xid", "subject": {"node": "gpu01"},
+                              "severity": Severity.CRITICAL, "time_ns": time.time_ns()}  # fmt: skip
+    # many lists under long keys: the note of what was cut must fit too (it did not)
+    many = {("k" * 110) + f"{i:02d}": [f"node-{j:04d}.cluster.example" for j in range(25)]
+            for i in range(30)}  # fmt: skip
+    f = Finding(evidence=many, **common)
+    assert Finding.from_json(f.to_json()).digest == f.digest
+    # a long one-item list beside a list that can be cut: the list is cut, not dropped
+    odd = {"log": ["x" * 9000], "nodes": [f"gpu-{j:04d}.cluster.example" for j in range(300)]}
+    g = Finding(evidence=odd, **common)
+    assert 0 < len(g.evidence["nodes"]) < 300 and g.evidence["log"] == odd["log"]
+    # evidence that arrives as a list of pairs is refused, not made a dict and cut
+    with pytest.raises(FindingError, match="must be an object"):
+        Finding.from_json(Finding(**common).to_json() | {"evidence": [["blob", "x" * 20000]]})
