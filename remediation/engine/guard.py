@@ -31,7 +31,8 @@ The checks, in order (de-duplication by finding id happens before, in the engine
 A plan cut down to a notification (cooldown, not ours, held, unchecked) tells people once
 per node, policy and verdict within ``cooldown_s``; the others are journaled, with no action.
 
-An approved plan skips 1-4: the operator has decided.
+An approved plan skips 1-4 but busy: the operator has decided, but not to run two plans on one
+node at once.
 
 Every window here (cooldown, lemon, the rate limit's minute, the inventory's time to live) is
 measured on the monotonic clock (:mod:`remediation.clock`): a wall clock stepped back does not
