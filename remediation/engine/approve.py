@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpuwarden.core.finding import Finding
+from gpuwarden.remediation.audit import WAITING_VERDICTS
 from gpuwarden.remediation.clock import Instant
 from gpuwarden.remediation.engine.decide import Decision
 
@@ -36,7 +37,7 @@ class Pending:
 
 SEVERITY_RANK = {"info": 0, "warning": 1, "critical": 2}
 #: verdicts whose plans wait here, and those of them that free themselves (tick)
-WAITING = ("approval", "lemon", "blast_radius", "rate_limited", "busy")
+WAITING = WAITING_VERDICTS  # one list: what waits here is what the journal's replay restores
 SELF_RELEASING = ("blast_radius", "rate_limited", "busy")
 #: waiting verdicts nobody is paged about: ``busy`` ends by itself within a plan's run
 QUIET = ("busy",)

@@ -19,7 +19,14 @@ from typing import Any
 
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.names import BadNameError, NodeName, fill_argv
-from gpuwarden.remediation.audit import AuditLog, JournalError, Memory, PlanRecord, replay
+from gpuwarden.remediation.audit import (
+    RUNNING_VERDICTS,
+    AuditLog,
+    JournalError,
+    Memory,
+    PlanRecord,
+    replay,
+)
 from gpuwarden.remediation.clock import SYSTEM, Clock, Instant
 from gpuwarden.remediation.compact import choose, compacted_size, swap, tidy
 from gpuwarden.remediation.engine.approve import (
@@ -265,8 +272,7 @@ class Engine:
         if d.verdict != "queue_full":  # not queued: the same finding sent again is decided again
             self.memory.saw(finding.id, self.clock.wall())
         self.stats.decisions[d.verdict] = self.stats.decisions.get(d.verdict, 0) + 1
-        if d.verdict in ("act", "dry_run", "cooldown", "not_ours", "unchecked", "held",
-                         "demoted"):  # fmt: skip
+        if d.verdict in RUNNING_VERDICTS:
             reserved, busy = self.guards.started(d, node)
             dry_run = d.verdict == "dry_run"
             # after a real drain the scheduler's own view shows the node out; a dry run keeps
