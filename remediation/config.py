@@ -67,6 +67,7 @@ ENGINE = {
     "return_requires": "check",
     "return_check_command": [],
     "return_check_timeout_s": 900.0,
+    "return_workers": 2,
     # a node taken out on one of these kinds (a prediction, not a fault) is held out for the
     # prediction's horizon, at most max_prediction_hold_s, then offered back (remediation.holds)
     "predicted_kinds": ["failure_risk"],
@@ -173,6 +174,7 @@ class RemediationConfig:
             return_requires=e["return_requires"],
             return_check_command=tuple(e["return_check_command"]),
             return_check_timeout_s=e["return_check_timeout_s"],
+            return_workers=e["return_workers"],
             predicted_kinds=tuple(e["predicted_kinds"]),
             max_prediction_hold_s=e["max_prediction_hold_s"],
             notify_adapter=e["notify_adapter"],
@@ -226,8 +228,10 @@ def load_config(
         raise ConfigError("guards.max_nodes_out must be >= 0, max_fraction_out within [0, 1]")
     if e["journal_compact_bytes"] < 0 or e["journal_archives_keep"] < 0:
         raise ConfigError("engine.journal_compact_bytes and journal_archives_keep must be >= 0")
-    if e["max_body_bytes"] < 1024 or e["workers"] < 1 or e["tick_s"] <= 0:
-        raise ConfigError("engine.max_body_bytes >= 1024, workers >= 1, tick_s > 0")
+    if e["max_body_bytes"] < 1024 or min(e["workers"], e["return_workers"]) < 1 or e["tick_s"] <= 0:
+        raise ConfigError(
+            "engine.max_body_bytes >= 1024, workers >= 1, return_workers >= 1, tick_s > 0"
+        )
     if e["return_requires"] not in ("check", "command", "approval", "none"):
         raise ConfigError("engine.return_requires must be check, command, approval or none")
     if not e["max_prediction_hold_s"] > 0:

@@ -72,6 +72,11 @@ class EngineSettings:
     """argv template (``{node}`` is replaced by the parsed node name, :func:`core.names.fill_argv`),
     e.g. ``ssh -- {node} gpuwarden check`` (ssh without ``--`` is refused at config load)."""
     return_check_timeout_s: float = 900.0
+    return_workers: int = 2
+    """Threads that run plans whose return check the engine runs (``return_requires =
+    "command"``), apart from the ``workers`` that run everything else: several nodes' checks,
+    each up to ``return_check_timeout_s``, then hold only these, and a fault's drain never
+    waits behind them. More returns than this wait their turn (none is lost)."""
     notify_adapter: str = "webhook"
     checkpoint_adapter: str = "slurm"
     node_adapter: str = "slurm"

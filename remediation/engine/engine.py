@@ -131,6 +131,10 @@ class Engine:
             before_uncordon=self._return_check
             if self.settings.return_requires == "command"
             else None,
+            checked_return=self._checks_return
+            if self.settings.return_requires == "command"
+            else None,
+            return_workers=self.settings.return_workers,
         )
         self.spares = Spares(self.settings, self.adapters, self.memory, audit, clock)
         self._facts: dict[str, tuple[float, NodeFacts | None]] = {}
@@ -386,10 +390,16 @@ class Engine:
             )
             return self._decide(finding, d, self.clock.now())
 
+    @staticmethod
+    def _checks_return(action: Action) -> bool:
+        """Whether :meth:`_return_check` runs its command for ``action`` (an operator's undo
+        is exempt)."""
+        return action.kind is ActionKind.UNCORDON and action.params.get("kind") != "operator_undo"
+
     def _return_check(self, action: Action) -> Outcome | None:
         """``return_requires = "command"``: run the check command for the node; a failed
         outcome (the uncordon is not done) or None to go on. An operator's undo is exempt."""
-        if action.params.get("kind") == "operator_undo":
+        if not self._checks_return(action):
             return None
         try:
             argv = fill_argv(self.settings.return_check_command, NodeName(action.node))

@@ -69,8 +69,14 @@ class Executor:
         on_action: OnAction | None = None,
         before_requeue: Callable[[str], object] | None = None,
         before_uncordon: Callable[[Action], Outcome | None] | None = None,
+        checked_return: Callable[[Action], bool] | None = None,
+        return_workers: int = 1,
     ) -> None:
+        """``checked_return``: whether ``before_uncordon`` runs a slow check for this action;
+        a plan with one runs on a pool of ``return_workers`` threads of its own, so that
+        returns waiting on their checks never hold the threads a fault's drain needs."""
         self.adapters = adapters
+        self.checked_return = checked_return
         self.before_requeue = before_requeue
         self.before_uncordon = before_uncordon
         self.audit = audit
@@ -84,6 +90,7 @@ class Executor:
         self._futures: set[Future[None]] = set()
         self._futures_lock = threading.Lock()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="remediate")
+        self._returns = ThreadPoolExecutor(return_workers, thread_name_prefix="remediate-return")
         self._stopping = threading.Event()
 
     def start(
@@ -97,7 +104,13 @@ class Executor:
     ) -> None:
         """Run ``d``'s actions in the background; ``done`` is called when they have finished.
         ``resume``: a plan from the journal, whose actions already recorded are passed over."""
-        future = self._pool.submit(self._run, d, received, dry_run, done, resume)
+        checked = self.checked_return
+        pool = (
+            self._returns
+            if checked is not None and not dry_run and any(map(checked, d.actions))
+            else self._pool
+        )
+        future = pool.submit(self._run, d, received, dry_run, done, resume)
         with self._futures_lock:
             self._futures.add(future)
         future.add_done_callback(self._finished)  # at once if it is done already
@@ -265,3 +278,4 @@ class Executor:
             self._stopping.set()
         self.wait()
         self._pool.shutdown(wait=True)
+        self._returns.shutdown(wait=True)

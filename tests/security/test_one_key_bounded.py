@@ -31,7 +31,7 @@ from gpuwarden.core.finding import MAX_EVIDENCE_BYTES, MAX_SUMMARY, Finding, Fin
 from gpuwarden.remediation.audit import read_records
 from gpuwarden.remediation.engine import Engine
 from gpuwarden.remediation.model import ActionKind, Outcome, Status
-from tests.remediation_util import RecordingAdapter, risk
+from tests.remediation_util import RecordingAdapter, poll, risk
 from tests.security.identity_engine import IdentityEngine
 from tests.test_remediation_guards import make_engine as guards_engine
 
@@ -382,3 +382,36 @@ def test_fitted_evidence_is_what_the_engine_takes() -> None:
     # evidence that arrives as a list of pairs is refused, not made a dict and cut
     with pytest.raises(FindingError, match="must be an object"):
         Finding.from_json(Finding(**common).to_json() | {"evidence": [["blob", "x" * 20000]]})
+
+
+def test_return_checks_that_hang_do_not_hold_up_a_faults_drain(tmp_path: Path) -> None:
+    """Left open by the fourth review: with ``return_requires = "command"`` each return's check
+    held one of the executor's ``workers`` threads (4) for up to ``return_check_timeout_s`` (15
+    min). Six repaired nodes (or six nodes' keys) sending node_healthy together held all four,
+    and a fatal XID's drain on another node waited behind them. Return checks now run on
+    ``return_workers`` threads of their own; the returns wait their turn, none lost, and an
+    operator's undo (no check) is not among them. The check command is REAL (``sh``), made to
+    hang until the test lets it pass."""
+    gate = tmp_path / "checks-pass"
+    hang = ("sh", "-c", f"while [ ! -e {gate} ]; do sleep 0.05; done; echo {{node}} ok")
+    engine, sched, _ = make_engine(tmp_path, max_nodes_out=10, return_requires="command",
+                                   return_check_command=hang)  # fmt: skip
+    repaired = [f"gpu{i:02d}" for i in range(1, 7)]
+    for node in [*repaired, "gpu07"]:
+        assert engine.submit(xid(node)).verdict == "act"
+    assert engine.wait(10) and set(sched.out) == {*repaired, "gpu07"}
+    assert {engine.submit(healthy(node, 0)).verdict for node in repaired} == {"act"}
+    # a fault elsewhere is drained while every check still hangs
+    assert engine.submit(xid("gpu10")).verdict == "act"
+    poll(lambda: "gpu10" in sched.out, 30, "the fault's drain while return checks hang")
+    assert engine.undo("gpu07", by="test").verdict == "act"
+    poll(lambda: "gpu07" not in sched.out, 30, "the operator's undo while return checks hang")
+    assert set(repaired) <= set(sched.out)  # no check has passed: none of them is back
+    gate.touch()
+    assert engine.wait(60)
+    assert set(sched.out) == {"gpu10"}  # every return done once its check passed
+    uncordons = [r for r in read_records(tmp_path / "audit.jsonl")
+                 if r["event"] == "action" and r["action"] == "uncordon"]  # fmt: skip
+    assert sorted(r["node"] for r in uncordons) == sorted([*repaired, "gpu07"])
+    assert {r["outcome"] for r in uncordons} == {"ok"}
+    engine.close()
