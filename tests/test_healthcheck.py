@@ -147,6 +147,33 @@ def test_a_node_the_check_drained_returns_when_it_passes_and_no_other(
     resume(slurm)
 
 
+def test_a_failing_check_does_not_take_over_someone_elses_drain(
+    slurm: LocalSlurm, tmp_path: Path
+) -> None:
+    """Found by a review as a new operator (2026-11-28): a failing check wrote its own reason
+    over an operator's (or the engine's) drain, and the next passing check then resumed the
+    node as one it had drained: an RMA node back in service after one transient failure."""
+    resume(slurm)
+    (tmp_path / "fail").mkdir(), (tmp_path / "other").mkdir()
+    failing = agent_config(tmp_path / "fail", "/nonexistent/shared-fs")
+    other = agent_config(tmp_path / "other", "/nonexistent/other")
+    passing = agent_config(tmp_path, str(tmp_path))
+    for why in ("RMA ticket 123 DO NOT RESUME", "gpuwarden: gpu_xid on gpu01 (XID 79)"):
+        slurm.run("scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={why}")
+        assert healthcheck(slurm, tmp_path, failing).returncode == 1
+        assert state(slurm)[1] == why  # its reason kept
+        assert healthcheck(slurm, tmp_path, passing).returncode == 0
+        st, reason = state(slurm)
+        assert st.startswith("drain") and reason == why, (st, reason)  # still out
+        resume(slurm)
+    # its own drain is still its own: a second failure renews the reason, a pass resumes
+    assert healthcheck(slurm, tmp_path, failing).returncode == 1
+    assert healthcheck(slurm, tmp_path, other).returncode == 1
+    assert "/nonexistent/other" in state(slurm)[1]
+    assert healthcheck(slurm, tmp_path, passing).returncode == 0
+    assert state(slurm)[0] == "idle"
+
+
 def test_check_report_works_beside_a_running_agents_spool(tmp_path: Path) -> None:
     """The agent holds its spool's lock; ``check --report`` used to open the same spool, die
     with SpoolError (exit 1) and make healthcheck.sh drain with an empty reason."""

@@ -277,9 +277,16 @@ def test_the_node_checks_drain_is_gpuwardens_and_a_faulty_spare_leaves_the_pool(
     try:
         slurm.run("scontrol", "update", "NodeName=gpu03", "State=DRAIN",
                   "Reason=gpuwarden check: disk: /tmp: read-only")  # fmt: skip
+        # a fault's drain recorded as intent only (a crash): not taken for done on the
+        # check's drain, so that it is redone and the reason becomes the fault's
+        drain = Action(ActionKind.DRAIN, "slurm", node="gpu03", reason="gpuwarden: XID 79")
+        assert adapter.reconcile(drain, {}) is None
         assert engine.submit(xid_on("gpu03", "XID 79 (CONSTRUCTED)")).verdict == "act"
         assert engine.wait(60)
         assert "gpu03" in engine.memory.taken_out
+        # the fault's reason now (found by a review, 2026-11-28): with the check's reason kept,
+        # healthcheck.sh resumed the node on its next pass, XID and all, past the return rule
+        assert adapter.node("gpu03")["reason"].startswith("gpuwarden: XID 79")
         adapter.hold_spare("gpu04")
         assert adapter.inventory().spares == frozenset({"gpu04"})
         assert engine.submit(xid_on("gpu04", "XID 79 (CONSTRUCTED)")).verdict == "act"

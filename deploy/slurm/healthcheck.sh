@@ -11,7 +11,7 @@
 #     too, with what went wrong as the reason;
 #   * a passing check resumes the node only if this script drained it (its reason starts with
 #     "gpuwarden check"); a node drained for any other reason (an operator, the engine, Slurm)
-#     is left as it is.
+#     is left as it is, and a failing check leaves its reason as it is too.
 # With GPUWARDEN_CHECK_REPORT=1 the results also go to InfluxDB and the engine (gpuwarden check
 # --report, with a spool of its own beside the running agent's): a failure is a
 # node_check_failed finding (the engine drains the node as its own), and a pass on a node the
@@ -24,6 +24,13 @@ limit=${GPUWARDEN_CHECK_TIMEOUT_S:-55}
 ours="gpuwarden check"
 
 drain() {
+  # a node already out for someone else's reason (an operator's RMA, the engine, Slurm) keeps
+  # that reason: overwriting it made the next passing check resume the node as this script's
+  # own (an unreadable state is drained, as any check that cannot run)
+  case $(sinfo -h -N -n "$node" -o '%T|%E' 2>/dev/null | head -n 1) in
+    *"|$ours"*|*"|none"|"") ;;
+    *drain*"|"*|*down*"|"*|*fail*"|"*|*maint*"|"*) exit 1 ;;
+  esac
   scontrol update NodeName="$node" State=DRAIN Reason="$(printf '%s' "$ours: $1" | cut -c1-200)"
   exit 1
 }

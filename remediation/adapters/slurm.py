@@ -60,7 +60,10 @@ SPARE_REASON = "gpuwarden: hot spare"
 """A hot spare's drain reason, matched whole: a removal's reason carries the finding's summary
 (the sender's text) after ``gpuwarden: `` and its id after, so it never equals this (a prefix
 match counted any summary starting "hot spare" as a spare, outside the blast-radius limit)."""
-OURS = ("gpuwarden:", "gpuwarden check")
+CHECK_REASON = "gpuwarden check"
+"""The node check's drain reason starts so (deploy/slurm/healthcheck.sh), and that script
+resumes a node whose reason does when its check passes."""
+OURS = ("gpuwarden:", CHECK_REASON)
 """Every drain reason gpuwarden writes starts so (the engine's ``gpuwarden: ...``, the node
 check's ``gpuwarden check: ...``, deploy/slurm/healthcheck.sh); a node out with any other reason
 is someone else's (an administrator's, Slurm's own "Not responding")."""
@@ -250,10 +253,13 @@ class SlurmAdapter:
                 "to them, gpuwarden does not put it back",
                 {ALREADY_OUT: theirs},
             )
-        if "DRAIN" in flags and str(node.get("reason") or "") != SPARE_REASON:
-            return Outcome(Status.OK, f"{action.node} already draining: {node.get('reason')!r}")
+        was = str(node.get("reason") or "")
+        if "DRAIN" in flags and was != SPARE_REASON and not was.startswith(CHECK_REASON):
+            return Outcome(Status.OK, f"{action.node} already draining: {was!r}")
         # (a hot spare with a fault of its own: its reason becomes the fault's, and it leaves
-        # the spare pool, which would have put it back in service for a requeue)
+        # the spare pool, which would have put it back in service for a requeue; a node the
+        # node check drained: its reason becomes the fault's too, else the next passing check
+        # resumed it, fault and all, past the engine's return rule)
         reason = action.reason.replace("\n", " ")[:200]
         self._run(
             "scontrol", "update", f"NodeName={action.node}", "State=DRAIN", f"Reason={reason}"
@@ -393,8 +399,9 @@ class SlurmAdapter:
                 if theirs:
                     return Outcome(Status.OK, f"{name} is out, by someone else ({theirs!r})",
                                    {ALREADY_OUT: theirs})  # fmt: skip
-                if str(node.get("reason") or "") == SPARE_REASON:
-                    return None  # still a spare: the fault's drain was not done (redone)
+                was = str(node.get("reason") or "")
+                if was == SPARE_REASON or was.startswith(CHECK_REASON):
+                    return None  # still a spare's, or the check's: the drain was not done
                 return Outcome(Status.OK, f"{name} is draining: {node.get('reason')!r}")
             return None
         if kind is ActionKind.UNCORDON:
