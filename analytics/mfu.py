@@ -397,6 +397,23 @@ class ModelShape:
     recompute_selective: bool = False
     """Only the attention scores are recomputed (Megatron's selective recomputation)."""
 
+    def __post_init__(self) -> None:
+        """A shape is the job's word: refused (ValueError) when no model has it, so that a
+        zero ``world_size`` or a NaN ``params`` is a problem of that job's, not a division by
+        zero that stopped the whole analysis pass (found by a review as an attacker)."""
+        ints = {"layers": self.layers, "hidden": self.hidden, "seq_len": self.seq_len,
+                "world_size": self.world_size}  # fmt: skip
+        low = [k for k, v in ints.items() if v < 1]
+        if low:
+            raise ValueError(f"model shape: {', '.join(low)} must be >= 1 ({ints})")
+        if not (math.isfinite(self.params) and self.params > 0):
+            raise ValueError(f"model shape: params must be a positive number, not {self.params}")
+        if self.vocab_size < 0 or self.recompute_layers < 0:
+            raise ValueError("model shape: vocab_size and recompute_layers must be >= 0")
+        emb = self.embedding_params
+        if emb is not None and not (math.isfinite(emb) and 0 <= emb < self.params):
+            raise ValueError(f"model shape: embedding_params {emb} is not within [0, params)")
+
     @classmethod
     def from_row(cls, row: dict[str, Any]) -> ModelShape:
         def given(key: str) -> Any:

@@ -15,6 +15,7 @@ the per-step, per-rank times are what straggler detection needs.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -44,7 +45,10 @@ from gpuwarden.analytics.mfu import (
     with_attempts,
 )
 from gpuwarden.analytics.stragglers import Straggler, confirmed, detect
+from gpuwarden.core.errors import StoreError
 from gpuwarden.core.store.reader import InfluxReader
+
+log = logging.getLogger(__name__)
 
 CONGESTION_FIELDS = (
     "xmit_util_ratio",
@@ -407,7 +411,23 @@ def _confirm(
 
 
 def job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
-    """MFU, goodput, energy and stragglers of one job over the window; whether it is hung."""
+    """MFU, goodput, energy and stragglers of one job over the window; whether it is hung.
+
+    What a job reports is its own (any job may write anything its relay accepts): an error
+    its data raises is that job's problem, logged with its traceback, and every other job is
+    still analysed (a job's ``world_size = 0`` stopped the whole pass, every window). An
+    error of the store (:class:`core.errors.StoreError`) is everyone's and still stops it."""
+    try:
+        return _job_task(cfg, job, start_ns, end_ns)
+    except StoreError:
+        raise
+    except Exception as exc:
+        log.exception("analysis of job %s failed on its own data; the other jobs go on", job)
+        said = f"analysis failed on this job's own data: {type(exc).__name__}: {exc}"[:500]
+        return JobResult(job=job, cluster=cfg["analysis"]["cluster"], problems=[said])
+
+
+def _job_task(cfg: AnalyticsConfig, job: str, start_ns: int, end_ns: int) -> JobResult:
     reader = _reader(cfg)
     # The GPUs' per-minute energy and power are read while the step log is (the reader's
     # connection pool is thread-safe): influxd answers each query on one core, and for a

@@ -231,6 +231,12 @@ class Reporter:
         HFU. ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel
         ranks fastest, then data-parallel, then pipeline stage) let analytics compare each rank
         with the ranks of its own pipeline stage; 0 leaves them out."""
+        sizes = {"params": params, "layers": layers, "hidden_size": hidden_size, "heads": heads,
+                 "seq_len": seq_len, "world_size": world_size}  # fmt: skip
+        if low := [k for k, v in sizes.items() if not v >= 1]:
+            # analytics refuses such a shape anyway (analytics.mfu.ModelShape): said here, at
+            # the call that got it wrong (a WORLD_SIZE read from an unset environment, 0)
+            raise ValueError(f"{', '.join(low)} must be >= 1: {sizes}")
         if recompute not in (True, False, "full", "selective", "none", ""):
             raise ValueError(f"recompute must be a bool, 'full' or 'selective', not {recompute!r}")
         selective = recompute == "selective"
