@@ -12,9 +12,12 @@ alert on a healthy stack, a refused request raises its alert).
 
 from __future__ import annotations
 
+import http.server
 import json
 import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -120,12 +123,15 @@ CASES: list[tuple[str, list[dict[str, str]], list[tuple[int, list[dict[str, str]
     ("GpuwardenAgentSpoolUnwritable",
      [series("gpuwarden_agent_sink_spool_write_errors_total", AGENT, "0 0 1 1")],
      [(1, []), (3, [AGENT])]),
-    ("GpuwardenAgentCannotSend",  # InfluxDB refuses, points wait; and a blip that spooled none
-     [series("gpuwarden_agent_sink_sender_errors_total", AGENT, "0+1x40"),
+    ("GpuwardenAgentCannotSend",  # nothing written while points wait; beside it an agent that
+     # writes with points waiting (a backlog draining), and one with nothing to send
+     [series("gpuwarden_agent_sink_points_written_total", AGENT, "0x40"),
       series("gpuwarden_agent_sink_spool_points_count", AGENT, "0 100x40"),
-      series("gpuwarden_agent_sink_sender_errors_total", {**AGENT, "instance": "b"}, "0+1x40"),
-      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "b"}, "0x40")],
-     [(10, []), (20, [AGENT])]),
+      series("gpuwarden_agent_sink_points_written_total", {**AGENT, "instance": "b"}, "0+50x40"),
+      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "b"}, "0 900x40"),
+      series("gpuwarden_agent_sink_points_written_total", {**AGENT, "instance": "c"}, "0x40"),
+      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "c"}, "0x40")],
+     [(5, []), (7, [AGENT]), (25, [AGENT])]),
 ]  # fmt: skip
 
 
@@ -167,6 +173,11 @@ def test_the_rules_and_the_example_configurations_pass_prometheus_own_checks(
 
 
 def test_each_alert_fires_on_its_fault_and_not_on_the_healthy_case(tmp_path: Path) -> None:
+    assert unit_test(tmp_path, CASES)
+
+
+def unit_test(tmp_path: Path, cases: list[Any]) -> bool:
+    """``promtool test rules`` over the shipped rules with ``cases`` (as :data:`CASES`)."""
     # promtool compares annotations too, all or nothing: the test reads a copy without them
     # (their templates are checked by `check rules`, and one is expanded by a real Prometheus
     # in tests/test_prometheus.py)
@@ -177,7 +188,7 @@ def test_each_alert_fires_on_its_fault_and_not_on_the_healthy_case(tmp_path: Pat
     (tmp_path / "rules.yml").write_text(json.dumps(doc))
     by_name = {r["alert"]: r for r in rules()}
     tests = []
-    for name, inputs, checks in CASES:
+    for name, inputs, checks in cases:
         tests.append({
             "interval": "1m",
             "input_series": inputs,
@@ -192,6 +203,64 @@ def test_each_alert_fires_on_its_fault_and_not_on_the_healthy_case(tmp_path: Pat
     (tmp_path / "test.yml").write_text(json.dumps(spec))
     out = run(["promtool", "test", "rules", str(tmp_path / "test.yml")])
     assert "SUCCESS" in out, out
+    return True
+
+
+def _sink_readings(url: str, spool: Path) -> dict[str, int | float]:
+    """What the REAL sink exports after a minute's points sent to ``url`` (the series the
+    agent's /metrics shows as ``gpuwarden_agent_sink_<field>``)."""
+    from gpuwarden.core.store.sink import InfluxSink, SinkConfig
+
+    fast = {"flush_interval_s": 0.05, "backoff_base_s": 0.05, "backoff_max_s": 0.1}
+    sink = InfluxSink(SinkConfig(url=url, spool_dir=str(spool), timeout_s=2.0, **fast))
+    try:
+        sink.write_lines(
+            [f"gpu,node=n power_w={i} {1_700_000_000 + i}000000000" for i in range(60)]
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (sink.parked or sink.stats().retries >= 3):
+            time.sleep(0.05)
+        return sink.stats().fields()
+    finally:
+        sink.close(timeout_s=0.5)
+
+
+class _Refusing(http.server.BaseHTTPRequestHandler):
+    def do_POST(self) -> None:
+        self.send_response(401)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *_: object) -> None:
+        pass
+
+
+def test_cannot_send_fires_on_what_the_real_sink_exports(tmp_path: Path) -> None:
+    """Found by a review as a new operator (2026-11-28): the rule watched
+    ``sender_errors_total``, which counts only exceptions inside the sender. A wrong token
+    (401: the sender parks) or a dead InfluxDB (refused: retries) never moved it, and the first
+    alert came when the 256 MiB spool was full, about 12 h later. The series here are the
+    REAL sink's readings against a REAL refused port and a REAL HTTP server answering 401."""
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Refusing)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        refused = _sink_readings("http://127.0.0.1:9", tmp_path / "a")  # nothing listens
+        parked = _sink_readings(f"http://127.0.0.1:{server.server_address[1]}", tmp_path / "b")
+    finally:
+        server.shutdown()
+    inputs, firing = [], []
+    for instance, got in (("refused:9466", refused), ("parked:9466", parked)):
+        assert got["sender_errors_total"] == 0  # what the rule watched: it never moved
+        assert got["spool_points_count"] > 0 and got["points_written_total"] == 0
+        labels = {**AGENT, "instance": instance}
+        inputs += [
+            series("gpuwarden_agent_sink_points_written_total", labels,
+                   f"{got['points_written_total']}x40"),
+            series("gpuwarden_agent_sink_spool_points_count", labels,
+                   f"{got['spool_points_count']}x40"),
+        ]  # fmt: skip
+        firing.append(labels)
+    assert unit_test(tmp_path, [("GpuwardenAgentCannotSend", inputs, [(25, firing)])])
 
 
 def test_a_rule_that_fires_on_the_healthy_case_fails_the_unit_test(tmp_path: Path) -> None:
