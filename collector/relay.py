@@ -12,11 +12,12 @@ A request is taken whole or not at all: one bad line answers 400 naming its line
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
 ``job_model``) are accepted, with tag values of at most 256 characters and times within the
 last week (and at most 5 minutes ahead): a request cannot make the database create series
-across centuries or carry a blob in a series key. At most 128 connections are served at once,
-each request read within 15 s (:mod:`core.tls`). A line without a timestamp is stamped when
-it arrives, truncated to the request's precision as InfluxDB does (not when the spool reaches
-the database, which may be hours later after an outage). A body over 1 MiB (after
-decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``);
+across centuries or carry a blob in a series key, and one job may begin at most 256 new
+series through a node's relay in a day (:class:`SeriesBudget`). At most 128 connections are
+served at once, each request read within 15 s (:mod:`core.tls`). A line without a timestamp
+is stamped when it arrives, truncated to the request's precision as InfluxDB does (not when
+the spool reaches the database, which may be hours later after an outage). A body over 1 MiB
+(after decompression) answers 413. Listens on loopback by default (``agent.reporter_listen``);
 serves HTTPS with ``reporter_tls_cert_file`` and ``reporter_tls_key_file`` set.
 """
 
@@ -68,6 +69,76 @@ LOOKUP_SLOW = "\0slow"
 RECENT_CALLERS = 64  # loopback callers' pids looked at first (a node's training processes)
 
 
+MAX_SERIES_PER_JOB = 256
+"""New series one job may begin through one node's relay within :data:`SERIES_WINDOW_S`: its
+ranks on this node (64 of them, each with a step, heartbeat and checkpoint series) and its
+model, with room. A series is a measurement and its tags; each rank its own."""
+MAX_SERIES = 4096  # ... and all jobs together (a relay that takes any job's name)
+SERIES_WINDOW_S = 86400.0
+
+
+class SeriesBudget:
+    """How many new series the relay lets each job, and all jobs, begin within a window.
+
+    Every new tag value is a series InfluxDB keeps in its index until the retention policy
+    drops it: a job that wrote ``rank=0..16819`` in one 1 MiB request made 16,820 series, and
+    about 60 such requests reach influxd's default ``max-series-per-database`` (1,000,000),
+    after which the database refuses every new series of every writer, the fleet's telemetry
+    included (found by a review as an attacker). A request that would begin more than the job's
+    share is refused whole (422: the reporter drops it, as any refused line; resending would be
+    refused again); series already begun are always taken."""
+
+    def __init__(
+        self,
+        per_job: int = MAX_SERIES_PER_JOB,
+        total: int = MAX_SERIES,
+        window_s: float = SERIES_WINDOW_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_job, self.total, self.window_s, self.clock = per_job, total, window_s, clock
+        self._begun: dict[str, tuple[float, str]] = {}  # series -> (when, job); oldest first
+        self._per_job: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def admit(self, series: Mapping[str, str]) -> str:
+        """Takes ``series`` (key -> its job) if the budget allows, else says why (nothing is
+        taken)."""
+        now = self.clock()
+        with self._lock:
+            self._forget(now - self.window_s)
+            new: dict[str, int] = {}
+            for key, job in series.items():
+                if key not in self._begun:
+                    new[job] = new.get(job, 0) + 1
+            for job, n in new.items():
+                if self._per_job.get(job, 0) + n > self.per_job:
+                    began = self._per_job.get(job, 0)
+                    return (f"job {job!r} would begin {n} new series here; it began {began} "
+                            f"within {self.window_s / 3600:g} h and may begin "
+                            f"{self.per_job} (a series per rank and measurement)")  # fmt: skip
+            if len(self._begun) + sum(new.values()) > self.total:
+                return (f"this relay began {len(self._begun)} series within "
+                        f"{self.window_s / 3600:g} h and may begin {self.total}")  # fmt: skip
+            for key, job in series.items():
+                if key not in self._begun:
+                    self._begun[key] = (now, job)
+                    self._per_job[job] = self._per_job.get(job, 0) + 1
+            return ""
+
+    def _forget(self, before: float) -> None:
+        while self._begun:
+            key = next(iter(self._begun))
+            when, job = self._begun[key]
+            if when >= before:
+                return
+            del self._begun[key]
+            left = self._per_job[job] - 1
+            if left:
+                self._per_job[job] = left
+            else:
+                del self._per_job[job]
+
+
 class LineSink(Protocol):
     def write_lines(self, lines: list[str]) -> None: ...
 
@@ -99,8 +170,10 @@ def checked_lines(
     *,
     stamp: Mapping[str, str] | None = None,
     job_rule: JobRule | None = None,
+    budget: SeriesBudget | None = None,
 ) -> tuple[list[str], int, str]:
-    """:func:`check_lines` with the status a refusal gets (400, or what ``job_rule`` says)."""
+    """:func:`check_lines` with the status a refusal gets (400, or what ``job_rule`` says);
+    ``budget``: the new series the points begin must fit it (422 if not)."""
     ns_per_unit = PRECISIONS.get(precision)
     if ns_per_unit is None:
         return (
@@ -149,11 +222,21 @@ def checked_lines(
                 return [], refused[0], f"point {n}: {refused[1]}"
         tags = {**point.tags, **stamp} if stamp else point.tags
         stamped.append(Point(point.measurement, tags, point.fields, point.time_ns))
+    if budget is not None:
+        series = {_series_key(p): p.tags.get("job", "") for p in stamped}
+        over = budget.admit(series)
+        if over:
+            return [], 422, over
     stats = EncodeStats()
     lines = encode_points(stamped, stats=stats)
     if stats.points_dropped:  # cannot happen for what parse_lines reads; say so if it does
         return [], 500, f"{stats.points_dropped} point(s) could not be written: {stats.reasons}"
     return lines, 204, ""
+
+
+def _series_key(point: Point) -> str:
+    """The point's series: its measurement and tags (what InfluxDB indexes)."""
+    return "\0".join([point.measurement, *(f"{k}={v}" for k, v in sorted(point.tags.items()))])
 
 
 def _bad_name(tags: Mapping[str, str]) -> str:
@@ -266,6 +349,7 @@ class ReporterRelay:
         self._servers: list[socketserver.BaseServer] = []
         self._socket_inode: int | None = None
         self._recent: dict[int, None] = {}  # loopback callers' pids, the latest last
+        self.series = SeriesBudget()
 
     def start(self) -> None:
         relay = self
@@ -440,7 +524,9 @@ class ReporterRelay:
             return 400, "body is not UTF-8"
         precision = (urllib.parse.parse_qs(url.query).get("precision") or [""])[0]
         rule, stamp = self._job_rule(request)
-        lines, status, problem = checked_lines(text, precision, stamp=stamp, job_rule=rule)
+        lines, status, problem = checked_lines(
+            text, precision, stamp=stamp, job_rule=rule, budget=self.series
+        )
         if problem:
             return status, problem
         self.sink.write_lines(lines)
