@@ -16,18 +16,21 @@ A server that fails verification is retried like one that is down, and says why.
 each try goes to the engine that answered last, then to the others in order, so the sender
 finds whichever engine holds the lease (:mod:`remediation.lease`; a standby does not listen).
 
-Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them, in
-order. A post that times out, cannot connect, or gets 429/5xx is tried again with the shared
-backoff (:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is
-younger than ``max_age_s`` (the engine's own ``max_finding_age_s``: it refuses older ones),
-so an engine that restarts, or is down for minutes, still gets every finding when it is back
-(and acts on each once: it remembers finding ids). A 409 counts as delivered only when the
-engine says it holds this very finding (every result ``same_content``: an earlier try got
-through); a 409 for another finding under the same id, or a 409 that says nothing of the
-content (a replayed signature), is not delivered: counted in ``conflicts`` and ``failed``, and
-logged. Any other 4xx is refused for good and logged. A finding that could not be delivered
-is not lost: it is also written to InfluxDB with the cycle's data, so analytics and the
-dashboards see it on the slow path.
+Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them,
+critical ones first, then in order; a finding whose id is queued or was sent lately is not
+queued again (the engine would take it for a duplicate: a finding's id is its kind, subject,
+severity and time bucket), so a burst of one kind cannot hold a fatal XID behind it. A post
+that times out, cannot connect, or gets 429/5xx is tried again with the shared backoff
+(:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is younger
+than ``max_age_s`` (the engine's own ``max_finding_age_s``: it refuses older ones), so an
+engine that restarts, or is down for minutes, still gets every finding when it is back (and
+acts on each once: it remembers finding ids). A 409 counts as delivered only when the engine
+says it holds this very finding (every result ``same_content``: an earlier try got through); a
+409 for another finding under the same id, or a 409 that says nothing of the content (a
+replayed signature), is not delivered: counted in ``conflicts`` and ``failed``, and logged. Any
+other 4xx is refused for good and logged. A finding that could not be delivered is not lost: it
+is also written to InfluxDB with the cycle's data, so analytics and the dashboards see it on
+the slow path.
 """
 
 from __future__ import annotations
@@ -40,12 +43,15 @@ import time
 from typing import Any
 
 from gpuwarden.core.config import ConfigError, read_secret
-from gpuwarden.core.finding import Finding
+from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.retry import RETRY_STATUSES, Backoff
 from gpuwarden.core.signing import request_target, sign_request
 from gpuwarden.core.tls import client_context
 
 log = logging.getLogger(__name__)
+
+RECENT_IDS = 20_000
+"""Finding ids remembered as queued or sent (a queue's worth and as many sent before)."""
 
 #: between tries of one finding: 0.5 s doubling to 10 s, full jitter, until it is too old
 DEFAULT_RETRY = Backoff(base_s=0.5, max_s=10.0)
@@ -81,7 +87,15 @@ class FindingPoster:
         self.retries = 0
         self.conflicts = 0
         """409s for content the engine does not hold (another finding took the id)."""
-        self._queue: queue.Queue[Finding | None] = queue.Queue(maxsize=10_000)
+        self.merged = 0
+        """Findings not queued: one with their id was queued or sent lately."""
+        # (0 for critical, else 1; arrival; the finding, None to stop)
+        self._queue: queue.PriorityQueue[tuple[int, int, Finding | None]] = queue.PriorityQueue(
+            maxsize=10_000
+        )
+        self._seq = 0
+        self._ids: dict[str, None] = {}  # ids queued or sent lately, the oldest first
+        self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._http: Any = None
@@ -90,8 +104,17 @@ class FindingPoster:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, daemon=True, name="fastpath")
             self._thread.start()
+        with self._ids_lock:
+            if finding.id in self._ids:
+                self.merged += 1
+                return
+            self._ids[finding.id] = None
+            while len(self._ids) > RECENT_IDS:
+                del self._ids[next(iter(self._ids))]
+            self._seq += 1
+            entry = (0 if finding.severity is Severity.CRITICAL else 1, self._seq, finding)
         try:
-            self._queue.put_nowait(finding)
+            self._queue.put_nowait(entry)
         except queue.Full:
             self.failed += 1
             log.error("findings queue full; finding %s only goes the slow path", finding.id)
@@ -107,8 +130,10 @@ class FindingPoster:
             headers |= sign_request(key, "POST", request_target(url), body, self.identity)
         return headers
 
-    def _send(self, finding: Finding) -> None:
-        """Deliver one finding: tried until the engine answers, it is too old, or we close."""
+    def _send(self, finding: Finding, priority: int = 1) -> None:
+        """Deliver one finding: tried until the engine answers, it is too old, or we close.
+        Between its tries, critical findings queued meanwhile are sent first (a warning the
+        engine will not take for an hour must not hold a fatal XID behind it)."""
         body = json.dumps(finding.to_json()).encode()
         tries = 0
         while True:
@@ -138,6 +163,16 @@ class FindingPoster:
                 log.warning("posting finding %s to %s failed (%s); trying again", finding.id,
                             self.url, detail)  # fmt: skip
             self._closing.wait(self.retry.delay(tries))
+            while (urgent := self._more_urgent(priority)) is not None:
+                self._send(urgent, 0)
+
+    def _more_urgent(self, priority: int) -> Finding | None:
+        """The next queued finding if it is more urgent than ``priority`` (taken off)."""
+        with self._queue.mutex:  # a look at the head, under the queue's own lock
+            head = self._queue.queue[0] if self._queue.queue else None
+        if head is None or head[0] >= priority:
+            return None
+        return self._queue.get_nowait()[2]  # only this thread takes: still the head
 
     def _try(self, body: bytes) -> tuple[str, str]:
         """One round: the engine that answered last, then the others in order, until one takes
@@ -180,14 +215,17 @@ class FindingPoster:
         return ("retry" if resp.status in RETRY_STATUSES else "refused"), text
 
     def _run(self) -> None:
-        while (finding := self._queue.get()) is not None:
-            self._send(finding)
+        while True:
+            priority, _, finding = self._queue.get()
+            if finding is None:
+                return
+            self._send(finding, priority)
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Send what is queued for up to ``timeout_s``, then stop: a finding still failing
         then is given up (it went to InfluxDB too)."""
         if self._thread is not None:
-            self._queue.put(None)
+            self._queue.put((2, 0, None))  # after everything queued
             self._thread.join(timeout_s)
             self._closing.set()
             self._thread.join(timeout_s)

@@ -69,6 +69,8 @@ class XidLine:
     text: str
     message: str
     time_ns: int | None
+    episode: str = ""
+    """The episode the line counts in, where not its ``key`` (:attr:`OsRule.episode`)."""
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,8 @@ class SxidLine:
     link: int | None
     message: str
     time_ns: int | None
+    episode: str = ""
+    """The episode the line counts in, where not its ``key`` (:attr:`OsRule.episode`)."""
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,8 @@ class OsLine:
     process: str
     message: str
     time_ns: int | None
+    episode: str = ""
+    """The episode the line counts in, where not its ``key`` (:attr:`OsRule.episode`)."""
 
 
 @dataclass(frozen=True)
@@ -106,6 +112,9 @@ class OsRule:
     key: str = "key"
     """The named group that gives the key, or a literal key when the pattern has no such
     group."""
+    episode: str = ""
+    """A literal episode key for every line of the rule (one episode per node), where the
+    line's key is a name its writer chose: else the line's key."""
 
 
 # The message formats are the kernel's own (net/sunrpc, kernel/hung_task.c, kernel/watchdog.c,
@@ -148,7 +157,10 @@ OS_RULES: tuple[OsRule, ...] = (
     OsRule("nvme_error", "warning", re.compile(_BLOCK + r"I/O error, dev (?P<key>nvme\d+)n\d+")),
     OsRule("oom_kill", "warning", re.compile(
         r"^(?:(?:Memory cgroup out of memory|Out of memory(?: \(oom_kill_allocating_task\))?): )?"
-        r"Killed process (?P<pid>\d+) \((?P<process>[^)]*)\)"), key="process"),
+        r"Killed process (?P<pid>\d+) \((?P<process>[^)]*)\)"), key="process",
+        # one episode per node: a job that named each child it let the OOM killer take
+        # (prctl PR_SET_NAME) opened an episode, and a fast-path finding, per name
+        episode="oom"),
 )  # fmt: skip
 
 
@@ -190,7 +202,8 @@ def _os_line(text: str, time_ns: int | None) -> OsLine | None:
         pid = groups.get("pid")
         start = m.start("msg") if "msg" in groups else m.start()
         return OsLine(rule.rule, rule.severity, key, int(pid) if pid else None,
-                      groups.get("process") or "", text[start:].strip(), time_ns)  # fmt: skip
+                      groups.get("process") or "", text[start:].strip(), time_ns,
+                      rule.episode)  # fmt: skip
     return None
 
 

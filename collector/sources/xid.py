@@ -273,7 +273,7 @@ class KmsgXidSource:
             return Point("os_event", tags | job.tags(), fields, when)
         # severity is part of the key: an NVMe device's timeouts (a warning) do not hide its
         # removal (critical) that follows
-        episode = self.episodes.event((line.rule, line.key, line.severity), when)
+        episode = self.episodes.event((line.rule, line.episode or line.key, line.severity), when)
         if episode is not None:
             what = SUMMARIES[line.rule].format(key=line.key, pid=line.pid, process=line.process)
             emit(self.context, line.rule, None, when, what + job_words(job),
