@@ -169,6 +169,22 @@ def test_the_rules_and_the_example_configurations_pass_prometheus_own_checks(
     shutil.copy(RULES, tmp_path / RULES.name)
     out = run(["promtool", "check", "config", str(tmp_path / "prometheus.yml")])
     assert "19 rules found" in out, out  # the rule file it names was found and read
+    # the Kubernetes way to find the agents, commented out in the example, keeps the
+    # DaemonSet's pods by the label and port name the DaemonSet has (Debian's promtool is
+    # built without Kubernetes service discovery: not checked by promtool)
+    commented = config.partition("  # On Kubernetes, instead:")[2]
+    k8s = yaml.safe_load("\n".join(line.replace("  # ", "", 1)
+                                   for line in commented.splitlines()[2:]))  # fmt: skip
+    keep = next(r for r in k8s[0]["relabel_configs"] if r.get("action") == "keep")
+    label, port = keep["regex"].split(";")
+    docs = {d["kind"]: d for d in yaml.safe_load_all(
+        (ROOT / "deploy/kubernetes/agent-daemonset.yaml").read_text())}  # fmt: skip
+    pod = docs["DaemonSet"]["spec"]["template"]
+    assert pod["metadata"]["labels"]["app.kubernetes.io/name"] == label
+    assert keep["source_labels"][0] == "__meta_kubernetes_pod_label_app_kubernetes_io_name"
+    (agent,) = pod["spec"]["containers"]
+    assert {"name": port, "containerPort": 9466} in agent["ports"]
+    assert 'metrics_listen = "0.0.0.0:9466"' in docs["ConfigMap"]["data"]["agent.toml"]
     run(["amtool", "check-config", str(DEPLOY / "alertmanager.example.yml")])
 
 
