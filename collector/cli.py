@@ -226,6 +226,7 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
             procfs=a["procfs"],
             jobs_here=jobs_here,
             pods_named=pods_named,
+            lines_per_s=float(a["reporter_lines_per_s"]),
         )
         relay.start()
         agent.self_reports.append(partial(relay.stats_point, agent.cluster, agent.node))

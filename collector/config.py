@@ -55,6 +55,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "reporter_socket": "",
         "reporter_tls_cert_file": "",
         "reporter_tls_key_file": "",
+        # lines a second one job may send through the relay, on average (a minute's worth at
+        # once); more: 429, sent again later. 0: no limit (collector.relay.LineRate)
+        "reporter_lines_per_s": 200.0,
         "metrics_listen": "",
         "metrics_gpu": True,
         # the liveness and readiness probes (collector.probes: GET /livez, /readyz), e.g.
@@ -208,6 +211,11 @@ def load_config(
     a = config["agent"]
     if a["health_fail_cycles"] < 1:
         raise ConfigError("agent.health_fail_cycles must be at least 1")
+    if not (a["reporter_lines_per_s"] == 0 or a["reporter_lines_per_s"] * 60 >= 5000):
+        raise ConfigError(
+            "agent.reporter_lines_per_s must be 0 (no limit) or at least 83.4: a reporter "
+            "sends up to 5,000 lines at once, a minute's worth at most"
+        )
     if a["kernel_journal"] and config["xid"]["path"]:
         raise ConfigError("[agent] kernel_journal and [xid] path both name the kernel log: "
                           "set one")  # fmt: skip

@@ -12,8 +12,9 @@ A request is taken whole or not at all: one bad line answers 400 naming its line
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
 ``job_model``) are accepted, with tag values of at most 256 characters and times within the
 last week (and at most 5 minutes ahead): a request cannot make the database create series
-across centuries or carry a blob in a series key, and one job may begin at most 256 new
-series through a node's relay in a day (:class:`SeriesBudget`). At most 128 connections are
+across centuries or carry a blob in a series key, and one job may begin at most 1,024 new
+series through a node's relay in a day (:class:`SeriesBudget`), at most 200 lines a second
+on average (:class:`LineRate`, ``[agent] reporter_lines_per_s``). At most 128 connections are
 served at once, each request read within 15 s (:mod:`core.tls`). A line without a timestamp
 is stamped when it arrives, truncated to the request's precision as InfluxDB does (not when
 the spool reaches the database, which may be hours later after an outage). A body over 1 MiB
@@ -69,24 +70,29 @@ LOOKUP_SLOW = "\0slow"
 RECENT_CALLERS = 64  # loopback callers' pids looked at first (a node's training processes)
 
 
-MAX_SERIES_PER_JOB = 256
+MAX_SERIES_PER_JOB = 1024
 """New series one job may begin through one node's relay within :data:`SERIES_WINDOW_S`: its
-ranks on this node (64 of them, each with a step, heartbeat and checkpoint series) and its
-model, with room. A series is a measurement and its tags; each rank its own."""
-MAX_SERIES = 4096  # ... and all jobs together (a relay that takes any job's name)
+ranks on this node (a series per rank for steps, heartbeats and saves) and its model, with
+room for elastic restarts that put new rank numbers on the node (8 ranks: about 40 a day)."""
+MAX_SERIES = 4096
+"""... and all jobs together whose name the caller's cgroup did not prove (a TCP caller from
+another host, or a relay that takes any job's name): made-up names cannot crowd out the jobs
+that run here."""
 SERIES_WINDOW_S = 86400.0
 
 
 class SeriesBudget:
-    """How many new series the relay lets each job, and all jobs, begin within a window.
+    """How many new series the relay lets each job, and all unproven jobs, begin in a window.
 
     Every new tag value is a series InfluxDB keeps in its index until the retention policy
     drops it: a job that wrote ``rank=0..16819`` in one 1 MiB request made 16,820 series, and
     about 60 such requests reach influxd's default ``max-series-per-database`` (1,000,000),
     after which the database refuses every new series of every writer, the fleet's telemetry
-    included (found by a review as an attacker). A request that would begin more than the job's
-    share is refused whole (422: the reporter drops it, as any refused line; resending would be
-    refused again); series already begun are always taken."""
+    included (found by a review as an attacker). This bounds how fast a job can grow the
+    index, not the total over a long retention: set influxd's ``max-series-per-database`` to
+    what your fleet needs (docs/SECURITY.md). A request that would begin more than the job's
+    share is refused whole (422: the reporter drops it, as any refused line; resending would
+    be refused again); series already begun are always taken."""
 
     def __init__(
         self,
@@ -96,14 +102,17 @@ class SeriesBudget:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.per_job, self.total, self.window_s, self.clock = per_job, total, window_s, clock
-        self._begun: dict[str, tuple[float, str]] = {}  # series -> (when, job); oldest first
+        # series -> (when, job, proven); the oldest first
+        self._begun: dict[str, tuple[float, str, bool]] = {}
         self._per_job: dict[str, int] = {}
+        self._unproven = 0
         self._lock = threading.Lock()
 
-    def admit(self, series: Mapping[str, str]) -> str:
+    def admit(self, series: Mapping[str, str], proven: bool = False) -> str:
         """Takes ``series`` (key -> its job) if the budget allows, else says why (nothing is
-        taken)."""
+        taken). ``proven``: the caller's cgroup named the job (its name is not made up)."""
         now = self.clock()
+        hours = f"{self.window_s / 3600:g} h"
         with self._lock:
             self._forget(now - self.window_s)
             new: dict[str, int] = {}
@@ -114,29 +123,85 @@ class SeriesBudget:
                 if self._per_job.get(job, 0) + n > self.per_job:
                     began = self._per_job.get(job, 0)
                     return (f"job {job!r} would begin {n} new series here; it began {began} "
-                            f"within {self.window_s / 3600:g} h and may begin "
-                            f"{self.per_job} (a series per rank and measurement)")  # fmt: skip
-            if len(self._begun) + sum(new.values()) > self.total:
-                return (f"this relay began {len(self._begun)} series within "
-                        f"{self.window_s / 3600:g} h and may begin {self.total}")  # fmt: skip
+                            f"within {hours} and may begin {self.per_job} (a series per rank "
+                            "and measurement)")  # fmt: skip
+            if not proven and self._unproven + sum(new.values()) > self.total:
+                began = self._unproven
+                return (f"jobs not named by their callers' cgroups began {began} series here "
+                        f"within {hours}; all of them may begin {self.total}")  # fmt: skip
             for key, job in series.items():
                 if key not in self._begun:
-                    self._begun[key] = (now, job)
+                    self._begun[key] = (now, job, proven)
                     self._per_job[job] = self._per_job.get(job, 0) + 1
+                    self._unproven += not proven
             return ""
 
     def _forget(self, before: float) -> None:
         while self._begun:
             key = next(iter(self._begun))
-            when, job = self._begun[key]
+            when, job, proven = self._begun[key]
             if when >= before:
                 return
             del self._begun[key]
+            self._unproven -= not proven
             left = self._per_job[job] - 1
             if left:
                 self._per_job[job] = left
             else:
                 del self._per_job[job]
+
+
+LINES_PER_S = 200.0
+"""Lines a second one job may send through a node's relay, on average (``[agent]
+reporter_lines_per_s``): its ranks' steps, heartbeats and saves at ten steps a second on
+eight GPUs are about 100. A job may send a minute's worth at once (a reporter's batch is at
+most 5,000 lines)."""
+BURST_S = 60.0
+
+
+class LineRate:
+    """A token bucket of lines per job (:data:`LINES_PER_S`, a burst of :data:`BURST_S`' worth).
+
+    The relay's points go into the agent's own spool: a job sending 1 MiB bodies as fast as
+    it could filled the 256 MiB spool in a few hundred requests during an InfluxDB outage, and
+    the spool's bound then dropped the oldest points, the node's own telemetry and XIDs among
+    them (found by a review as an attacker). Over the rate: 429 and ``Retry-After`` (the
+    reporter keeps the lines and sends them again)."""
+
+    def __init__(
+        self,
+        per_s: float = LINES_PER_S,
+        burst_s: float = BURST_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.per_s, self.capacity, self.clock = per_s, per_s * burst_s, clock
+        self._buckets: dict[str, tuple[float, float]] = {}  # job -> (tokens, when)
+        self._lock = threading.Lock()
+
+    def take(self, lines: Mapping[str, int]) -> str:
+        """Takes ``lines`` (job -> count) if every job's bucket holds them, else says why
+        (nothing is taken). ``per_s`` 0: no limit."""
+        if self.per_s <= 0:
+            return ""
+        now = self.clock()
+        with self._lock:
+            if len(self._buckets) > 1024:  # forget the full ones (idle jobs)
+                self._buckets = {
+                    j: b for j, b in self._buckets.items()
+                    if b[0] + (now - b[1]) * self.per_s < self.capacity
+                }  # fmt: skip
+            level = {}
+            for job, n in lines.items():
+                tokens, when = self._buckets.get(job, (self.capacity, now))
+                tokens = min(self.capacity, tokens + (now - when) * self.per_s)
+                if n > tokens:
+                    burst = f"{self.capacity:.0f}"
+                    return (f"job {job!r} sent more than {self.per_s:g} lines a second "
+                            f"through this relay (a burst of {burst}); retry")  # fmt: skip
+                level[job] = tokens - n
+            for job, tokens in level.items():
+                self._buckets[job] = (tokens, now)
+            return ""
 
 
 class LineSink(Protocol):
@@ -171,9 +236,11 @@ def checked_lines(
     stamp: Mapping[str, str] | None = None,
     job_rule: JobRule | None = None,
     budget: SeriesBudget | None = None,
+    rate: LineRate | None = None,
 ) -> tuple[list[str], int, str]:
     """:func:`check_lines` with the status a refusal gets (400, or what ``job_rule`` says);
-    ``budget``: the new series the points begin must fit it (422 if not)."""
+    ``rate``: each job's lines must fit its bucket (429 if not: sent again later, 413 if more
+    than a bucket holds); ``budget``: the new series the points begin must fit it (422)."""
     ns_per_unit = PRECISIONS.get(precision)
     if ns_per_unit is None:
         return (
@@ -222,9 +289,17 @@ def checked_lines(
                 return [], refused[0], f"point {n}: {refused[1]}"
         tags = {**point.tags, **stamp} if stamp else point.tags
         stamped.append(Point(point.measurement, tags, point.fields, point.time_ns))
+    if rate is not None and rate.per_s > 0:
+        per_job: dict[str, int] = {}
+        for p in stamped:
+            per_job[p.tags.get("job", "")] = per_job.get(p.tags.get("job", ""), 0) + 1
+        if any(n > rate.capacity for n in per_job.values()):
+            return [], 413, f"more than {rate.capacity:.0f} lines of one job in one request"
+        if over := rate.take(per_job):
+            return [], 429, over
     if budget is not None:
         series = {_series_key(p): p.tags.get("job", "") for p in stamped}
-        over = budget.admit(series)
+        over = budget.admit(series, proven=bool(stamp and stamp.get("job")))
         if over:
             return [], 422, over
     stats = EncodeStats()
@@ -325,6 +400,7 @@ class ReporterRelay:
         procfs: str = "/proc",
         jobs_here: Callable[[], set[str]] | None = None,
         pods_named: Callable[[], dict[str, str]] | None = None,
+        lines_per_s: float = LINES_PER_S,
     ) -> None:
         self.tls = tls
         self.address: tuple[str, int] = ("", 0)
@@ -350,6 +426,7 @@ class ReporterRelay:
         self._socket_inode: int | None = None
         self._recent: dict[int, None] = {}  # loopback callers' pids, the latest last
         self.series = SeriesBudget()
+        self.rate = LineRate(lines_per_s)
 
     def start(self) -> None:
         relay = self
@@ -371,7 +448,7 @@ class ReporterRelay:
                 body = text.encode()
                 self.send_response(code)
                 self.send_header("Content-Length", str(len(body)))
-                if code == 503:
+                if code in (429, 503):
                     self.send_header("Retry-After", "5")
                 self.end_headers()
                 self.wfile.write(body)
@@ -525,7 +602,7 @@ class ReporterRelay:
         precision = (urllib.parse.parse_qs(url.query).get("precision") or [""])[0]
         rule, stamp = self._job_rule(request)
         lines, status, problem = checked_lines(
-            text, precision, stamp=stamp, job_rule=rule, budget=self.series
+            text, precision, stamp=stamp, job_rule=rule, budget=self.series, rate=self.rate
         )
         if problem:
             return status, problem

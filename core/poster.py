@@ -17,20 +17,18 @@ each try goes to the engine that answered last, then to the others in order, so 
 finds whichever engine holds the lease (:mod:`remediation.lease`; a standby does not listen).
 
 Posting never blocks the caller: findings queue (up to 10,000) and a thread sends them,
-critical ones first, then in order; a finding whose id is queued or was sent lately is not
-queued again (the engine would take it for a duplicate: a finding's id is its kind, subject,
-severity and time bucket), so a burst of one kind cannot hold a fatal XID behind it. A post
-that times out, cannot connect, or gets 429/5xx is tried again with the shared backoff
-(:mod:`core.retry`: 0.5 s doubling to 10 s, jittered) for as long as the finding is younger
-than ``max_age_s`` (the engine's own ``max_finding_age_s``: it refuses older ones), so an
-engine that restarts, or is down for minutes, still gets every finding when it is back (and
-acts on each once: it remembers finding ids). A 409 counts as delivered only when the engine
-says it holds this very finding (every result ``same_content``: an earlier try got through); a
-409 for another finding under the same id, or a 409 that says nothing of the content (a
-replayed signature), is not delivered: counted in ``conflicts`` and ``failed``, and logged. Any
-other 4xx is refused for good and logged. A finding that could not be delivered is not lost: it
-is also written to InfluxDB with the cycle's data, so analytics and the dashboards see it on
-the slow path.
+critical ones first, then in order; a finding queued or sent lately, word for word, is not
+queued again. A burst of warnings cannot hold a fatal XID behind it. A post that times out,
+cannot connect, or gets 429/5xx is tried again with the shared backoff (:mod:`core.retry`: 0.5
+s doubling to 10 s, jittered) for as long as the finding is younger than ``max_age_s`` (the
+engine's own ``max_finding_age_s``: it refuses older ones), so an engine that restarts, or is
+down for minutes, still gets every finding when it is back (and acts on each once: it remembers
+finding ids). A 409 counts as delivered only when the engine says it holds this very finding
+(every result ``same_content``: an earlier try got through); a 409 for another finding under
+the same id, or a 409 that says nothing of the content (a replayed signature), is not
+delivered: counted in ``conflicts`` and ``failed``, and logged. Any other 4xx is refused for
+good and logged. A finding that could not be delivered is not lost: it is also written to
+InfluxDB with the cycle's data, so analytics and the dashboards see it on the slow path.
 """
 
 from __future__ import annotations
@@ -51,7 +49,7 @@ from gpuwarden.core.tls import client_context
 log = logging.getLogger(__name__)
 
 RECENT_IDS = 20_000
-"""Finding ids remembered as queued or sent (a queue's worth and as many sent before)."""
+"""Findings remembered as queued or sent (a queue's worth and as many sent before)."""
 
 #: between tries of one finding: 0.5 s doubling to 10 s, full jitter, until it is too old
 DEFAULT_RETRY = Backoff(base_s=0.5, max_s=10.0)
@@ -88,27 +86,28 @@ class FindingPoster:
         self.conflicts = 0
         """409s for content the engine does not hold (another finding took the id)."""
         self.merged = 0
-        """Findings not queued: one with their id was queued or sent lately."""
+        """Findings not queued: the same finding (id and content) was queued or sent lately."""
         # (0 for critical, else 1; arrival; the finding, None to stop)
         self._queue: queue.PriorityQueue[tuple[int, int, Finding | None]] = queue.PriorityQueue(
             maxsize=10_000
         )
         self._seq = 0
-        self._ids: dict[str, None] = {}  # ids queued or sent lately, the oldest first
+        self._ids: dict[str, None] = {}  # "id:digest" queued or sent lately, oldest first
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._http: Any = None
 
     def post(self, finding: Finding) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, daemon=True, name="fastpath")
-            self._thread.start()
-        with self._ids_lock:
-            if finding.id in self._ids:
+        key = f"{finding.id}:{finding.digest}"
+        with self._ids_lock:  # several threads post (the kernel-log reader, the loop, ...)
+            if self._thread is None:  # one sender only: it alone takes from the queue
+                self._thread = threading.Thread(target=self._run, daemon=True, name="fastpath")
+                self._thread.start()
+            if key in self._ids:
                 self.merged += 1
                 return
-            self._ids[finding.id] = None
+            self._ids[key] = None
             while len(self._ids) > RECENT_IDS:
                 del self._ids[next(iter(self._ids))]
             self._seq += 1
@@ -116,6 +115,7 @@ class FindingPoster:
         try:
             self._queue.put_nowait(entry)
         except queue.Full:
+            self._forget(finding)  # not queued: the same finding posted later is taken
             self.failed += 1
             log.error("findings queue full; finding %s only goes the slow path", finding.id)
 
@@ -143,17 +143,20 @@ class FindingPoster:
                 self.posted += 1
                 return
             if verdict == "conflict":
+                self._forget(finding)
                 self.failed += 1
                 self.conflicts += 1
                 log.error("finding %s not delivered: the engine holds other content under its "
                           "id (%s)", finding.id, detail)  # fmt: skip
                 return
             if verdict == "refused":
+                self._forget(finding)
                 self.failed += 1
                 log.error("remediation refused finding %s: %s", finding.id, detail)
                 return
             age_s = time.time() - finding.time_ns / 1e9
             if age_s > self.max_age_s or self._closing.is_set():
+                self._forget(finding)
                 self.failed += 1
                 log.error("could not post finding %s to %s (%d tries, last: %s); it goes the "
                           "slow path", finding.id, self.url, tries, detail)  # fmt: skip
@@ -165,6 +168,11 @@ class FindingPoster:
             self._closing.wait(self.retry.delay(tries))
             while (urgent := self._more_urgent(priority)) is not None:
                 self._send(urgent, 0)
+
+    def _forget(self, finding: Finding) -> None:
+        """``finding`` was not delivered: the same finding posted again is queued."""
+        with self._ids_lock:
+            self._ids.pop(f"{finding.id}:{finding.digest}", None)
 
     def _more_urgent(self, priority: int) -> Finding | None:
         """The next queued finding if it is more urgent than ``priority`` (taken off)."""

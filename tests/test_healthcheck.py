@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpuwarden.remediation.adapters.slurm import SPARE_REASON
 from testbed.slurm import LocalSlurm, slurm_available
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -166,6 +167,13 @@ def test_a_failing_check_does_not_take_over_someone_elses_drain(
         st, reason = state(slurm)
         assert st.startswith("drain") and reason == why, (st, reason)  # still out
         resume(slurm)
+    # a hot spare that fails its check leaves the spare pool (found by a review of the fix:
+    # keeping the spare's reason left it to be put back in service, unchecked, on a requeue)
+    assert f'"|{SPARE_REASON}"' in SCRIPT.read_text()  # the engine's spare reason, as it writes it
+    slurm.run("scontrol", "update", "NodeName=gpu01", "State=DRAIN", f"Reason={SPARE_REASON}")
+    assert healthcheck(slurm, tmp_path, failing).returncode == 1
+    assert state(slurm)[1].startswith("gpuwarden check: disk: /nonexistent/shared-fs")
+    resume(slurm)
     # its own drain is still its own: a second failure renews the reason, a pass resumes
     assert healthcheck(slurm, tmp_path, failing).returncode == 1
     assert healthcheck(slurm, tmp_path, other).returncode == 1

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -121,7 +123,9 @@ def test_blast_radius_is_never_exceeded(
         for part, n in per_part_max.items():
             size = sum(1 for p in NODES.values() if p == part)
             already = sum(1 for x in already_out if NODES[x] == part)
-            assert n == 0 or (n + already) / size <= fraction + 1e-9
+            # the share of the partition, rounded down but at least one node
+            allowed = max(1, math.floor(fraction * size + 1e-9))
+            assert n == 0 or n + already <= allowed
         # every plan the limit stopped is waiting for a human, and a human was told
         waiting = [p for p in engine.pending() if p["verdict"] == "blast_radius"]
         for p in waiting:
@@ -456,3 +460,27 @@ def test_the_seen_finding_memory_is_bounded_by_its_retention(tmp_path: Path) -> 
     assert again.memory.seen_findings == {fresh.id}
     assert again.submit(fresh).verdict == "duplicate"
     again.close()
+
+
+def test_a_small_partition_may_have_one_node_out(tmp_path: Path) -> None:
+    """Found by a review (2026-11-28): ``max_fraction_out = 0.1`` of a partition of fewer than
+    ten nodes allowed none, so a node with a fatal XID stayed in service with jobs landing on
+    it (on Kubernetes, one pool per GPU model made such pools common). The share rounds down
+    but is at least one node; ``0`` still allows none."""
+    small = {f"gpu{i:02d}": "small" for i in range(8)}
+    sched = RecordingAdapter("slurm", small)
+    engine = Engine(POLICIES, {"slurm": sched, "webhook": RecordingAdapter("webhook")},
+                    AuditLog(tmp_path / "audit.jsonl"),
+                    EngineSettings(dry_run=False, cooldown_s=0.0, max_nodes_out=4,
+                                   max_fraction_out=0.1, predicted_kinds=()))  # fmt: skip
+    assert engine.submit(xid("gpu01", time.time_ns())).verdict == "act"
+    assert engine.wait(10) and sched.out == {"gpu01"}
+    second = engine.submit(xid("gpu02", time.time_ns()))
+    assert second.verdict == "blast_radius" and "(1 of 8)" in second.why
+    engine.close()
+    none = Engine(POLICIES, {"slurm": RecordingAdapter("slurm", small),
+                             "webhook": RecordingAdapter("webhook")},
+                  AuditLog(tmp_path / "none.jsonl"),
+                  EngineSettings(dry_run=False, max_fraction_out=0.0))  # fmt: skip
+    assert none.submit(xid("gpu03", time.time_ns())).verdict == "blast_radius"
+    none.close()

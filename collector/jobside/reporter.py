@@ -231,7 +231,9 @@ class Reporter:
         HFU. ``tensor_parallel`` and ``pipeline_parallel`` (Megatron order: tensor-parallel
         ranks fastest, then data-parallel, then pipeline stage) let analytics compare each rank
         with the ranks of its own pipeline stage; 0 leaves them out."""
-        sizes = {"params": params, "layers": layers, "hidden_size": hidden_size, "heads": heads,
+        # (heads is not among them: analytics does not use it, and a model without attention
+        # may say 0)
+        sizes = {"params": params, "layers": layers, "hidden_size": hidden_size,
                  "seq_len": seq_len, "world_size": world_size}  # fmt: skip
         if low := [k for k, v in sizes.items() if not v >= 1]:
             # analytics refuses such a shape anyway (analytics.mfu.ModelShape): said here, at

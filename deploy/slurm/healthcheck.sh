@@ -26,9 +26,11 @@ ours="gpuwarden check"
 drain() {
   # a node already out for someone else's reason (an operator's RMA, the engine, Slurm) keeps
   # that reason: overwriting it made the next passing check resume the node as this script's
-  # own (an unreadable state is drained, as any check that cannot run)
+  # own (an unreadable state is drained, as any check that cannot run). A hot spare's reason
+  # is taken over: a spare that fails its check leaves the pool (the engine puts a spare back
+  # in service, unchecked, when a job is requeued)
   case $(sinfo -h -N -n "$node" -o '%T|%E' 2>/dev/null | head -n 1) in
-    *"|$ours"*|*"|none"|"") ;;
+    *"|$ours"*|*"|none"|""|*"|gpuwarden: hot spare") ;;
     *drain*"|"*|*down*"|"*|*fail*"|"*|*maint*"|"*) exit 1 ;;
   esac
   scontrol update NodeName="$node" State=DRAIN Reason="$(printf '%s' "$ours: $1" | cut -c1-200)"

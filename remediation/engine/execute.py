@@ -104,12 +104,16 @@ class Executor:
     ) -> None:
         """Run ``d``'s actions in the background; ``done`` is called when they have finished.
         ``resume``: a plan from the journal, whose actions already recorded are passed over."""
+        # a return waiting on its check (and nothing that takes a node out: a policy's own
+        # ladder may hold both, and a drain never waits behind checks)
         checked = self.checked_return
-        pool = (
-            self._returns
-            if checked is not None and not dry_run and any(map(checked, d.actions))
-            else self._pool
+        returning = (
+            checked is not None
+            and not dry_run
+            and any(map(checked, d.actions))
+            and not any(a.kind in REMOVING for a in d.actions)
         )
+        pool = self._returns if returning else self._pool
         future = pool.submit(self._run, d, received, dry_run, done, resume)
         with self._futures_lock:
             self._futures.add(future)

@@ -43,6 +43,7 @@ node's own check time with the removal's wall time: two hosts' clocks, compared 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections import Counter, deque
 from collections.abc import Mapping
@@ -316,10 +317,15 @@ class Guards:
         if partition:
             size = inv.partition_size(partition)
             in_part = sum(1 for n in out if inv.partitions.get(n) == partition)
-            if (in_part + 1) / size > s.max_fraction_out + 1e-9:
+            # a share of a small partition rounds up to one node (0.1 of 8 nodes allowed none:
+            # a node with a fatal XID stayed in service, jobs landing on it); 0 allows none
+            allowed = math.floor(s.max_fraction_out * size + 1e-9)
+            if s.max_fraction_out > 0:
+                allowed = max(1, allowed)
+            if in_part + 1 > allowed:
                 return (
                     f"{in_part} of {size} nodes of partition {partition} already out; one more "
-                    f"exceeds max_fraction_out={s.max_fraction_out}"
+                    f"exceeds max_fraction_out={s.max_fraction_out} ({allowed} of {size})"
                 )
         return ""
 

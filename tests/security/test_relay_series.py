@@ -9,7 +9,13 @@ own, over real HTTP.
 
 from __future__ import annotations
 
-from gpuwarden.collector.relay import MAX_SERIES_PER_JOB, ReporterRelay, SeriesBudget
+from pathlib import Path
+
+import pytest
+
+from gpuwarden.collector.config import load_config
+from gpuwarden.collector.relay import MAX_SERIES_PER_JOB, LineRate, ReporterRelay, SeriesBudget
+from gpuwarden.core.config import ConfigError
 from tests.test_relay import Lines, post
 
 
@@ -20,11 +26,11 @@ def _steps(job: str, ranks: range) -> bytes:
 
 def test_a_job_cannot_begin_a_series_per_line() -> None:
     sink = Lines()
-    relay = ReporterRelay("127.0.0.1:0", sink)
+    relay = ReporterRelay("127.0.0.1:0", sink, lines_per_s=0)  # the series bound alone
     relay.start()
     try:
         status, why = post(relay, _steps("j1", range(16820)))
-        assert status == 422 and "may begin 256" in why, (status, why)
+        assert status == 422 and "may begin 1024" in why, (status, why)
         assert sink.lines == []  # nothing of it kept
         # a job's ranks on a node, with their model: taken, and again (series already begun)
         assert post(relay, _steps("j1", range(8)))[0] == 204
@@ -42,13 +48,56 @@ def test_a_job_cannot_begin_a_series_per_line() -> None:
         relay.close()
 
 
-def test_the_budget_is_per_window_and_bounds_all_jobs_together() -> None:
+def test_the_budget_is_per_window_and_bounds_unproven_jobs_together() -> None:
     now = [0.0]
     budget = SeriesBudget(per_job=3, total=5, window_s=100.0, clock=lambda: now[0])
     assert budget.admit({"a": "j1", "b": "j1", "c": "j1"}) == ""
     assert "may begin 3" in budget.admit({"d": "j1"})
     assert budget.admit({"e": "j2", "f": "j2"}) == ""
-    assert "this relay began 5" in budget.admit({"g": "j3"})  # all jobs' share
+    assert "all of them may begin 5" in budget.admit({"g": "j3"})  # made-up names' share
+    # a job its caller's cgroup named is not crowded out by them (found by a review of the
+    # first version, which shared one cap among all jobs: one tenant's sixteen jobs used it up)
+    assert budget.admit({"p": "slurm-7", "q": "slurm-7"}, proven=True) == ""
     assert budget.admit({"a": "j1", "e": "j2"}) == ""  # begun already: taken
     now[0] = 101.0  # a day later (here 100 s): what began then no longer counts
     assert budget.admit({"d": "j1", "g": "j3"}) == ""
+
+
+def _same_rank(job: str, n: int) -> bytes:
+    return "".join(f"job_step,job={job},rank=0 step_index={i}i\n" for i in range(n)).encode()
+
+
+def test_a_job_cannot_fill_the_agents_spool_through_the_relay() -> None:
+    """Found in the same review: no bound on how many lines a job sends, and the relay's
+    points go into the agent's own spool. During an InfluxDB outage 1 MiB bodies as fast as
+    the job could filled the 256 MiB spool in a few hundred requests, and its bound then
+    dropped the oldest points: the node's own telemetry and XIDs. Now 200 lines a second per
+    job on average, a minute's worth at once; more is 429 (the reporter sends it again)."""
+    sink = Lines()
+    relay = ReporterRelay("127.0.0.1:0", sink)
+    relay.start()
+    try:
+        assert post(relay, _same_rank("j1", 5000))[0] == 204  # a reporter's largest batch
+        assert post(relay, _same_rank("j1", 5000))[0] == 204
+        status, why = post(relay, _same_rank("j1", 5000))  # past a minute's worth at once
+        assert status == 429 and "200 lines a second" in why, (status, why)
+        assert post(relay, _same_rank("j2", 100))[0] == 204  # another job has its own
+        assert len(sink.lines) == 10_100
+        assert post(relay, _same_rank("j3", 12_001))[0] == 413  # more than a bucket holds
+    finally:
+        relay.close()
+
+
+def test_the_line_rate_refills_and_can_be_turned_off(tmp_path: Path) -> None:
+    now = [0.0]
+    rate = LineRate(per_s=100.0, burst_s=60.0, clock=lambda: now[0])
+    assert rate.take({"j1": 6000}) == ""
+    assert "100 lines a second" in rate.take({"j1": 1})
+    assert rate.take({"j2": 10, "j1": 1}) != ""  # all or nothing: j2 took nothing
+    now[0] = 10.0  # 1,000 lines later
+    assert rate.take({"j1": 1000, "j2": 6000}) == ""
+    assert LineRate(per_s=0).take({"j1": 10**9}) == ""
+    bad = tmp_path / "agent.toml"
+    bad.write_text("[agent]\nreporter_lines_per_s = 10.0\n")
+    with pytest.raises(ConfigError, match="reporter_lines_per_s"):
+        load_config(bad, environ={})
