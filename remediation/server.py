@@ -118,6 +118,10 @@ class RequestError(Exception):
         self.retry_after_s = retry_after_s
 
 
+REFUSALS_LOGGED = 10
+"""Refusal lines logged per status a minute (each refusal is counted in the metrics)."""
+
+
 class Quotas:
     """Findings a minute per identity, by its kind (``[engine] quota_<kind>_per_min``; 0 or
     absent: no quota): a token bucket per principal that holds a minute's worth, so a burst of
@@ -214,6 +218,8 @@ class Endpoint:
         self.clock = clock
         self.quotas = Quotas(quotas_per_min or {}, clock)
         self.rejected: dict[int, int] = {}
+        # per status: (the minute's start, lines logged in it, refusals not logged in it)
+        self._said: dict[int, tuple[float, int, int]] = {}
         self._lock = threading.Lock()
         self.server: ThreadingHTTPServer | None = None  # make_server's, for its counters
 
@@ -618,9 +624,24 @@ class Endpoint:
         ]  # fmt: skip
 
     def _count(self, method: str, path: str, status: HTTPStatus, message: str) -> None:
+        """Counts a refusal (``rejected``, the metrics) and logs it: at most
+        :data:`REFUSALS_LOGGED` lines a minute per status, then one that says how many more
+        there were (a sender refused 6,000 times a minute wrote 6,000 lines)."""
+        code = int(status)
+        now = self.clock.mono()
         with self._lock:
-            self.rejected[int(status)] = self.rejected.get(int(status), 0) + 1
-        log.warning("refused %s %s: %s %s", method, path, int(status), message)
+            self.rejected[code] = self.rejected.get(code, 0) + 1
+            start, said, unsaid = self._said.get(code, (-math.inf, 0, 0))
+            if now - start >= 60.0:
+                start, said, more, unsaid = now, 0, unsaid, 0
+            else:
+                more = 0
+            if said >= REFUSALS_LOGGED:
+                self._said[code] = (start, said, unsaid + 1)
+                return
+            self._said[code] = (start, said + 1, unsaid)
+        also = f" ({more} more {code}s not logged in the minute before)" if more else ""
+        log.warning("refused %s %s: %s %s%s", method, path, code, message, also)
 
     def _post(
         self, path: str, body: bytes, principal: Principal, *, signed: bool = False

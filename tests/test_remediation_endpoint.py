@@ -173,6 +173,27 @@ def test_unauthenticated_requests_are_refused(
     assert running.acted() == []
 
 
+def test_refusals_are_all_counted_and_logged_at_most_ten_a_minute(
+    running: Running, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A sender refused 6,000 times a minute (a quota spent, a wrong key) wrote 6,000 WARNING
+    lines (left open by the fourth review). Each refusal is still counted in the metrics."""
+    from gpuwarden.remediation.clock import Clock
+    from tests.remediation_util import HandClock
+
+    hand = HandClock()
+    running.endpoint.clock = Clock(wall=time.time, mono=hand.mono)
+    caplog.set_level("WARNING", logger="gpuwarden.remediation")
+    for _ in range(30):
+        assert running.request("GET", "/v1/pending", None, {})[0] == 401
+    said = [r.getMessage() for r in caplog.records if "refused GET" in r.getMessage()]
+    assert len(said) == 10 and running.endpoint.rejected[401] == 30
+    hand.advance(61)
+    assert running.request("GET", "/v1/pending", None, {})[0] == 401
+    said = [r.getMessage() for r in caplog.records if "refused GET" in r.getMessage()]
+    assert len(said) == 11 and "(20 more 401s not logged in the minute before)" in said[-1]
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
