@@ -139,6 +139,9 @@ def agent_metrics(
         Metric.one("gpuwarden_agent_findings_failed_total",
                    "findings the fast path could not deliver (engine unreachable, refused)",
                    getattr(poster, "failed", 0), "counter"),
+        Metric.one("gpuwarden_agent_findings_merged_total",
+                   "findings not sent again: the same one was queued or sent lately",
+                   getattr(poster, "merged", 0), "counter"),
     ]  # fmt: skip
     health = sorted(agent.health.items())
     for name, help_, kind, value in (

@@ -77,7 +77,9 @@ room for elastic restarts that put new rank numbers on the node (8 ranks: about 
 MAX_SERIES = 4096
 """... and all jobs together whose name the caller's cgroup did not prove (a TCP caller from
 another host, or a relay that takes any job's name): made-up names cannot crowd out the jobs
-that run here."""
+that run here, and are counted apart from them (a job's name said by another caller does not
+spend that job's share)."""
+MAX_SERIES_PROVEN = 32768  # ... and all jobs a cgroup named, together (many small jobs a day)
 SERIES_WINDOW_S = 86400.0
 
 
@@ -100,12 +102,14 @@ class SeriesBudget:
         total: int = MAX_SERIES,
         window_s: float = SERIES_WINDOW_S,
         clock: Callable[[], float] = time.monotonic,
+        total_proven: int = MAX_SERIES_PROVEN,
     ) -> None:
         self.per_job, self.total, self.window_s, self.clock = per_job, total, window_s, clock
+        self.totals = {False: total, True: total_proven}
         # series -> (when, job, proven); the oldest first
         self._begun: dict[str, tuple[float, str, bool]] = {}
-        self._per_job: dict[str, int] = {}
-        self._unproven = 0
+        self._per_job: dict[tuple[str, bool], int] = {}  # (job, proven) -> series begun
+        self._count = {False: 0, True: 0}
         self._lock = threading.Lock()
 
     def admit(self, series: Mapping[str, str], proven: bool = False) -> str:
@@ -120,20 +124,20 @@ class SeriesBudget:
                 if key not in self._begun:
                     new[job] = new.get(job, 0) + 1
             for job, n in new.items():
-                if self._per_job.get(job, 0) + n > self.per_job:
-                    began = self._per_job.get(job, 0)
+                began = self._per_job.get((job, proven), 0)
+                if began + n > self.per_job:
                     return (f"job {job!r} would begin {n} new series here; it began {began} "
                             f"within {hours} and may begin {self.per_job} (a series per rank "
                             "and measurement)")  # fmt: skip
-            if not proven and self._unproven + sum(new.values()) > self.total:
-                began = self._unproven
-                return (f"jobs not named by their callers' cgroups began {began} series here "
-                        f"within {hours}; all of them may begin {self.total}")  # fmt: skip
+            if self._count[proven] + sum(new.values()) > self.totals[proven]:
+                who = "jobs named by" if proven else "jobs not named by"
+                return (f"{who} their callers' cgroups began {self._count[proven]} series here "
+                        f"within {hours}; all of them may begin {self.totals[proven]}")  # fmt: skip
             for key, job in series.items():
                 if key not in self._begun:
                     self._begun[key] = (now, job, proven)
-                    self._per_job[job] = self._per_job.get(job, 0) + 1
-                    self._unproven += not proven
+                    self._per_job[job, proven] = self._per_job.get((job, proven), 0) + 1
+                    self._count[proven] += 1
             return ""
 
     def _forget(self, before: float) -> None:
@@ -143,12 +147,12 @@ class SeriesBudget:
             if when >= before:
                 return
             del self._begun[key]
-            self._unproven -= not proven
-            left = self._per_job[job] - 1
+            self._count[proven] -= 1
+            left = self._per_job[job, proven] - 1
             if left:
-                self._per_job[job] = left
+                self._per_job[job, proven] = left
             else:
-                del self._per_job[job]
+                del self._per_job[job, proven]
 
 
 LINES_PER_S = 200.0
@@ -157,6 +161,8 @@ reporter_lines_per_s``): its ranks' steps, heartbeats and saves at ten steps a s
 eight GPUs are about 100. A job may send a minute's worth at once (a reporter's batch is at
 most 5,000 lines)."""
 BURST_S = 60.0
+UNPROVEN = "(callers whose cgroup names no job)"
+"""The one line bucket all such callers share."""
 
 
 class LineRate:
@@ -289,17 +295,22 @@ def checked_lines(
                 return [], refused[0], f"point {n}: {refused[1]}"
         tags = {**point.tags, **stamp} if stamp else point.tags
         stamped.append(Point(point.measurement, tags, point.fields, point.time_ns))
+    # the caller's cgroup named its job: else the job is only what the caller says, and all
+    # such callers share one line bucket (made-up names are not buckets of their own) and
+    # their own series budget (another caller cannot spend a real job's)
+    proven = bool(stamp and stamp.get("job"))
     if rate is not None and rate.per_s > 0:
         per_job: dict[str, int] = {}
         for p in stamped:
-            per_job[p.tags.get("job", "")] = per_job.get(p.tags.get("job", ""), 0) + 1
+            bucket = p.tags.get("job", "") if proven else UNPROVEN
+            per_job[bucket] = per_job.get(bucket, 0) + 1
         if any(n > rate.capacity for n in per_job.values()):
             return [], 413, f"more than {rate.capacity:.0f} lines of one job in one request"
         if over := rate.take(per_job):
             return [], 429, over
     if budget is not None:
         series = {_series_key(p): p.tags.get("job", "") for p in stamped}
-        over = budget.admit(series, proven=bool(stamp and stamp.get("job")))
+        over = budget.admit(series, proven=proven)
         if over:
             return [], 422, over
     stats = EncodeStats()

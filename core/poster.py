@@ -26,9 +26,11 @@ down for minutes, still gets every finding when it is back (and acts on each onc
 finding ids). A 409 counts as delivered only when the engine says it holds this very finding
 (every result ``same_content``: an earlier try got through); a 409 for another finding under
 the same id, or a 409 that says nothing of the content (a replayed signature), is not
-delivered: counted in ``conflicts`` and ``failed``, and logged. Any other 4xx is refused for
-good and logged. A finding that could not be delivered is not lost: it is also written to
-InfluxDB with the cycle's data, so analytics and the dashboards see it on the slow path.
+delivered: counted in ``conflicts`` and ``failed``, and logged; unless this poster delivered a
+finding under that id before (the XID both the NVML events and the kernel log report): the
+engine holds ours, counted in ``merged``. Any other 4xx is refused for good and logged. A
+finding that could not be delivered is not lost: it is also written to InfluxDB with the
+cycle's data, so analytics and the dashboards see it on the slow path.
 """
 
 from __future__ import annotations
@@ -86,13 +88,16 @@ class FindingPoster:
         self.conflicts = 0
         """409s for content the engine does not hold (another finding took the id)."""
         self.merged = 0
-        """Findings not queued: the same finding (id and content) was queued or sent lately."""
+        """Findings not sent, or not taken, because the engine has them: the same finding (id
+        and content) was queued or sent lately, or the engine holds another this poster sent
+        under the same id (a 409)."""
         # (0 for critical, else 1; arrival; the finding, None to stop)
         self._queue: queue.PriorityQueue[tuple[int, int, Finding | None]] = queue.PriorityQueue(
             maxsize=10_000
         )
         self._seq = 0
         self._ids: dict[str, None] = {}  # "id:digest" queued or sent lately, oldest first
+        self._delivered: dict[str, None] = {}  # ids the engine took from us lately
         self._ids_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
@@ -141,6 +146,21 @@ class FindingPoster:
             verdict, detail = self._try(body)
             if verdict == "delivered":
                 self.posted += 1
+                with self._ids_lock:
+                    self._delivered[finding.id] = None
+                    while len(self._delivered) > RECENT_IDS:
+                        del self._delivered[next(iter(self._delivered))]
+                return
+            with self._ids_lock:
+                ours = finding.id in self._delivered
+            if verdict == "conflict" and ours:
+                # the engine holds what this agent sent first under this id (the XID that the
+                # NVML events and the kernel log both report, one node-wide id for two GPUs the
+                # agent could not map): nothing lost, not a failure (it raised the
+                # cannot-reach-engine alert on every fatal XID)
+                self.merged += 1
+                log.info("finding %s: the engine holds the one this agent sent under its id "
+                         "first", finding.id)  # fmt: skip
                 return
             if verdict == "conflict":
                 self._forget(finding)

@@ -270,8 +270,9 @@ def test_agent_metrics_show_a_failing_source() -> None:
     assert got["gpuwarden_agent_sink_errors_total"] == [({}, 2.0)]
     # no fast path: its counters at 0; with one, what it delivered and what it could not
     assert got["gpuwarden_agent_findings_failed_total"] == [({}, 0.0)]
-    poster = SimpleNamespace(posted=7, failed=2)
+    poster = SimpleNamespace(posted=7, failed=2, merged=1999)
     body = render(agent_metrics(FakeAgent(), None, gpu=False, poster=poster))[0]
     got = parse(body)
     assert got["gpuwarden_agent_findings_posted_total"] == [({}, 7.0)]
     assert got["gpuwarden_agent_findings_failed_total"] == [({}, 2.0)]
+    assert got["gpuwarden_agent_findings_merged_total"] == [({}, 1999.0)]

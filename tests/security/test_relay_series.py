@@ -14,7 +14,13 @@ from pathlib import Path
 import pytest
 
 from gpuwarden.collector.config import load_config
-from gpuwarden.collector.relay import MAX_SERIES_PER_JOB, LineRate, ReporterRelay, SeriesBudget
+from gpuwarden.collector.relay import (
+    MAX_SERIES_PER_JOB,
+    LineRate,
+    ReporterRelay,
+    SeriesBudget,
+    checked_lines,
+)
 from gpuwarden.core.config import ConfigError
 from tests.test_relay import Lines, post
 
@@ -81,11 +87,31 @@ def test_a_job_cannot_fill_the_agents_spool_through_the_relay() -> None:
         assert post(relay, _same_rank("j1", 5000))[0] == 204
         status, why = post(relay, _same_rank("j1", 5000))  # past a minute's worth at once
         assert status == 429 and "200 lines a second" in why, (status, why)
-        assert post(relay, _same_rank("j2", 100))[0] == 204  # another job has its own
-        assert len(sink.lines) == 10_100
+        # a caller no cgroup names a job for (here: this test's process) says its job's name
+        # itself: all such callers share one bucket, made-up names are not buckets of their own
+        assert post(relay, _same_rank("j2", 5000))[0] == 429
+        assert len(sink.lines) == 10_000
         assert post(relay, _same_rank("j3", 12_001))[0] == 413  # more than a bucket holds
     finally:
         relay.close()
+
+
+def test_a_job_its_cgroup_names_has_its_own_bucket_and_series() -> None:
+    """Found by a review of the first version: buckets and series shares keyed by the job's
+    name alone let a caller no cgroup names (a remote peer, a process outside any job) spend
+    a real job's share by saying its name, and the real job's reporter got 429s and 422s."""
+    rate, budget = LineRate(), SeriesBudget(per_job=16)
+    mine = {"cluster": "c", "node": "n1", "job": "slurm-7"}  # stamped: its cgroup named it
+    body = _same_rank("slurm-7", 12_000).decode()
+    assert checked_lines(body, stamp={"cluster": "c"}, rate=rate, budget=budget)[1] == 204
+    assert checked_lines(body, stamp={"cluster": "c"}, rate=rate)[1] == 429  # unproven: spent
+    assert checked_lines(body, stamp=mine, rate=rate)[1] == 204  # the real job: its own
+    assert checked_lines(_steps("slurm-7", range(16)).decode(), stamp={"cluster": "c"},
+                         budget=budget)[1] == 204  # fmt: skip
+    got = checked_lines(_steps("slurm-7", range(16)).decode(), stamp=mine, budget=budget)
+    assert got[1] == 204, got  # its series share is its own too
+    assert checked_lines(_steps("slurm-7", range(16, 17)).decode(), stamp=mine,
+                         budget=budget)[1] == 422  # fmt: skip
 
 
 def test_the_line_rate_refills_and_can_be_turned_off(tmp_path: Path) -> None:
