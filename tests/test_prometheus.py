@@ -152,14 +152,17 @@ def services(tmp_path: Path, influxd: LocalInfluxd) -> Iterator[Services]:
 def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
     services: Services, tmp_path: Path
 ) -> None:
-    body = json.dumps(risk("node-001").to_json()).encode()
     conn = http.client.HTTPConnection("127.0.0.1", services.engine.port, timeout=10)
-    # the analyze service's own identity signs its finding (tests/test_signed_senders.py)
-    headers = {"Content-Type": "application/json",
-               **sign_request(b"the-key-of-analyze", "POST", "/v1/findings", body,
-                              "analyze")}  # fmt: skip
-    conn.request("POST", "/v1/findings", body, headers)
-    assert conn.getresponse().status == 202
+    # two risks on a pool of four nodes: max_fraction_out (0.1) lets one node out, the second
+    # waits (blast_radius). The analyze service's own identity signs each finding
+    # (tests/test_signed_senders.py)
+    for node in ("node-001", "node-002"):
+        body = json.dumps(risk(node).to_json()).encode()
+        headers = {"Content-Type": "application/json",
+                   **sign_request(b"the-key-of-analyze", "POST", "/v1/findings", body,
+                                  "analyze")}  # fmt: skip
+        conn.request("POST", "/v1/findings", body, headers)
+        assert conn.getresponse().status == 202
     conn.request("GET", "/metrics")  # no token: refused, and counted
     assert conn.getresponse().status == 401
     # the job names deploy/prometheus/prometheus.example.yml gives them, which the shipped
@@ -183,7 +186,7 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
             r = prom.query(promql)
             return float(r[0]["value"][1]) if r else None
 
-        assert poll(lambda: value("gpuwarden_engine_findings_total"), 30, "findings") == 1.0
+        assert poll(lambda: value("gpuwarden_engine_findings_total"), 30, "findings") == 2.0
         refused = value('gpuwarden_engine_requests_refused_total{status="401"}')
         assert refused is not None and refused >= 1.0
         assert poll(lambda: value("gpuwarden_analyze_runs_total"), 60, "an analysis") >= 1.0
@@ -215,8 +218,8 @@ def test_a_real_prometheus_scrapes_the_agent_the_engine_and_the_analyze_service(
         since = prom.now()
         poll(lambda: min(prom.evaluated()) > since or None, 30, "the rules evaluated")
         raised = {a["labels"]["alertname"]: a for a in prom.alerts()}
-        # the risk posted above waits for an operator's approval: that one is raised, pending
-        # its 15 minutes; nothing else
+        # the second risk posted above waits (for room, or an operator): that one is raised,
+        # pending its 15 minutes; nothing else
         assert value("gpuwarden_engine_plans_pending") == 1.0
         assert raised.pop("GpuwardenPlansWaiting")["state"] == "pending"
         assert raised == {}, "an alert on a healthy stack"

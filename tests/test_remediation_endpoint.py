@@ -614,9 +614,14 @@ def test_serve_as_a_process_with_the_agents_fast_path(tmp_path: Path) -> None:
             poster = FindingPoster(f"http://127.0.0.1:{port}/v1/findings", str(tmp_path / "token"))
             finding = risk("gpu03")
             poster.post(finding)
-            poster.post(finding)  # a retry of the same finding: 409, counted as delivered
+            poster.post(finding)  # the same finding again: not sent twice (merged)
             poster.close(timeout_s=30)
-            assert (poster.posted, poster.failed) == (2, 0)
+            assert (poster.posted, poster.failed, poster.merged) == (1, 0, 1)
+            # an agent restarted sends it again: 409, the same content, counted as delivered
+            again = FindingPoster(f"http://127.0.0.1:{port}/v1/findings", str(tmp_path / "token"))
+            again.post(finding)
+            again.close(timeout_s=30)
+            assert (again.posted, again.failed) == (1, 0)
             poll(lambda: fake.nodes["gpu03"]["spec"].get("unschedulable"), 30, "gpu03 cordoned")
             proc.send_signal(signal.SIGTERM)
             assert proc.wait(timeout=60) == 0
