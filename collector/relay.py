@@ -79,7 +79,10 @@ MAX_SERIES = 4096
 another host, or a relay that takes any job's name): made-up names cannot crowd out the jobs
 that run here, and are counted apart from them (a job's name said by another caller does not
 spend that job's share)."""
-MAX_SERIES_PROVEN = 32768  # ... and all jobs a cgroup named, together (many small jobs a day)
+MAX_SERIES_PROVEN = 32768
+"""... and all jobs a cgroup named, together: bounds the relay's memory and the index's growth
+from one node. A tenant that runs thirty-two jobs a day on one node, each beginning its 1,024,
+spends it, and new series of every job there are refused (422, logged) until the day moves."""
 SERIES_WINDOW_S = 86400.0
 
 
@@ -243,6 +246,7 @@ def checked_lines(
     job_rule: JobRule | None = None,
     budget: SeriesBudget | None = None,
     rate: LineRate | None = None,
+    named_here: bool = False,
 ) -> tuple[list[str], int, str]:
     """:func:`check_lines` with the status a refusal gets (400, or what ``job_rule`` says);
     ``rate``: each job's lines must fit its bucket (429 if not: sent again later, 413 if more
@@ -295,14 +299,17 @@ def checked_lines(
                 return [], refused[0], f"point {n}: {refused[1]}"
         tags = {**point.tags, **stamp} if stamp else point.tags
         stamped.append(Point(point.measurement, tags, point.fields, point.time_ns))
-    # the caller's cgroup named its job: else the job is only what the caller says, and all
-    # such callers share one line bucket (made-up names are not buckets of their own) and
-    # their own series budget (another caller cannot spend a real job's)
+    # the caller's cgroup named its job: else the job is only what the caller says, counted
+    # apart from the job a cgroup names (such a caller cannot spend a real job's line bucket
+    # or series share); where any name is taken (``named_here`` False: no list of the jobs on
+    # this node's GPUs), all such callers share one line bucket, else made-up names would be
+    # buckets of their own
     proven = bool(stamp and stamp.get("job"))
     if rate is not None and rate.per_s > 0:
         per_job: dict[str, int] = {}
         for p in stamped:
-            bucket = p.tags.get("job", "") if proven else UNPROVEN
+            job = p.tags.get("job", "")
+            bucket = job if proven else f"?{job}" if named_here else UNPROVEN
             per_job[bucket] = per_job.get(bucket, 0) + 1
         if any(n > rate.capacity for n in per_job.values()):
             return [], 413, f"more than {rate.capacity:.0f} lines of one job in one request"
@@ -613,7 +620,13 @@ class ReporterRelay:
         precision = (urllib.parse.parse_qs(url.query).get("precision") or [""])[0]
         rule, stamp = self._job_rule(request)
         lines, status, problem = checked_lines(
-            text, precision, stamp=stamp, job_rule=rule, budget=self.series, rate=self.rate
+            text,
+            precision,
+            stamp=stamp,
+            job_rule=rule,
+            budget=self.series,
+            rate=self.rate,
+            named_here=self.jobs_here is not None,
         )
         if problem:
             return status, problem

@@ -28,9 +28,10 @@ finding ids). A 409 counts as delivered only when the engine says it holds this 
 the same id, or a 409 that says nothing of the content (a replayed signature), is not
 delivered: counted in ``conflicts`` and ``failed``, and logged; unless this poster delivered a
 finding under that id before (the XID both the NVML events and the kernel log report): the
-engine holds ours, counted in ``merged``. Any other 4xx is refused for good and logged. A
-finding that could not be delivered is not lost: it is also written to InfluxDB with the
-cycle's data, so analytics and the dashboards see it on the slow path.
+engine holds ours, and this one is counted in ``conflicts`` and logged, not ``failed``. Any
+other 4xx is refused for good and logged. A finding that could not be delivered is not lost: it
+is also written to InfluxDB with the cycle's data, so analytics and the dashboards see it on
+the slow path.
 """
 
 from __future__ import annotations
@@ -88,9 +89,8 @@ class FindingPoster:
         self.conflicts = 0
         """409s for content the engine does not hold (another finding took the id)."""
         self.merged = 0
-        """Findings not sent, or not taken, because the engine has them: the same finding (id
-        and content) was queued or sent lately, or the engine holds another this poster sent
-        under the same id (a 409)."""
+        """Findings not sent again: the same finding (id and content) was queued or sent
+        lately."""
         # (0 for critical, else 1; arrival; the finding, None to stop)
         self._queue: queue.PriorityQueue[tuple[int, int, Finding | None]] = queue.PriorityQueue(
             maxsize=10_000
@@ -156,11 +156,12 @@ class FindingPoster:
             if verdict == "conflict" and ours:
                 # the engine holds what this agent sent first under this id (the XID that the
                 # NVML events and the kernel log both report, one node-wide id for two GPUs the
-                # agent could not map): nothing lost, not a failure (it raised the
-                # cannot-reach-engine alert on every fatal XID)
-                self.merged += 1
-                log.info("finding %s: the engine holds the one this agent sent under its id "
-                         "first", finding.id)  # fmt: skip
+                # agent could not map): the engine was reached, not a failure (it raised the
+                # cannot-reach-engine alert on every fatal XID); what this one says more is
+                # not acted on, so it is said
+                self.conflicts += 1
+                log.warning("finding %s not taken: the engine holds another this agent sent "
+                            "under its id first (%s)", finding.id, detail)  # fmt: skip
                 return
             if verdict == "conflict":
                 self._forget(finding)

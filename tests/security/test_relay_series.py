@@ -106,6 +106,10 @@ def test_a_job_its_cgroup_names_has_its_own_bucket_and_series() -> None:
     assert checked_lines(body, stamp={"cluster": "c"}, rate=rate, budget=budget)[1] == 204
     assert checked_lines(body, stamp={"cluster": "c"}, rate=rate)[1] == 429  # unproven: spent
     assert checked_lines(body, stamp=mine, rate=rate)[1] == 204  # the real job: its own
+    # where the relay knows the jobs on this node's GPUs (only their names are taken), each
+    # name said by such callers is a bucket of its own: one cannot starve the others
+    other = _same_rank("slurm-8", 12_000).decode()
+    assert checked_lines(other, stamp={"cluster": "c"}, rate=rate, named_here=True)[1] == 204
     assert checked_lines(_steps("slurm-7", range(16)).decode(), stamp={"cluster": "c"},
                          budget=budget)[1] == 204  # fmt: skip
     got = checked_lines(_steps("slurm-7", range(16)).decode(), stamp=mine, budget=budget)
