@@ -155,7 +155,8 @@ def test_a_failing_check_does_not_take_over_someone_elses_drain(
     over an operator's (or the engine's) drain, and the next passing check then resumed the
     node as one it had drained: an RMA node back in service after one transient failure."""
     resume(slurm)
-    (tmp_path / "fail").mkdir(), (tmp_path / "other").mkdir()
+    for sub in ("fail", "other"):
+        (tmp_path / sub).mkdir()
     failing = agent_config(tmp_path / "fail", "/nonexistent/shared-fs")
     other = agent_config(tmp_path / "other", "/nonexistent/other")
     passing = agent_config(tmp_path, str(tmp_path))

@@ -227,8 +227,9 @@ def _sink_readings(url: str, spool: Path) -> dict[str, int | float]:
     agent's /metrics shows as ``gpuwarden_agent_sink_<field>``)."""
     from gpuwarden.core.store.sink import InfluxSink, SinkConfig
 
-    fast = {"flush_interval_s": 0.05, "backoff_base_s": 0.05, "backoff_max_s": 0.1}
-    sink = InfluxSink(SinkConfig(url=url, spool_dir=str(spool), timeout_s=2.0, **fast))
+    config = SinkConfig(url=url, spool_dir=str(spool), timeout_s=2.0, flush_interval_s=0.05,
+                        backoff_base_s=0.05, backoff_max_s=0.1)  # fmt: skip
+    sink = InfluxSink(config)
     try:
         sink.write_lines(
             [f"gpu,node=n power_w={i} {1_700_000_000 + i}000000000" for i in range(60)]
