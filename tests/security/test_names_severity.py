@@ -60,7 +60,10 @@ def test_a_409_counts_as_delivered_only_for_the_same_content(
     engine: ServedEngine, tmp_path: Path
 ) -> None:
     """The engine's 409 says, per finding, whether it holds this very content; the poster
-    counts a retry of the same finding as delivered, another finding under the same id not."""
+    counts a retry of the same finding as delivered, another finding under the same id not:
+    a conflict, logged. Not a failure once the engine holds what this poster delivered under
+    that id (2026-11-28: the XID both the NVML events and the kernel log report raised the
+    cannot-reach-engine alert on every fatal XID; tests/security/test_fast_path_burst.py)."""
     now = time.time_ns()
     first = xid_finding("node-002", "critical", now)
     assert engine.post("/v1/findings", first)[0] == 202
@@ -76,7 +79,7 @@ def test_a_409_counts_as_delivered_only_for_the_same_content(
     poster.post(same)
     poster.post(other)
     poster.close(timeout_s=60)
-    assert (poster.posted, poster.failed, poster.conflicts) == (1, 1, 1)
+    assert (poster.posted, poster.failed, poster.conflicts) == (1, 0, 1)
     verdicts = [r["verdict"] for r in engine.records("decision") if r["finding_id"] == same.id]
     assert verdicts == ["act", "duplicate", "duplicate"]
     engine.action_done(node="node-002", action="drain")  # (it runs after the 202)
