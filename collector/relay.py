@@ -10,7 +10,7 @@ anything is kept, then written out again by the agent's own encoder, so a bad li
 training job can never make the database refuse a batch that carries the node's telemetry.
 A request is taken whole or not at all: one bad line answers 400 naming its line, column and
 problem, and nothing of it is kept. Only the reporter's measurements (``job_step``,
-``job_model``) are accepted, with tag values of at most 256 characters and times within the
+``job_model``) are accepted, with tag values of at most 320 characters and times within the
 last week (and at most 5 minutes ahead): a request cannot make the database create series
 across centuries or carry a blob in a series key, and one job may begin at most 1,024 new
 series through a node's relay in a day (:class:`SeriesBudget`), at most 200 lines a second
@@ -59,7 +59,9 @@ log = logging.getLogger(__name__)
 ACCEPTED = frozenset(m.name for m in CATALOGUE.values() if m.producer is Producer.REPORTER)
 MAX_BODY = 2**20
 DRAIN_MAX = 16 * MAX_BODY  # a body up to this size is read and dropped before a 413
-MAX_TAG_VALUE = 256  # characters: job and rank names, never a blob (InfluxDB's series key: 64 KiB)
+#: characters: job and rank names, never a blob (InfluxDB's series key: 64 KiB); room for a
+#: Kubernetes pod's job name, ``<namespace>/<pod>`` (63 + 1 + 253)
+MAX_TAG_VALUE = 320
 MAX_AGE_S = 7 * 86400.0  # a point's time: no older than a week (a spool outage's worth) ...
 MAX_AHEAD_S = 300.0  # ... and no further ahead than the engine's clock-skew allowance
 MAX_CONNECTIONS = 128  # the training processes of one node, with much room

@@ -21,7 +21,9 @@ This module imports only the standard library; urllib3 is imported when a ``Retr
 
 from __future__ import annotations
 
+import email.utils
 import random
+import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -89,3 +91,17 @@ class Backoff:
             raise_on_redirect=False,
             retry_after_max=int(self.retry_after_max_s),
         )
+
+
+def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    if not value:
+        return None
+    value = value.strip()
+    if value.isdigit():
+        return float(value)
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when.timestamp() - (time.time() if now is None else now))

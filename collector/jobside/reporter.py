@@ -33,7 +33,9 @@ spools through outages; ``GPUWARDEN_REPORTER_URL``) or
 InfluxDB itself (database ``GPUWARDEN_REPORTER_DATABASE``, default ``gpuwarden``). An
 ``https`` URL is verified against ``ca_file`` (``GPUWARDEN_REPORTER_CA_FILE``; the system's
 CAs when unset), for a relay that serves TLS (``[agent] reporter_tls_cert_file``). Sending
-happens on a background thread; a training step never waits on the network. If the queue is
+happens on a background thread; a training step never waits on the network: at most 5,000
+lines or 512 KiB a request, half as many after a 413 (the relay's limits), and after a 429 or
+503 it waits what ``Retry-After`` says. If the queue is
 full (the agent is down for long) the oldest reports are dropped and counted in :attr:`dropped`.
 
 From the first report on, the same thread also sends a ``job_heartbeat`` every ``heartbeat_s``
@@ -61,7 +63,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from gpuwarden.collector.attribution import job_from_environ
-from gpuwarden.core.retry import Backoff
+from gpuwarden.core.retry import Backoff, parse_retry_after
 from gpuwarden.core.store.lineprotocol import Point, encode_point
 
 log = logging.getLogger(__name__)
@@ -95,8 +97,14 @@ class _UnixConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-#: waits between failed posts to the relay: 0.5 s doubling to 30 s (the relay is local)
+#: waits between failed posts to the relay: 0.5 s doubling to 30 s (the relay is local), or
+#: what its ``Retry-After`` says (up to five minutes)
 RETRY = Backoff(base_s=0.5, max_s=30.0, jitter=False)
+#: the most lines one request carries
+MAX_BATCH_LINES = 5000
+#: the most bytes one request carries: half the relay's limit (``relay.MAX_BODY``, 1 MiB), which
+#: 5,000 lines passed when a Kubernetes job's name was long, and the relay refused them whole
+MAX_BATCH_BYTES = 512 * 1024
 
 
 def pod_job(env: Mapping[str, str], namespace_file: str | None = None) -> str:
@@ -180,6 +188,7 @@ class Reporter:
         self.last_error = ""
         self._queue: deque[str] = deque()
         self._max_queue = max_queue
+        self._batch_lines = MAX_BATCH_LINES  # halved on a 413, doubled back on success
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -350,7 +359,9 @@ class Reporter:
                 self._thread = threading.Thread(target=self._run, daemon=True, name="reporter")
                 self._thread.start()
 
-    def _post(self, lines: list[str]) -> bool:
+    def _post(self, lines: list[str]) -> tuple[bool, float | None]:
+        """Send ``lines`` once: (done, seconds to wait before the next try, if the relay said).
+        Done is sent, or refused for good (dropped and counted)."""
         query = urllib.parse.urlencode({"db": self.database, "precision": "ns"})
         headers = {"Content-Type": "text/plain; charset=utf-8"}
         if self.token:
@@ -362,18 +373,16 @@ class Reporter:
         try:
             with urllib.request.urlopen(req, timeout=10, context=self._tls) as resp:
                 resp.read()
-            return True
+            return self._answer(resp.status, b"", None, len(lines))
         except urllib.error.HTTPError as exc:
-            self.last_error = f"HTTP {exc.code}: {exc.read()[:200]!r}"
-            if 400 <= exc.code < 500 and exc.code != 429:
-                self.dropped += len(lines)  # refused: resending would be refused again
-                return True
-            return False
+            return self._answer(exc.code, exc.read(), exc.headers.get("Retry-After"), len(lines))
         except OSError as exc:
             self.last_error = str(exc)
-            return False
+            return False, None
 
-    def _post_unix(self, target: str, body: bytes, headers: dict[str, str], n: int) -> bool:
+    def _post_unix(
+        self, target: str, body: bytes, headers: dict[str, str], n: int
+    ) -> tuple[bool, float | None]:
         conn = _UnixConnection(self.url.removeprefix("unix://"), timeout=10)
         try:
             conn.request("POST", target, body, headers)
@@ -381,16 +390,28 @@ class Reporter:
             text = resp.read()
         except (OSError, http.client.HTTPException) as exc:
             self.last_error = str(exc)
-            return False
+            return False, None
         finally:
             conn.close()
-        if resp.status < 300:
-            return True
-        self.last_error = f"HTTP {resp.status}: {text[:200]!r}"
-        if 400 <= resp.status < 500 and resp.status != 429:
-            self.dropped += n  # refused: resending would be refused again
-            return True
-        return False
+        return self._answer(resp.status, text, resp.getheader("Retry-After"), n)
+
+    def _answer(
+        self, status: int, text: bytes, retry_after: str | None, n: int
+    ) -> tuple[bool, float | None]:
+        """What an answer means: sent; too large (413: the batch is halved and sent again at
+        once; one line too large is dropped); refused for good (another 4xx: resending would be
+        refused again); or try again later (429, 5xx), after ``Retry-After`` if given."""
+        if status < 300:
+            self._batch_lines = min(MAX_BATCH_LINES, self._batch_lines * 2)
+            return True, None
+        self.last_error = f"HTTP {status}: {text[:200]!r}"
+        if status == 413 and n > 1:
+            self._batch_lines = max(1, n // 2)
+            return False, 0.0
+        if 400 <= status < 500 and status != 429:
+            self.dropped += n
+            return True, None
+        return False, parse_retry_after(retry_after)
 
     def _beat_due(self) -> bool:
         if self.heartbeat_s <= 0 or self._closed:
@@ -399,6 +420,18 @@ class Reporter:
             return False
         self._beat_at = time.monotonic()
         return True
+
+    def _batch(self) -> list[str]:
+        """The oldest queued lines, at most ``_batch_lines`` of them and
+        :data:`MAX_BATCH_BYTES` (at least one). Called under the lock."""
+        lines: list[str] = []
+        size = 0
+        for line in self._queue:
+            size += len(line) + 1
+            if lines and (len(lines) >= self._batch_lines or size > MAX_BATCH_BYTES):
+                break
+            lines.append(line)
+        return lines
 
     def _run(self) -> None:
         failed = 0
@@ -412,20 +445,25 @@ class Reporter:
                         self._heartbeat()
                 if not self._queue and self._closed:
                     return
-                lines = [self._queue[i] for i in range(min(len(self._queue), 5000))]
-            if self._post(lines):
+                lines = self._batch()
+            done, wait_s = self._post(lines)
+            if done:
                 with self._cond:
                     for _ in lines:
                         self._queue.popleft()
                     self.sent += len(lines)
                     self._cond.notify_all()
                 failed = 0
-            else:
+            elif wait_s != 0.0:  # 0: a smaller batch goes at once
                 failed += 1
+                # the whole wait: each step queued and each flush() wakes this thread
+                # (before, they cut the backoff and Retry-After short: 17 tries in 2 s)
+                until = time.monotonic() + RETRY.delay(failed, wait_s)
                 with self._cond:
+                    while not self._closed and (left := until - time.monotonic()) > 0:
+                        self._cond.wait(left)
                     if self._closed:
                         return
-                    self._cond.wait(RETRY.delay(failed))
 
     def flush(self, timeout_s: float = 10.0) -> bool:
         deadline = time.monotonic() + timeout_s

@@ -24,11 +24,9 @@ park        401, 403, 404 (auth or database missing), 413: a configuration probl
 from __future__ import annotations
 
 import base64
-import email.utils
 import importlib.util
 import json
 import re
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -38,6 +36,7 @@ from urllib.parse import urlencode
 import urllib3
 
 from gpuwarden.core.errors import SinkError
+from gpuwarden.core.retry import parse_retry_after
 from gpuwarden.core.store.lineprotocol import Precision
 
 
@@ -69,20 +68,6 @@ class Transport(Protocol):
 _PARSE_ERRORS = re.compile(r"unable to parse")
 _DROPPED = re.compile(r"dropped=(\d+)")
 _V2_LINES = re.compile(r"line \d+:")
-
-
-def parse_retry_after(value: str | None, now: float | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
-    if not value:
-        return None
-    value = value.strip()
-    if value.isdigit():
-        return float(value)
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
 
 
 def rejected_in_partial_write(message: str, points: int) -> int:
