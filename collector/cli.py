@@ -62,9 +62,12 @@ def build_agent(
     sink_stats: Any = None,
     nvml: Any = None,
     context: SourceContext | None = None,
+    outbox: bool = False,
 ) -> tuple[Agent, FindingPoster | None]:
     """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend;
-    ``context``: the sources' (default: :func:`build_context`'s)."""
+    ``context``: the sources' (default: :func:`build_context`'s); ``outbox``: critical
+    findings wait on disk beside the spool until the engine has them (the agent that writes
+    to InfluxDB; not ``--once``, ``--print`` or ``--record``)."""
     context = context or build_context(config)
     a = config["agent"]
     made = []
@@ -88,7 +91,7 @@ def build_agent(
         source_timeout_s=a["source_timeout_s"],
         sink_stats=sink_stats,
     )
-    poster = config.fast_path_poster(context.node)
+    poster = config.fast_path_poster(context.node, outbox=outbox)
     h = config["health"]
     if h["healthy_after_s"] < 0 or h["expected_gpus"] < 0:
         raise ConfigError("[health] healthy_after_s and expected_gpus must be 0 or more")
@@ -204,7 +207,12 @@ def _run(config: AgentConfig, args: argparse.Namespace) -> int:
         recorder = _nvml_recorder(config)
     context = build_context(config)
     agent, poster = build_agent(
-        config, sink, (lambda: influx.stats().fields()) if influx else None, recorder, context
+        config,
+        sink,
+        (lambda: influx.stats().fields()) if influx else None,
+        recorder,
+        context,
+        outbox=influx is not None,
     )
     a = config["agent"]
     if influx is not None and (a["reporter_listen"] or a["reporter_socket"]):

@@ -174,11 +174,15 @@ class AgentConfig:
                 settings[key] = xid[key]
         return settings
 
-    def fast_path_poster(self, node: str, timeout_s: float = 5.0) -> FindingPoster | None:
+    def fast_path_poster(
+        self, node: str, timeout_s: float = 5.0, *, outbox: bool = False
+    ) -> FindingPoster | None:
         """The poster of findings to the engine (``[agent] remediation_url``; ``None``: off),
         signing as ``remediation_identity`` with ``{node}`` in it replaced by ``node``, so one
         configuration serves every node of a family (``"agents/{node}"``, as the shipped
-        DaemonSet's ConfigMap has it) while each node signs with its own derived key."""
+        DaemonSet's ConfigMap has it) while each node signs with its own derived key. With
+        ``outbox`` (the agent that writes to InfluxDB), critical findings wait on disk in
+        ``<[sink] spool_dir>/findings`` until the engine has them (:class:`core.poster.Outbox`)."""
         a = self.sections["agent"]
         if not a["remediation_url"]:
             return None
@@ -189,6 +193,8 @@ class AgentConfig:
             ca_file=a["remediation_ca_file"],
             cert_file=a["remediation_cert_file"], key_file=a["remediation_key_file"],
             timeout_s=timeout_s,
+            # critical findings on disk until the engine has them (beside the spool's files)
+            outbox=str(Path(self.sections["sink"]["spool_dir"]) / "findings") if outbox else "",
         )  # fmt: skip
 
 

@@ -32,19 +32,32 @@ engine holds ours, and this one is counted in ``conflicts`` and logged, not ``fa
 other 4xx is refused for good and logged. A finding that could not be delivered is not lost: it
 is also written to InfluxDB with the cycle's data, so analytics and the dashboards see it on
 the slow path.
+
+With an ``outbox`` folder (the agent's: ``<[sink] spool_dir>/findings``), a critical finding is
+written there (fsynced) before it is queued and removed once the engine took it, refused it,
+or it grew too old; a poster started on the folder posts again what is left (:class:`Outbox`).
+Found by a review of what a crash loses (2026-11-28): a fatal XID's finding lived only in this
+queue, retried for up to an hour while the engine was down or failing over, and nothing on the
+slow path drains a node for an XID: an agent killed or restarted meanwhile lost the drain.
+A 409 for another finding under the id of one that predates this poster's start is a conflict,
+not a failure (the other path's copy, delivered before a restart).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import os
 import queue
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
+from gpuwarden.core.checkpoint import read_json, write_json_atomic
 from gpuwarden.core.config import ConfigError, read_secret
-from gpuwarden.core.finding import Finding, Severity
+from gpuwarden.core.finding import Finding, FindingError, Severity
 from gpuwarden.core.retry import RETRY_STATUSES, Backoff
 from gpuwarden.core.signing import request_target, sign_request
 from gpuwarden.core.tls import client_context
@@ -56,6 +69,73 @@ RECENT_IDS = 20_000
 
 #: between tries of one finding: 0.5 s doubling to 10 s, full jitter, until it is too old
 DEFAULT_RETRY = Backoff(base_s=0.5, max_s=10.0)
+
+
+#: critical findings an outbox holds at most (a node's fatal XIDs are one per GPU and episode)
+OUTBOX_MAX = 1000
+
+
+class Outbox:
+    """Critical findings not yet delivered, a file each (``<sha256 of id:digest>.json``) in a
+    folder only this agent writes (made ``0700``). Files are written atomically and fsynced
+    (:func:`~core.checkpoint.write_json_atomic`), read without following links, and one that does
+    not parse as a finding is removed and logged. At most :data:`OUTBOX_MAX`; past that a
+    finding is queued in memory only (and logged)."""
+
+    def __init__(self, folder: str | Path) -> None:
+        self.folder = Path(folder)
+        self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        self._names = {p.name for p in self.folder.glob("*.json")}
+
+    @staticmethod
+    def name(finding: Finding) -> str:
+        return hashlib.sha256(f"{finding.id}:{finding.digest}".encode()).hexdigest()[:32] + ".json"
+
+    def keep(self, finding: Finding) -> None:
+        name = self.name(finding)
+        if name in self._names:
+            return
+        if len(self._names) >= OUTBOX_MAX:
+            log.error("findings outbox %s is full (%d); finding %s is kept in memory only",
+                      self.folder, OUTBOX_MAX, finding.id)  # fmt: skip
+            return
+        try:
+            write_json_atomic(self.folder / name, finding.to_json())
+        except OSError as exc:
+            log.error("cannot keep finding %s in %s (%s): kept in memory only", finding.id,
+                      self.folder, exc.strerror or exc)  # fmt: skip
+            return
+        self._names.add(name)
+
+    def done(self, finding: Finding) -> None:
+        name = self.name(finding)
+        if name in self._names:
+            self._names.discard(name)
+            try:
+                os.unlink(self.folder / name)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                log.error("cannot remove %s from %s: %s", name, self.folder, exc)
+
+    def left(self) -> list[Finding]:
+        """What an earlier poster kept and did not deliver, oldest first."""
+        out = []
+        for name in sorted(self._names):
+            data = read_json(self.folder / name)
+            try:
+                if data is None:
+                    raise FindingError("not a JSON object (or a link)")
+                finding = Finding.from_json(data)
+                if self.name(finding) != name:
+                    raise FindingError("its content is not the finding its name says")
+            except (FindingError, ValueError, TypeError) as exc:
+                log.error("findings outbox: %s removed: %s", name, exc)
+                self._names.discard(name)
+                (self.folder / name).unlink(missing_ok=True)
+                continue
+            out.append(finding)
+        return sorted(out, key=lambda f: f.time_ns)
 
 
 class FindingPoster:
@@ -72,6 +152,7 @@ class FindingPoster:
         ca_file: str = "",
         cert_file: str = "",
         key_file: str = "",
+        outbox: str = "",
     ) -> None:
         self.urls = engine_urls(url)
         self.url = self.urls[0]
@@ -102,6 +183,20 @@ class FindingPoster:
         self._thread: threading.Thread | None = None
         self._closing = threading.Event()
         self._http: Any = None
+        self._started_ns = time.time_ns()
+        self.outbox: Outbox | None = None
+        try:
+            self.outbox = Outbox(outbox) if outbox else None
+        except OSError as exc:
+            log.error("cannot use the findings outbox %s (%s): critical findings wait in memory "
+                      "only until the engine takes them", outbox, exc.strerror or exc)  # fmt: skip
+        if self.outbox is not None:
+            left = self.outbox.left()
+            if left:
+                log.warning("posting %d critical finding(s) an earlier run did not deliver",
+                            len(left))  # fmt: skip
+            for finding in left:
+                self.post(finding)
 
     def post(self, finding: Finding) -> None:
         key = f"{finding.id}:{finding.digest}"
@@ -116,11 +211,15 @@ class FindingPoster:
             while len(self._ids) > RECENT_IDS:
                 del self._ids[next(iter(self._ids))]
             self._seq += 1
-            entry = (0 if finding.severity is Severity.CRITICAL else 1, self._seq, finding)
+            critical = finding.severity is Severity.CRITICAL
+            entry = (0 if critical else 1, self._seq, finding)
+        if critical and self.outbox is not None:
+            self.outbox.keep(finding)  # on disk before it is queued: a crash cannot lose it
         try:
             self._queue.put_nowait(entry)
         except queue.Full:
             self._forget(finding)  # not queued: the same finding posted later is taken
+            self._settled(finding)
             self.failed += 1
             log.error("findings queue full; finding %s only goes the slow path", finding.id)
 
@@ -144,6 +243,8 @@ class FindingPoster:
         while True:
             tries += 1
             verdict, detail = self._try(body)
+            if verdict != "retry":
+                self._settled(finding)
             if verdict == "delivered":
                 self.posted += 1
                 with self._ids_lock:
@@ -152,7 +253,9 @@ class FindingPoster:
                         del self._delivered[next(iter(self._delivered))]
                 return
             with self._ids_lock:
-                ours = finding.id in self._delivered
+                # ours: delivered from here, or before this poster started (the other path's
+                # copy of a record read again after a restart)
+                ours = finding.id in self._delivered or finding.time_ns < self._started_ns
             if verdict == "conflict" and ours:
                 # the engine holds what this agent sent first under this id (the XID that the
                 # NVML events and the kernel log both report, one node-wide id for two GPUs the
@@ -177,6 +280,8 @@ class FindingPoster:
                 return
             age_s = time.time() - finding.time_ns / 1e9
             if age_s > self.max_age_s or self._closing.is_set():
+                if age_s > self.max_age_s:  # closing: the outbox keeps it for the next start
+                    self._settled(finding)
                 self._forget(finding)
                 self.failed += 1
                 log.error("could not post finding %s to %s (%d tries, last: %s); it goes the "
@@ -189,6 +294,11 @@ class FindingPoster:
             self._closing.wait(self.retry.delay(tries))
             while (urgent := self._more_urgent(priority)) is not None:
                 self._send(urgent, 0)
+
+    def _settled(self, finding: Finding) -> None:
+        """``finding`` is done with (taken, refused, too old): out of the outbox."""
+        if self.outbox is not None and finding.severity is Severity.CRITICAL:
+            self.outbox.done(finding)
 
     def _forget(self, finding: Finding) -> None:
         """``finding`` was not delivered: the same finding posted again is queued."""

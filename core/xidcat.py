@@ -8,6 +8,12 @@ Severity comes from NVIDIA's *immediate resolution* for the XID:
   workflows, and XIDs the catalogue leaves without a resolution);
 * ``info``: IGNORE, informational XIDs (154) and codes the catalogue marks unused.
 
+XID 154 is the driver saying what recovery a GPU now needs ("GPU recovery action changed from
+0x0 (None) to 0x2 (Node Reboot Required)"); its severity is read from those words when the
+kernel log gives them (:data:`RECOVERY_FATAL`: fatal, so critical; another action but
+``None``: a warning). Before, every 154 was info, and a GPU the driver declared in need of a
+reboot raised nothing (found by a review against real driver output, 2026-11-28).
+
 Which XIDs *count as a hardware failure* (``fatal``: labels for the failure predictor, the fast
 path to remediation) is a separate, operator-configurable list; :data:`DEFAULT_FATAL_XIDS` is
 a conservative default (uncorrectable memory errors, fallen off the bus, GSP failures, NVLink
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from functools import cache
@@ -27,6 +34,16 @@ DEFAULT_FATAL_XIDS: tuple[int, ...] = (
     48, 62, 64, 74, 79, 95, 119, 120, 136, 140, 143, 144, 145, 146, 147, 148, 149, 150,
     155, 156, 158, 167, 171, 172,
 )  # fmt: skip
+
+#: XID 154's words: the recovery action the driver asks for now
+RECOVERY_ACTION_RE = re.compile(
+    r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)"
+)
+#: recovery actions (lower case) that take the GPU or the node out of service: a fatal XID 154
+RECOVERY_FATAL = frozenset(
+    {"gpu reset required", "node reboot required", "drain and reset", "os reboot"}
+)
+RECOVERY_XID = 154
 
 _CRITICAL = {"RESET_GPU", "RESTART_BM", "RESTART_VM", "CONTACT_SUPPORT", "WORKFLOW_XID_48"}
 _INFO = {"IGNORE", "XID_154"}
@@ -79,9 +96,13 @@ class XidPolicy:
         not_fatal: Iterable[int] = (),
     ) -> None:
         self.fatal = (frozenset(fatal) | frozenset(extra_fatal)) - frozenset(not_fatal)
+        self.not_fatal = frozenset(not_fatal)
 
-    def describe(self, xid: int) -> tuple[str, str, bool]:
-        """(severity, resolution text, fatal) of an XID; unknown XIDs are warnings."""
+    def describe(self, xid: int, message: str = "") -> tuple[str, str, bool]:
+        """(severity, resolution text, fatal) of an XID; unknown XIDs are warnings. ``message``:
+        the kernel's line, read for XID 154's recovery action."""
+        if xid == RECOVERY_XID and (m := RECOVERY_ACTION_RE.search(message)):
+            return self._recovery(m.group("action").strip())
         info = catalogue().get(xid)
         fatal = xid in self.fatal
         if info is None:
@@ -91,3 +112,9 @@ class XidPolicy:
         if info.investigation:
             text += f"; investigate: {info.investigation}"
         return ("critical" if fatal else info.severity), text, fatal
+
+    def _recovery(self, action: str) -> tuple[str, str, bool]:
+        text = f"GPU recovery action: the driver asks for {action!r}"
+        if action.lower() in RECOVERY_FATAL and RECOVERY_XID not in self.not_fatal:
+            return "critical", text, True
+        return ("info" if action.lower() == "none" else "warning"), text, False

@@ -212,6 +212,9 @@ def test_the_agent_raises_the_kernels_xid_from_the_journal_and_no_users(
         until("the appended record", lambda: len(engine.bodies()) >= 3)
         assert xid_pcis(engine)[2] == "0000:86:00"
         assert findings(engine)[2]["time_ns"] == t_later * 1000
+        # its point with the sink: the restart goes on after it (a record whose point had not
+        # reached the sink is read again: tests/test_xid_cursor.py)
+        until("its point", lambda: b"0000:86:00" in b"".join(influx.bodies()))
     finally:
         agent.stop()
     assert "kernel-journal.cursor" in os.listdir(tmp_path)
@@ -396,3 +399,41 @@ def test_points_read_while_journalctl_is_down_go_out_with_the_next_cycle(tmp_pat
         assert [p.fields["xid_code"] for p in points if p.measurement == "gpu_event"] == [79]
     finally:
         source.close()
+
+
+def test_a_record_whose_point_never_reached_the_sink_is_read_again(tmp_path: Path) -> None:
+    """Found in a review of what a crash loses (2026-11-28): the cursor was saved as a record
+    was read, before its point had gone anywhere (it waits for the next cycle) and while its
+    finding was only in the poster's memory; an agent killed then lost the fatal XID for good,
+    point and finding. Now the cursor saved is the one of records an earlier cycle handed to the
+    agent. Here a first source reads the XID in its first cycle and dies (never closed, as
+    SIGKILL leaves it); a second reads it again. After a second cycle the first is past it."""
+    root = tmp_path / "host"
+    append(root, [kernel(XID.format(pci="0000:3b:00"), time.time_ns() // 1000 - 1_000_000)])
+    cursor = tmp_path / "kernel-journal.cursor"
+    settings = {"follow_s": 0, "journal_cursor_file": str(cursor), "lookback_s": 60}
+
+    def xids(source: KmsgXidSource) -> list[int]:
+        points = source.collect(time.time_ns())
+        return [int(p.fields["xid_code"]) for p in points if p.measurement == "gpu_event"]
+
+    emitted: list[object] = []
+    context = SourceContext("c", "n", kernel_journal=str(root), emit_finding=emitted.append)
+    first = KmsgXidSource(context, settings)
+    assert xids(first) == [79] and len(emitted) == 1
+    # killed here: its point is in this cycle's answer, not yet with any sink
+    second = KmsgXidSource(context, settings)
+    try:
+        assert xids(second) == [79] and len(emitted) == 2  # read again: same point, same id
+        assert xids(second) == []
+    finally:
+        second.close()
+    assert len({f.id for f in emitted}) == 1  # type: ignore[attr-defined]
+    third = KmsgXidSource(context, settings)  # closed after a cycle that handed it on
+    try:
+        assert xids(third) == []
+    finally:
+        third.close()
+    first._stop.set()
+    if first.journal is not None:
+        first.journal.close("")

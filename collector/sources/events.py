@@ -68,7 +68,7 @@ def xid_point(
     first XID only (every XID's point is still written). ``device`` names the GPU where
     neither its index nor its UUID is known (the kernel log's PCI address), so two GPUs
     nobody mapped are still two episodes."""
-    severity, resolution, fatal = policy.describe(xid)
+    severity, resolution, fatal = policy.describe(xid, message)
     fields: dict[str, Any] = {
         "xid_code": xid,
         "message": message,

@@ -26,9 +26,13 @@ a message is escaped again as the kernel does for ``/dev/kmsg`` (:func:`kernel_e
 goes to the same parser (:func:`~collector.sources.kmsg.parse_message`); its time is the
 record's ``__REALTIME_TIMESTAMP``.
 
-Where it resumes: the cursor of the last record the source handled is saved in
-``[xid] journal_cursor_file`` (at most once a second, and when the agent stops), and a restart
-reads from after it, so an old XID is not raised again; without a cursor (the first start, or
+Where it resumes: the cursor of the last record whose point the source handed to the agent a
+cycle before is saved in ``[xid] journal_cursor_file`` (at most once a second, and when the
+agent stops), and a restart reads from after it, so an old XID is not raised again, and a
+record whose point had not reached the sink is read again (before, the cursor was saved as a
+record was read: an agent killed before the cycle that wrote its point lost a fatal XID for
+good; reading one again is harmless: its point overwrites itself and its finding has the same
+id); without a cursor (the first start, or
 one journalctl refuses) it reads from ``[xid] lookback_s`` ago (0: the whole journal). If
 journalctl exits it is started again after a back-off (1 s, doubling to 60 s, back to 1 s once
 it ran a minute) from the last record read; while it is not running the source fails each
@@ -187,10 +191,15 @@ class JournalFollower:
         with self._lock:
             return self._proc.pid if self._running and self._proc is not None else None
 
-    def save(self, *, force: bool = False) -> None:
-        """Saves the cursor of the last handled record (at most once a second unless
+    @property
+    def handled(self) -> str:
+        """The cursor of the last record :meth:`read` handed out."""
+        return self._handled
+
+    def save(self, cursor: str | None = None, *, force: bool = False) -> None:
+        """Saves ``cursor`` (default: the last handled record's; at most once a second unless
         ``force``); a file that cannot be written is logged, and the agent goes on."""
-        cursor = self._handled
+        cursor = self._handled if cursor is None else cursor
         if not self.cursor_file or not cursor or cursor == self._saved:
             return
         now = time.monotonic()
@@ -205,7 +214,8 @@ class JournalFollower:
             return
         self._saved = cursor
 
-    def close(self) -> None:
+    def close(self, cursor: str | None = None) -> None:
+        """Stops journalctl and saves ``cursor`` (default: the last handled record's)."""
         self._stop.set()
         with self._lock:
             proc = self._proc
@@ -214,7 +224,7 @@ class JournalFollower:
             proc.terminate()
         if self._thread is not None:
             self._thread.join(timeout=5)
-        self.save(force=True)
+        self.save(cursor, force=True)
 
     # -- the supervisor -----------------------------------------------------------------------
 

@@ -33,8 +33,13 @@ from gpuwarden.collector.sources.base import normalise_pci
 
 # Every pattern starts with ``^``: it matches the message's start, never a quote of user data in
 # the middle of a kernel line (see the module's docstring).
+# A MIG GPU's XID names its GPU and compute instance after the address
+# ("PCI:0000:3b:00 GPU-I:01 GPU-CI:02", or GPU-I alone: open-gpu-kernel-modules,
+# src/nvidia/src/kernel/gpu/rc/kernel_rc.c); before, such a line was not an XID at all, fatal
+# XID 95 included (found by a review against real driver output, 2026-11-28).
 XID_RE = re.compile(
-    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)\): (?P<xid>\d+)"
+    r"^NVRM: Xid \((?:PCI:)?(?P<pci>[0-9a-fA-F:.]+)(?: GPU-I:\d+(?: GPU-CI:\d+)?)?\): "
+    r"(?P<xid>\d+)"
     r"(?:, pid=(?P<pid>\d+|'?<unknown>'?))?(?:, name=(?P<name>[^,]*))?(?:, (?P<text>.*))?$"
 )
 # Only a line with its severity is an error; the driver's continuation lines for the same

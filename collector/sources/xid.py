@@ -117,6 +117,7 @@ class KmsgXidSource:
         # the follower between cycles and by collect() at each; points wait here for the cycle
         self._lock = threading.Lock()
         self._pending: list[Point] = []
+        self._handed_on = ""  # the journal cursor of the last cycle's records ("": none yet)
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
@@ -209,6 +210,10 @@ class KmsgXidSource:
                 except SourceError:
                     self._pending = points + self._pending
                     raise
+                # the records an earlier cycle handed on are with the sink now: a restart
+                # goes on after them; this cycle's are read again if it dies first
+                self.journal.save(self._handed_on)
+                self._handed_on = self.journal.handled
         return points
 
     def _read(self, now_ns: int) -> list[Point]:
@@ -253,8 +258,6 @@ class KmsgXidSource:
                     device=parsed.pci,
                 )
             )
-        if self.journal is not None:
-            self.journal.save()
         return points
 
     def _os_event(self, line: OsLine, when: int) -> Point:
@@ -292,7 +295,7 @@ class KmsgXidSource:
             self._follower.join(timeout=2)
         with self._lock:
             if self.journal is not None:
-                self.journal.close()
+                self.journal.close(self._handed_on)
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None

@@ -1,0 +1,79 @@
+"""XID lines as current NVIDIA drivers write them, found by a review against real driver output
+(2026-11-28). The lines are REAL formats (open-gpu-kernel-modules
+``src/nvidia/src/kernel/gpu/rc/kernel_rc.c`` for MIG attribution; XID 154's wording as quoted in
+public bug reports and NVIDIA/NVSentinel's parser tests); the values in them are CONSTRUCTED.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from gpuwarden.collector.sources.base import SourceContext
+from gpuwarden.collector.sources.kmsg import XidLine, parse_message
+from gpuwarden.collector.sources.xid import KmsgXidSource
+from gpuwarden.core.xidcat import XidPolicy
+
+MIG = [
+    # a MIG GPU instance and compute instance: fatal XID 95 (uncontained memory error)
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 95, pid=1234, name=python, "
+     "Uncontained: FBHUB. RST: Yes, D-RST: No", 95),  # fmt: skip
+    # the GPU instance alone
+    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01): 94, pid='<unknown>', name=<unknown>, "
+     "Contained: CE User Channel (0x9). RST: No, D-RST: No", 94),  # fmt: skip
+]
+
+
+@pytest.mark.parametrize(("line", "xid"), MIG)
+def test_an_xid_on_a_mig_instance_is_an_xid_of_its_gpu(line: str, xid: int) -> None:
+    """Before: not an XID at all (the address allowed nothing after it), fatal XID 95 lost
+    wherever the kernel log is the only path (the journal in a pod, a file)."""
+    parsed = parse_message(line, 1)
+    assert isinstance(parsed, XidLine)
+    assert (parsed.pci, parsed.xid) == ("0000:3b:00", xid)
+
+
+RECOVERY = "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x0 (None) to {}"
+
+
+@pytest.mark.parametrize(
+    ("action", "severity", "fatal"),
+    [
+        ("0x2 (Node Reboot Required)", "critical", True),
+        ("0x1 (GPU Reset Required)", "critical", True),
+        ("0x4 (Drain and Reset)", "critical", True),
+        ("0x2 (OS Reboot)", "critical", True),
+        ("0x1 (PF FLR)", "warning", False),
+        ("0x0 (None)", "info", False),
+    ],
+)
+def test_xid_154_is_as_severe_as_the_recovery_it_asks_for(
+    action: str, severity: str, fatal: bool
+) -> None:
+    """Before: every XID 154 was info (the catalogue: "informational only"), so a GPU the
+    driver declared in need of a reboot raised nothing."""
+    line = RECOVERY.format(action)
+    parsed = parse_message(line, 1)
+    assert isinstance(parsed, XidLine) and parsed.xid == 154
+    got = XidPolicy().describe(154, parsed.message)
+    assert (got[0], got[2]) == (severity, fatal)
+    # the operator's not_fatal list still wins
+    assert XidPolicy(not_fatal=[154]).describe(154, parsed.message)[2] is False
+
+
+def test_a_reboot_required_154_from_the_kernel_log_raises_the_fast_path(tmp_path) -> None:
+    log = tmp_path / "kern.log"
+    now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
+    log.write_text(f"{now} node-001 kernel: " + RECOVERY.format("0x2 (Node Reboot Required)") + "\n")
+    emitted: list = []
+    source = KmsgXidSource(
+        SourceContext("c", "node-001", emit_finding=emitted.append),
+        {"path": str(log), "follow_s": 0, "lookback_s": 600},
+    )
+    try:
+        (point,) = source.collect(time.time_ns())
+    finally:
+        source.close()
+    assert point.tags["severity"] == "critical" and point.fields["fatal_active"] is True
+    assert [f.kind for f in emitted] == ["gpu_xid"]
