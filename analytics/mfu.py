@@ -123,6 +123,22 @@ def gpu_family(name: str) -> str:
     )
 
 
+#: how jobs spell a precision (torch's names, upper case, fp8's formats) -> the peak tables' key;
+#: found by a review against real job reports (2026-11-28): "BF16" or "torch.bfloat16" got no
+#: MFU at all ("no peak for dtype")
+DTYPE_SPELLINGS = {
+    "bfloat16": "bf16", "float16": "fp16", "half": "fp16", "float32": "fp32", "float": "fp32",
+    "tensorfloat32": "tf32", "float8": "fp8", "fp8_e4m3": "fp8", "fp8_e5m2": "fp8",
+    "float8_e4m3fn": "fp8", "float8_e5m2": "fp8", "e4m3": "fp8", "e5m2": "fp8",
+}  # fmt: skip
+
+
+def canonical_dtype(dtype: str) -> str:
+    """``dtype`` as the peak tables name it: ``"torch.bfloat16"``, ``"BF16"`` -> ``"bf16"``."""
+    d = dtype.strip().lower().removeprefix("torch.")
+    return DTYPE_SPELLINGS.get(d, d)
+
+
 def peak_flops(
     gpu_model: str, dtype: str, stated: Mapping[str, Mapping[str, float]] | None = None
 ) -> float:
@@ -132,7 +148,8 @@ def peak_flops(
     A key applies to every GPU whose name holds its words ("H100" to an "H100 NVL" too), so a
     variant is named to tell it apart; of several, the one of most words wins, then the one
     reaching furthest into the name (NVML puts the variant last: "H100 NVL" before "NVIDIA
-    H100" for "NVIDIA H100 NVL")."""
+    H100" for "NVIDIA H100 NVL"). ``dtype`` in any spelling :func:`canonical_dtype` knows."""
+    dtype = canonical_dtype(dtype)
     words = _words(gpu_model)
     best: tuple[int, int, str] | None = None
     for key in stated or {}:
@@ -141,7 +158,7 @@ def peak_flops(
         if end >= 0 and (best is None or (len(key_words), end) > best[:2]):
             best = (len(key_words), end, key)
     if best is not None:
-        table = (stated or {})[best[2]]
+        table = {canonical_dtype(k): v for k, v in (stated or {})[best[2]].items()}
         if dtype not in table:
             raise UnknownGpuError(
                 f"[mfu] peak_tflops states {best[2]!r} without {dtype!r}; it has {list(table)}"
@@ -538,7 +555,7 @@ def estimate_ratio(
     The counted side is HFU when the job recomputes (tensor activity sees recomputation), and
     is brought to the same span as the estimate's: the estimate is the GPUs' mean from the
     first step to the last, downtime included, MFU is over the running time only."""
-    if estimate is None or dtype not in TENSOR_DTYPES or tp.elapsed_s <= 0:
+    if estimate is None or canonical_dtype(dtype) not in TENSOR_DTYPES or tp.elapsed_s <= 0:
         return None
     counted = (mfu.hfu if mfu.hfu is not None else mfu.mfu) * tp.running_s / tp.elapsed_s
     high, low = max(counted, estimate), min(counted, estimate)

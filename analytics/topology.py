@@ -4,7 +4,13 @@ Two layouts are read:
 
 * ``node,switch`` (optionally ``pod,spine``): one row per host, ``switch`` is its ToR;
 * the Alibaba Lingjun layout ``ip,DSW,PSW,ASW`` (spine, pod, ToR), as published in
-  alibaba/alibaba-lingjun-dataset-2023: the ASW is the ToR, the host column is ``ip``.
+  alibaba/alibaba-lingjun-dataset-2023: the ToR is the ASW *within its pod*, ``<PSW>-<ASW>``
+  (ASW names start again under each PSW: the real file's 847 hosts hang from 119 ToRs named
+  with 48 ASW names; read by name alone, hosts of different pods shared a "switch". Found by a
+  review against the real file, 2026-11-28); the host column is ``ip``.
+
+Column names are read with case and surrounding spaces ignored (``Node, Switch``), and lines
+that start with ``#`` are comments.
 """
 
 from __future__ import annotations
@@ -23,22 +29,25 @@ class TopologyError(AnalyticsError, ValueError):
 def load_topology(path: str | Path) -> dict[str, str]:
     """Host name to ToR switch name."""
     try:
-        df = pl.read_csv(path, infer_schema=False)
+        df = pl.read_csv(path, infer_schema=False, comment_prefix="#")
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise TopologyError(f"{path}: cannot read topology: {exc}") from None
+    df = df.rename({c: c.strip().lower() for c in df.columns})
     if {"node", "switch"} <= set(df.columns):
-        host, tor = "node", "switch"
-    elif {"ip", "ASW"} <= set(df.columns):
-        host, tor = "ip", "ASW"
+        host, tor = "node", pl.col("switch").str.strip_chars()
+    elif {"ip", "asw"} <= set(df.columns):
+        host, tor = "ip", pl.col("asw").str.strip_chars()
+        if "psw" in df.columns:  # an ASW's name is unique within its pod only
+            tor = pl.concat_str(pl.col("psw").str.strip_chars(), pl.lit("-"), tor)
     else:
         raise TopologyError(
             f"{path}: need columns node,switch (or Lingjun's ip,ASW); found {df.columns}"
         )
-    df = df.select(pl.col(host).str.strip_chars(), pl.col(tor).str.strip_chars()).drop_nulls()
+    df = df.select(pl.col(host).str.strip_chars(), tor.alias("switch")).drop_nulls()
     dup = df.filter(pl.col(host).is_duplicated())
     if dup.height:
         raise TopologyError(f"{path}: hosts listed twice: {sorted(set(dup[host]))[:5]}")
-    return dict(zip(df[host].to_list(), df[tor].to_list(), strict=True))
+    return dict(zip(df[host].to_list(), df["switch"].to_list(), strict=True))
 
 
 def write_topology(switch_of: dict[str, str], path: str | Path) -> None:

@@ -428,7 +428,7 @@ def test_a_record_whose_point_never_reached_the_sink_is_read_again(tmp_path: Pat
         assert xids(second) == []
     finally:
         second.close()
-    assert len({f.id for f in emitted}) == 1  # type: ignore[attr-defined]
+    assert len({f.id for f in emitted}) == 1
     third = KmsgXidSource(context, settings)  # closed after a cycle that handed it on
     try:
         assert xids(third) == []

@@ -186,8 +186,12 @@ def test_unreachable_influxdb_is_a_clear_error(tmp_path):
 
 def test_topology_files(tmp_path):
     good = tmp_path / "t.csv"
-    good.write_text("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\n")
-    assert load_topology(good) == {"h1": "S1", "h2": "S2"}
+    good.write_text("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\nh3,G1,P2,S1\n")
+    # an ASW's name is unique within its pod only: h3's S1 is another switch than h1's
+    assert load_topology(good) == {"h1": "P1-S1", "h2": "P1-S2", "h3": "P2-S1"}
+    spelled = tmp_path / "s.csv"
+    spelled.write_text("# the fleet's ToRs\nNode, Switch\nh1,S1\n")
+    assert load_topology(spelled) == {"h1": "S1"}
     bad = tmp_path / "b.csv"
     bad.write_text("host,tor\nh1,S1\n")
     with pytest.raises(TopologyError, match="need columns"):

@@ -316,3 +316,14 @@ def test_attribution_tells_gpu_pcie_link_and_nic_apart():
     assert ev["pcie_link_width_max_count"] == 16
     assert attribute(gpus(1410.0, x8_from=15), quiet, "3")[0] == "unknown"  # a quarter: no
     assert attribute(gpus(1100.0, x8_from=0), quiet, "3")[0] == "gpu"  # slow clocks first
+
+
+@needs_data
+def test_the_real_lingjun_topology_has_its_119_tors():
+    """REAL: alibaba-lingjun-dataset-2023's 847 hosts under 119 (PSW, ASW) switches; read by
+    ASW name alone they were 48 "switches" of hosts from different pods (found by a review
+    against the real file, 2026-11-28)."""
+    from gpuwarden.analytics.topology import load_topology
+
+    topo = load_topology(DATA / "lingjun-topology" / "topo.csv")
+    assert (len(topo), len(set(topo.values()))) == (847, 119)

@@ -430,6 +430,7 @@ class Receiver:
 
     def __init__(self, fail: int = 0, status: int = 500) -> None:
         self.bodies: list[tuple[str, bytes, str]] = []
+        self.keys: list[str] = []  # each request's Idempotency-Key
         self.fail, self.status = fail, status
         receiver = self
 
@@ -437,6 +438,7 @@ class Receiver:
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 receiver.bodies.append((self.path, body, self.headers.get(SIGNATURE_HEADER, "")))
+                receiver.keys.append(self.headers.get("Idempotency-Key", ""))
                 code = receiver.status if receiver.fail > 0 else 200
                 receiver.fail -= 1
                 self.send_response(code)
@@ -484,6 +486,9 @@ def test_webhooks_are_signed_shaped_routed_and_retried(tmp_path: Path) -> None:
     }
     by_path = {p: (json.loads(b), s, b) for p, b, s in rx.bodies}
     assert len(rx.bodies) == 5  # the generic one failed twice (500) and was retried
+    # at least once (a retry, a plan resumed after a crash): one key per notification, so a
+    # receiver can drop a second delivery
+    assert set(rx.keys) == {note("critical").id}
     generic, signature, raw = by_path["/generic"]
     assert verify_signature(SECRET, signature, raw) > 0
     assert generic["finding_id"] == "f" * 24 and generic["subject"]["node"] == "gpu02"

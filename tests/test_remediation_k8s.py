@@ -439,3 +439,23 @@ def test_gpuwardens_marks_go_with_a_node_returned_by_hand(
     node["spec"]["unschedulable"] = True  # kubectl cordon gpu01
     again = k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="g"))
     assert again.details["already_out"] == "cordoned"
+
+
+def test_a_resumed_uncordon_leaves_a_cordon_made_since_by_someone_else(
+    fake: FakeKubernetes, tmp_path: Path
+) -> None:
+    """Found by a review of what a crash does (2026-11-28): the engine uncordoned a node and
+    died before recording it; meanwhile an operator cordoned the node for maintenance; the
+    restarted engine resumed the plan and uncordoned it again, the operator's cordon with it.
+    Now an uncordon leaves a node cordoned by someone else (as the Slurm adapter leaves a
+    node drained by someone else); an operator's own undo still returns it."""
+    k8s = adapter(fake, tmp_path)
+    k8s.perform(Action(ActionKind.CORDON, "kubernetes", node="gpu01", finding_id="f", reason="r"))
+    k8s.perform(Action(ActionKind.UNCORDON, "kubernetes", node="gpu01"))  # (then the crash)
+    fake.nodes["gpu01"]["spec"]["unschedulable"] = True  # kubectl cordon gpu01
+    resumed = k8s.perform(Action(ActionKind.UNCORDON, "kubernetes", node="gpu01"))
+    assert resumed.ok and resumed.details["already_out"] == "cordoned"
+    assert fake.nodes["gpu01"]["spec"]["unschedulable"] is True
+    undo = Action(ActionKind.UNCORDON, "kubernetes", node="gpu01", params={"kind": "operator_undo"})
+    assert k8s.perform(undo).ok
+    assert not fake.nodes["gpu01"]["spec"].get("unschedulable")

@@ -17,11 +17,17 @@ from gpuwarden.core.xidcat import XidPolicy
 
 MIG = [
     # a MIG GPU instance and compute instance: fatal XID 95 (uncontained memory error)
-    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 95, pid=1234, name=python, "
-     "Uncontained: FBHUB. RST: Yes, D-RST: No", 95),  # fmt: skip
+    (
+        "NVRM: Xid (PCI:0000:3b:00 GPU-I:01 GPU-CI:02): 95, pid=1234, name=python, "
+        "Uncontained: FBHUB. RST: Yes, D-RST: No",
+        95,
+    ),
     # the GPU instance alone
-    ("NVRM: Xid (PCI:0000:3b:00 GPU-I:01): 94, pid='<unknown>', name=<unknown>, "
-     "Contained: CE User Channel (0x9). RST: No, D-RST: No", 94),  # fmt: skip
+    (
+        "NVRM: Xid (PCI:0000:3b:00 GPU-I:01): 94, pid='<unknown>', name=<unknown>, "
+        "Contained: CE User Channel (0x9). RST: No, D-RST: No",
+        94,
+    ),
 ]
 
 
@@ -65,7 +71,9 @@ def test_xid_154_is_as_severe_as_the_recovery_it_asks_for(
 def test_a_reboot_required_154_from_the_kernel_log_raises_the_fast_path(tmp_path) -> None:
     log = tmp_path / "kern.log"
     now = time.strftime("%Y-%m-%dT%H:%M:%S+00:00", time.gmtime())
-    log.write_text(f"{now} node-001 kernel: " + RECOVERY.format("0x2 (Node Reboot Required)") + "\n")
+    log.write_text(
+        f"{now} node-001 kernel: " + RECOVERY.format("0x2 (Node Reboot Required)") + "\n"
+    )
     emitted: list = []
     source = KmsgXidSource(
         SourceContext("c", "node-001", emit_finding=emitted.append),

@@ -78,6 +78,23 @@ def default_url(socket_path: str = RELAY_SOCKET) -> str:
     return f"unix://{socket_path}" if os.path.exists(socket_path) else "http://127.0.0.1:9465"
 
 
+#: where a launcher puts the process's global rank: torchrun, Slurm's srun, Open MPI, MPICH and
+#: Intel MPI (PMI), MVAPICH; the first present wins. Found by a review against real launchers
+#: (2026-11-28): under mpirun every process was rank 0, and analytics read each rank's steps as
+#: restarts of one (MFU of 0.63 reported as 0.08)
+RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                  "MV2_COMM_WORLD_RANK")  # fmt: skip
+
+
+def rank_from_environ(env: Mapping[str, str]) -> int:
+    """The process's global rank from the first launcher variable set (0 if none)."""
+    for name in RANK_VARIABLES:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 class _UnixConnection(http.client.HTTPConnection):
     """HTTP over a Unix socket (``unix:///path``): the relay learns who is calling from the
     kernel (the caller's pid, hence its cgroup and its job)."""
@@ -164,7 +181,7 @@ class Reporter:
         # in a pod, the pod: the agent tags a pod's GPUs <namespace>/<pod> whatever its
         # processes' environment says (a torchrun run id), and its relay holds the pod to it
         self.job = job or pod_job(env) or job_from_environ(env) or "unknown"
-        self.rank = rank if rank is not None else int(env.get("RANK", env.get("SLURM_PROCID", 0)))
+        self.rank = rank if rank is not None else rank_from_environ(env)
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or default_url()).rstrip("/")
         self.database = database or env.get("GPUWARDEN_REPORTER_DATABASE") or "gpuwarden"
         self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
@@ -217,9 +234,12 @@ class Reporter:
         """The model shape, once per job (rank 0 is enough; every rank may call it).
 
         ``params`` is every parameter of the model (``sum(p.numel() for p in
-        model.parameters())``; a tied weight once). MFU counts the FLOPs of the parameters that
-        take part in matmuls: the input embedding tables are looked up, not multiplied, and the
-        LM head is a matmul, tied to the token table or not. So say, when you can:
+        model.parameters())``; a tied weight once); for a mixture of experts, the parameters
+        one token passes through (the experts it is routed to, not all of them: 6 x every
+        expert overstates MFU by the ratio, 3.4x for Mixtral 8x7B). MFU counts the FLOPs of
+        the parameters that take part in matmuls: the input embedding tables are looked up,
+        not multiplied, and the LM head is a matmul, tied to the token table or not. So say,
+        when you can:
 
         * ``vocab_size`` and ``tied_head`` (the LM head shares the token embedding's weight);
         * ``embedding_params``: the parameters of the input embedding tables inside ``params``

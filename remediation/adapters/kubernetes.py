@@ -296,7 +296,21 @@ class KubernetesAdapter:
         return Outcome(Status.OK, f"cordoned and tainted {action.node}")
 
     def _uncordon(self, action: Action) -> Outcome:
+        foreign: list[str] = []
+
         def change(node: Any) -> bool:
+            annotations_now = node.metadata.annotations or {}
+            foreign.clear()  # (a 409 retry reads the node again)
+            if (
+                node.spec.unschedulable
+                and not any(t.key == self.taint_key for t in node.spec.taints or [])
+                and annotations_now.get(f"{ANNOTATION}/cordoned-by") != "gpuwarden"
+                and action.params.get("kind") != "operator_undo"
+            ):  # cordoned by someone else since gpuwarden let go of it (a plan resumed after
+                # a crash that had uncordoned it already, then an operator's kubectl cordon):
+                # theirs, as for Slurm; found by a review of what a crash does (2026-11-28)
+                foreign[:] = [annotations_now.get(f"{ANNOTATION}/reason") or "cordoned"]
+                return False
             taints = [t for t in (node.spec.taints or []) if t.key != self.taint_key]
             annotations = {
                 k: v
@@ -319,6 +333,9 @@ class KubernetesAdapter:
             return True
 
         self._rewrite_node(action.node, change)
+        if foreign:
+            return Outcome(Status.OK, f"{action.node} was cordoned by someone else: left to "
+                           "them", {ALREADY_OUT: foreign[0]})  # fmt: skip
         return Outcome(Status.OK, f"uncordoned {action.node}")
 
     # -- evictions ----------------------------------------------------------------------------

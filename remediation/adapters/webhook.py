@@ -11,6 +11,12 @@ and refuses timestamps older than a few minutes (:func:`core.signing.verify_sign
 all of it); binding the timestamp into the MAC is what makes a captured request useless later.
 Slack's incoming webhooks and Alertmanager ignore the header.
 
+A notification is sent at least once: an engine that stops after sending and before its
+outcome is on disk sends it again when the plan resumes (and a retry whose answer was lost is a
+second delivery too). Every request carries ``Idempotency-Key: <action id>`` (the same for
+every send of one notification; the generic body's ``action_id``), so a receiver can drop the
+second; Alertmanager groups identical alerts itself, Slack does not.
+
 Sending retries timeouts, connection errors, 5xx and 429 with the shared policy
 (:mod:`core.retry`: exponential backoff with jitter, a receiver's Retry-After honoured up to a
 minute); other 4xx are not retried (the receiver will not change its mind).
@@ -140,13 +146,13 @@ class WebhookAdapter:
         results: dict[str, str] = {}
         for target in self.targets(action.severity):
             body = json.dumps(FORMATS[target](action, now)).encode()
-            results[target] = self._post(self.urls[target], body)
+            results[target] = self._post(self.urls[target], body, action.id)
         failed = {t: r for t, r in results.items() if r != "ok"}
         if failed:
             return Outcome(Status.FAILED, f"webhook failures: {failed}", {"targets": results})
         return Outcome(Status.OK, f"notified {sorted(results) or 'nobody'}", {"targets": results})
 
-    def _post(self, url: str, body: bytes) -> str:
+    def _post(self, url: str, body: bytes, key: str = "") -> str:
         import urllib3
 
         if self._http is None:
@@ -154,6 +160,8 @@ class WebhookAdapter:
                 timeout=urllib3.Timeout(total=self.timeout_s), retries=self.retry.urllib3_retry()
             )
         headers = {"Content-Type": "application/json", "User-Agent": "gpuwarden"}
+        if key:
+            headers["Idempotency-Key"] = key
         if self.secret:
             headers[SIGNATURE_HEADER] = sign(self.secret, body)
         try:

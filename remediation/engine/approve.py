@@ -80,6 +80,10 @@ class PendingPlans:
             )
         return ""
 
+    def plans(self) -> list[Pending]:
+        """Every waiting plan, in the order they came."""
+        return list(self._plans.values())
+
     def take(self, plan_id: str) -> Pending:
         """Remove and return a waiting plan; ``KeyError`` when there is none by that id."""
         pending = self._plans.pop(plan_id, None)

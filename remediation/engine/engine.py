@@ -566,6 +566,26 @@ class Engine:
         approved = d.plan_id in self.memory.approved_plans
         self.waiting.add(finding, d, self._restored(p.received), approved)
 
+    def _escalate_unrecorded(self) -> None:
+        """Tell a person about each restored waiting plan whose notification has no record:
+        the engine stopped between the plan's ``decision`` record and its escalation's
+        outcome. Found by a review of what a crash loses (2026-11-28): such a plan (a fatal
+        XID held by the blast radius, one waiting for approval) waited silently until
+        ``pending_expire_s``, nobody told. A notification whose record is on disk is not sent
+        again; one sent just before the stop, and not yet recorded, is sent twice (at least
+        once, as every notification: docs/DURABILITY.md)."""
+        if self.settings.notify_adapter not in self.adapters:
+            return
+        for p in self.waiting.plans():
+            d = p.decision
+            if d.verdict in QUIET or p.approved:
+                continue
+            if escalation(p.finding, d, self.settings).id in self.memory.recorded:
+                continue
+            log.warning("plan %s waits (%s) and nobody was told before the restart: telling "
+                        "them now", d.plan_id, d.verdict)  # fmt: skip
+            self._escalate(p.finding, d)
+
     def _restored(self, t: float) -> Instant:
         """A journal record's wall time ``t`` as a moment of this process (its monotonic
         time placed once, at start; never later than the start)."""
@@ -603,6 +623,7 @@ class Engine:
             # approvals on disk whose plan was not decided again before the stop: they hold,
             # unless the plan has waited past pending_expire_s meanwhile (as any waiting plan)
             self._expire_waiting()
+            self._escalate_unrecorded()
             for plan_id, by in self.memory.approved.items():
                 try:
                     approved = self.waiting.take(plan_id)
