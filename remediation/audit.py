@@ -61,6 +61,13 @@ from gpuwarden.remediation.model import foreign_removal
 CRASH_AT_ENV = "GPUWARDEN_TEST_CRASH_AT"
 
 
+#: verdicts that cut a plan down to its notification, told once per node, policy and verdict
+#: within ``cooldown_s`` (:meth:`remediation.engine.guard.Guards.check`). Found by a review of
+#: what a restart forgets (2026-11-28): that memory was the process's only, so a restart (or a
+#: standby taking over) paged again for every node in cooldown
+NOTIFY_ONCE_VERDICTS = ("cooldown", "not_ours", "held", "unchecked")
+
+
 class JournalError(RemediationError, OSError):
     """A record could not be made durable (a full disk, a read-only file system): nothing that
     depended on it was done, and the caller may retry once the disk is back."""
@@ -245,6 +252,10 @@ class Memory:
     compacted_horizon: float = 0.0
     """Records older than this (wall time) may have been dropped by a compaction
     (:mod:`remediation.compact`): a finding that old may have been decided already."""
+    told: dict[tuple[str, str, str], float] = field(default_factory=dict)
+    """(node, policy, verdict): when (this process's monotonic clock) a plan cut down to its
+    notification last told people (:data:`NOTIFY_ONCE_VERDICTS`); the guards tell once per key
+    within ``cooldown_s``, across a restart too."""
     approved_plans: set[str] = field(default_factory=set)
     """Every plan with an ``approval`` record: one the blast radius or the rate limit held
     after its approval waits as approved after a restart (released, it skips the guards an
@@ -337,6 +348,10 @@ def replay(path: str | Path, to_mono: Callable[[float], float] | None = None) ->
             if record.get("verdict") != "duplicate":
                 received = float((findings.get(fid) or record).get("t", record.get("t", 0.0)))
                 latest[fid] = PlanRecord(record, findings.get(fid), received)
+            if record.get("verdict") in NOTIFY_ONCE_VERDICTS and record.get("actions"):
+                key = (str(record.get("node", "")), str(record.get("policy", "")),
+                       str(record["verdict"]))  # fmt: skip
+                memory.told[key] = to_mono(float(record.get("t", 0.0)))
         elif event == "compacted":
             horizon = record.get("horizon_t")
             if isinstance(horizon, int | float):

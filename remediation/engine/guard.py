@@ -49,7 +49,7 @@ from collections import Counter, deque
 from collections.abc import Mapping
 
 from gpuwarden.core.finding import Finding
-from gpuwarden.remediation.audit import Memory
+from gpuwarden.remediation.audit import NOTIFY_ONCE_VERDICTS, Memory
 from gpuwarden.remediation.clock import Clock
 from gpuwarden.remediation.engine.decide import Decision, EngineSettings
 from gpuwarden.remediation.holds import EXPIRED_KIND, Holds
@@ -66,7 +66,7 @@ from gpuwarden.remediation.model import (
 log = logging.getLogger("gpuwarden.remediation.engine")
 
 #: verdicts that cut a plan down to its notification (:meth:`Guards._told_once`)
-CUT_TO_NOTIFY = ("cooldown", "not_ours", "held", "unchecked")
+CUT_TO_NOTIFY = NOTIFY_ONCE_VERDICTS
 TOLD_MAX = 10_000
 
 
@@ -91,7 +91,8 @@ class Guards:
         # not free a node another plan is still about to drain
         self.reserved: Counter[str] = Counter()
         self.busy: Counter[str] = Counter()  # nodes a plan in flight changes, per plan
-        self._told: dict[tuple[str, str, str], float] = {}  # (node, policy, verdict): when
+        # (node, policy, verdict): when; from the journal at start (a restart pages no more)
+        self._told: dict[tuple[str, str, str], float] = dict(memory.told)
         self._inventory: tuple[float, Inventory] | None = None  # (when, view) for inventory_ttl_s
         self.recent: deque[float] = deque()  # when (monotonic) each of the last minute's actions
         # the scheduler that lists nodes out, told once: a runtime Protocol check costs ~0.1 ms,

@@ -109,6 +109,28 @@ def test_a_node_being_acted_on_is_acted_on_once_and_pages_once(tmp_path: Path) -
     engine.close()
 
 
+def test_a_restart_does_not_page_again_for_a_node_in_cooldown(tmp_path: Path) -> None:
+    """Found by a review of what a restart forgets (2026-11-28): who was told within the
+    cooldown was the process's memory only. After a drain, a later finding in cooldown paged
+    once and the next not at all; after a restart (or a standby taking over) the next one
+    paged again, and analytics' findings get a fresh id every window. Now rebuilt from the
+    journal's decisions."""
+    engine, _, notes = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0)
+    assert engine.submit(xid("gpu03", "0")).verdict == "act"
+    assert engine.wait(10)
+    assert engine.submit(xid("gpu03", "1")).verdict == "cooldown"  # told once
+    assert engine.wait(10)
+    engine.close()
+    paged = len(notes.calls)
+    engine, _, notes = make_engine(tmp_path, max_nodes_out=4, cooldown_s=1800.0)
+    again = engine.submit(xid("gpu03", "2"))
+    assert engine.wait(10)
+    engine.close()
+    assert again.verdict == "cooldown" and again.actions == (), again.why
+    assert "told at most once" in again.why
+    assert paged == 2 and notes.calls == []
+
+
 def test_a_fault_while_a_predictions_plan_runs_ends_its_hold(tmp_path: Path) -> None:
     """Found by a third look (a helper) at the busy rule as first written (a cooldown): a
     fatal XID that came while a prediction's plan waited for its checkpoint was cut to a
