@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpuwarden.collector.sources.base import SourceContext
-from gpuwarden.collector.sources.kmsg import XidLine, parse_message
+from gpuwarden.collector.sources.kmsg import XidLine, parse_line, parse_message
 from gpuwarden.collector.sources.xid import KmsgXidSource
 from gpuwarden.core.xidcat import XidPolicy
 
@@ -85,3 +85,32 @@ def test_a_reboot_required_154_from_the_kernel_log_raises_the_fast_path(tmp_path
         source.close()
     assert point.tags["severity"] == "critical" and point.fields["fatal_active"] is True
     assert [f.kind for f in emitted] == ["gpu_xid"]
+
+
+XID79 = "NVRM: Xid (PCI:0000:3b:00): 79, pid=4242, name=python, GPU has fallen off the bus."
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        f"Nov 28 09:00:00 node-001 kernel: [ 3223.512345] {XID79}",  # rsyslog's kern.log
+        f"Nov 28 09:00:00.123456 node-001 kernel: {XID79}",  # journalctl -o short-precise
+        f"Sat 2026-11-28 09:00:00 UTC node-001 kernel: {XID79}",  # journalctl -o short-full
+        f"2026-11-28T09:00:00+0100 node-001 kernel: {XID79}",  # journalctl -o short-iso
+        f"2026-11-28T09:00:00,123456+00:00 {XID79}",  # dmesg --time-format iso
+        f"kern  :warn  : [   12.300000] {XID79}",  # dmesg -x
+    ],
+)
+def test_the_kernel_log_as_common_tools_write_it_to_a_file(line: str) -> None:
+    """``[xid] path`` names a file: the formats operators have. Before: rsyslog's kern.log
+    (the kernel's uptime after ``kernel:``), short-precise, short-full, dmesg's ISO time and
+    ``dmesg -x`` were not XIDs at all (found by a review against real tools, 2026-11-28)."""
+    parsed = parse_line(line)
+    assert isinstance(parsed, XidLine) and parsed.xid == 79
+
+
+def test_dmesg_iso_time_is_the_records_and_user_lines_are_not_the_kernels() -> None:
+    parsed = parse_line(f"2026-11-28T09:00:00,500000+01:00 {XID79}")
+    assert isinstance(parsed, XidLine) and parsed.time_ns == 1795852800_500000000
+    assert parse_line(f"user  :warn  : [   12.3] {XID79}") is None  # echo > /dev/kmsg
+    assert parse_line(f"Nov 28 09:00:00 node-001 pwn: [ 3223.5] {XID79}") is None

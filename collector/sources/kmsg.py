@@ -24,10 +24,12 @@ and a record of it that has none is refused (``priority_required``).
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 from calendar import timegm
 from dataclasses import dataclass
+from datetime import datetime
 
 from gpuwarden.collector.sources.base import normalise_pci
 
@@ -58,9 +60,18 @@ KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;\n]*;(?P<tex
 # prefixes of a line that carries no priority: ``dmesg``'s uptime, a Fabric Manager log's time
 DMESG_RE = re.compile(r"^\[ *\d+\.\d+\] ")
 FABRIC_RE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] ")
-# ``journalctl -o short`` / ``short-iso``: time, host, identifier[pid]:
+# ``journalctl -o short`` / ``short-precise`` / ``short-iso`` / ``short-full``, and a syslog
+# file (rsyslog's ``kern.log``): time, host, identifier[pid]: (a syslog file's kernel lines
+# then carry the kernel's own uptime, ``[ 3223.512345] ``, stripped too)
 JOURNAL_RE = re.compile(
-    r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\S+) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: "
+    r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\S+"
+    r"|\w{3} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \S+) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: "
+)
+# ``dmesg --time-format iso``: the record's own time, with its zone
+DMESG_ISO_RE = re.compile(r"^(?P<when>\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:[,.]\d+)?[+-]\d\d:?\d\d) ")
+# ``dmesg -x``: facility and level first; only the kernel's facility is the kernel's
+DMESG_X_RE = re.compile(
+    r"^(?P<facility>[a-z]+) *:(?:emerg|alert|crit|err|warn|notice|info|debug) *: "
 )
 KERNEL_FACILITY = 0  # LOG_KERN; user space cannot log with it (kernel/printk: devkmsg_write)
 
@@ -238,6 +249,10 @@ def parse_line(
     elif t := DMESG_T_RE.match(line):
         when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
         time_ns = timegm(when) * 10**9
+    elif not JOURNAL_RE.match(line) and (iso := DMESG_ISO_RE.match(line)):
+        with contextlib.suppress(ValueError):
+            stamp = datetime.fromisoformat(iso["when"].replace(",", "."))
+            time_ns = int(stamp.timestamp() * 1e9)
     return parse_message(text, time_ns, os_rules=os_rules)
 
 
@@ -277,11 +292,21 @@ def kernel_message(line: str, *, priority_required: bool = False) -> str | None:
         return m["text"] if int(m["prio"]) >> 3 == KERNEL_FACILITY else None
     if priority_required:
         return None
+    if x := DMESG_X_RE.match(line):
+        if x["facility"] != "kern":
+            return None
+        line = line[x.end() :]
     for prefix in (DMESG_T_RE, DMESG_RE, FABRIC_RE):
         if p := prefix.match(line):
             return line[p.end() :]
     if j := JOURNAL_RE.match(line):
-        return line[j.end() :] if j["ident"] == "kernel" else None
+        if j["ident"] != "kernel":
+            return None
+        rest = line[j.end() :]
+        u = DMESG_RE.match(rest)
+        return rest[u.end() :] if u else rest
+    if iso := DMESG_ISO_RE.match(line):  # (after the journal's: short-iso starts alike)
+        return line[iso.end() :]
     return line
 
 
