@@ -308,6 +308,14 @@ class Reporter:
         loss: float | None = None,
         time_ns: int | None = None,
     ) -> None:
+        """One training step of this rank. ``tokens`` (and ``samples``) are this rank's *share*
+        of the step's global batch: analytics adds every rank's up to the step's tokens. With
+        data parallelism only, the tokens this rank trained on; with tensor or pipeline
+        parallelism, the ranks of one model replica share its tokens, so each says the global
+        batch's tokens divided by ``world_size`` (a rank that says its replica's whole
+        micro-batch counts it TP x PP times: MFU that much too high). A job where only rank 0
+        reports says the step's global tokens. A misreport shows as ``mfu_mismatch`` where
+        the GPU reports its tensor activity."""
         fields: dict[str, int | float] = {
             "step_index": step_index,
             "step_time_s": float(step_time_s),
