@@ -35,6 +35,7 @@ import threading
 import time
 import urllib.parse
 import zlib
+from collections import Counter
 from collections.abc import Callable, Mapping
 from email.message import Message
 from http.server import BaseHTTPRequestHandler
@@ -308,11 +309,10 @@ def checked_lines(
     # buckets of their own
     proven = bool(stamp and stamp.get("job"))
     if rate is not None and rate.per_s > 0:
-        per_job: dict[str, int] = {}
-        for p in stamped:
-            job = p.tags.get("job", "")
-            bucket = job if proven else f"?{job}" if named_here else UNPROVEN
-            per_job[bucket] = per_job.get(bucket, 0) + 1
+        per_job = Counter(
+            job if proven else f"?{job}" if named_here else UNPROVEN
+            for job in (p.tags.get("job", "") for p in stamped)
+        )
         if any(n > rate.capacity for n in per_job.values()):
             return [], 413, f"more than {rate.capacity:.0f} lines of one job in one request"
         if over := rate.take(per_job):

@@ -207,9 +207,7 @@ class FindingPoster:
             if key in self._ids:
                 self.merged += 1
                 return
-            self._ids[key] = None
-            while len(self._ids) > RECENT_IDS:
-                del self._ids[next(iter(self._ids))]
+            _remember(self._ids, key)
             self._seq += 1
             critical = finding.severity is Severity.CRITICAL
             entry = (0 if critical else 1, self._seq, finding)
@@ -248,9 +246,7 @@ class FindingPoster:
             if verdict == "delivered":
                 self.posted += 1
                 with self._ids_lock:
-                    self._delivered[finding.id] = None
-                    while len(self._delivered) > RECENT_IDS:
-                        del self._delivered[next(iter(self._delivered))]
+                    _remember(self._delivered, finding.id)
                 return
             with self._ids_lock:
                 # ours: delivered from here, or before this poster started (the other path's
@@ -368,6 +364,13 @@ class FindingPoster:
             self._thread.join(timeout_s)
             self._closing.set()
             self._thread.join(timeout_s)
+
+
+def _remember(recent: dict[str, None], key: str) -> None:
+    """Add ``key`` to an ordered set of at most :data:`RECENT_IDS`, the oldest going first."""
+    recent[key] = None
+    while len(recent) > RECENT_IDS:
+        del recent[next(iter(recent))]
 
 
 def engine_urls(setting: str) -> list[str]:
