@@ -488,3 +488,27 @@ def test_an_operator_reaches_the_shipped_engine_with_their_own_key(
     config.write_text(text.replace("[engine]\n", url, 1))
     assert main(["--config", str(config), "pending"]) == 1
     assert f"http://localhost:{port}/v1/pending" in capsys.readouterr().err
+
+
+def test_the_network_policy_example_admits_prometheus_to_the_agents_metrics_only() -> None:
+    """docs/DEPLOY.md told operators to write a NetworkPolicy for the agent's unauthenticated
+    /metrics; now one is shipped (an example: the Prometheus it admits is the site's). It
+    selects the DaemonSet's pods, admits one peer to the port the DaemonSet names ``metrics``
+    and the Prometheus example scrapes, and nothing else (the relay is a Unix socket on the
+    node; the kubelet's probes come from the node)."""
+    policy = yaml.safe_load((FOLDER / "agent-networkpolicy.yaml.example").read_text())
+    assert policy["kind"] == "NetworkPolicy" and policy["metadata"]["namespace"] == NAMESPACE
+    (agent,) = [d for d in documents() if d["kind"] == "DaemonSet"]
+    labels = agent["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]["matchLabels"]
+    assert selector.items() <= labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"]
+    (rule,) = policy["spec"]["ingress"]
+    (peer,) = rule["from"]
+    assert {"namespaceSelector", "podSelector"} <= peer.keys()  # one peer: both must hold
+    (port,) = rule["ports"]
+    (container,) = agent["spec"]["template"]["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert port["port"] == "metrics" and ports["metrics"] == 9466
+    scrape = (ROOT / "deploy/prometheus/prometheus.example.yml").read_text()
+    assert f"regex: {labels['app.kubernetes.io/name']};metrics" in scrape
