@@ -114,3 +114,16 @@ def test_dmesg_iso_time_is_the_records_and_user_lines_are_not_the_kernels() -> N
     assert isinstance(parsed, XidLine) and parsed.time_ns == 1795852800_500000000
     assert parse_line(f"user  :warn  : [   12.3] {XID79}") is None  # echo > /dev/kmsg
     assert parse_line(f"Nov 28 09:00:00 node-001 pwn: [ 3223.5] {XID79}") is None
+
+
+def test_dmesg_t_time_is_the_hosts_local_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``dmesg -T`` prints local time. Before: read as UTC, so in New York a fresh XID was
+    five hours old (outside lookback_s: no point, no finding), in Shanghai eight hours ahead."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        parsed = parse_line(f"[Sat Nov 28 04:00:00 2026] {XID79}")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert isinstance(parsed, XidLine) and parsed.time_ns == 1795856400 * 10**9  # 09:00 UTC

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import re
 import time
-from calendar import timegm
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -247,8 +246,11 @@ def parse_line(
         if boot_ns is not None:
             time_ns = boot_ns + int(m["usec"]) * 1000
     elif t := DMESG_T_RE.match(line):
+        # ``dmesg -T`` prints the local time of the host it ran on: read as local here (the
+        # agent's zone; before, as UTC: west of Greenwich a fresh XID fell outside
+        # lookback_s, east of it was stamped hours ahead; found by a review, 2026-11-28)
         when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
-        time_ns = timegm(when) * 10**9
+        time_ns = int(time.mktime(when)) * 10**9
     elif not JOURNAL_RE.match(line) and (iso := DMESG_ISO_RE.match(line)):
         with contextlib.suppress(ValueError):
             stamp = datetime.fromisoformat(iso["when"].replace(",", "."))
