@@ -11,7 +11,7 @@ import time
 import pytest
 
 from gpuwarden.collector.sources.base import SourceContext
-from gpuwarden.collector.sources.kmsg import XidLine, parse_line, parse_message
+from gpuwarden.collector.sources.kmsg import SxidLine, XidLine, parse_line, parse_message
 from gpuwarden.collector.sources.xid import KmsgXidSource
 from gpuwarden.core.xidcat import XidPolicy
 
@@ -127,3 +127,21 @@ def test_dmesg_t_time_is_the_hosts_local_time(monkeypatch: pytest.MonkeyPatch) -
         monkeypatch.undo()
         time.tzset()
     assert isinstance(parsed, XidLine) and parsed.time_ns == 1795856400 * 10**9  # 09:00 UTC
+
+
+def test_a_fabric_manager_logs_nvswitch_errors_are_sxids() -> None:
+    """Fabric Manager's own log, in the format gpud matches in /var/log/fabricmanager.log
+    (REAL format; the values CONSTRUCTED). Before: no line of it was an SXid, though the
+    docs said such a log is read."""
+    fatal = parse_line("[Jul 23 2024 07:53:55] [ERROR] [tid 841] detected NVSwitch fatal error "
+                       "20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0 physical id 3 "
+                       "port 33")  # fmt: skip
+    assert isinstance(fatal, SxidLine)
+    assert (fatal.switch, fatal.pci, fatal.sxid, fatal.fatal, fatal.link) == (
+        3, "0000:86:00", 20034, True, 33)  # fmt: skip
+    assert fatal.time_ns is not None
+    other = parse_line("[Jul 09 2024 18:14:07] [ERROR] [tid 12727] detected NVSwitch non-fatal "
+                       "error 12028 on fid 0 on NVSwitch pci bus id 00000000:A9:00.0 physical "
+                       "id 3 port 61")  # fmt: skip
+    assert isinstance(other, SxidLine) and not other.fatal and other.sxid == 12028
+    assert parse_line("[Jul 23 2024 07:53:55] [INFO] [tid 841] Fabric Manager started") is None

@@ -7,7 +7,8 @@ through :func:`parse_message` (:mod:`collector.sources.journal` has established 
 wrote it). A line comes from ``/dev/kmsg``
 (``prio,seq,usec,flags;text``: its time is the boot time plus ``usec``), from ``dmesg -T``
 (``[Tue Nov 11 10:00:00 2025] text``), ``dmesg`` (``[ 3223.539141] text``), a Fabric Manager
-log (``[2026-11-14 02:11:07.513286] text``), a journal export (``May 07 21:43:54 host kernel:
+log (``[Jul 23 2024 07:53:55] [ERROR] [tid 841] text``, or ``[2026-11-14 02:11:07.513286]
+text``), a journal export (``May 07 21:43:54 host kernel:
 text``) or bare.
 
 Only the kernel speaks here. Every rule's pattern is anchored at the start of the message, so
@@ -59,6 +60,16 @@ KMSG_RE = re.compile(r"^(?P<prio>\d+),(?P<seq>\d+),(?P<usec>\d+),[^;\n]*;(?P<tex
 # prefixes of a line that carries no priority: ``dmesg``'s uptime, a Fabric Manager log's time
 DMESG_RE = re.compile(r"^\[ *\d+\.\d+\] ")
 FABRIC_RE = re.compile(r"^\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\] ")
+# Fabric Manager's own log (/var/log/fabricmanager.log): its local time, level and thread
+# (``[Jul 23 2024 07:53:55] [ERROR] [tid 841] ``), then its words for an NVSwitch error
+# (``detected NVSwitch fatal error 20034 on fid 0 on NVSwitch pci bus id 00000000:86:00.0
+# physical id 3 port 33``: the format gpud matches in that file). Found by a review against
+# real logs (2026-11-28): no line of a real Fabric Manager log was an SXid here
+FM_RE = re.compile(r"^\[(?P<when>\w{3} \d\d \d{4} \d\d:\d\d:\d\d)\] \[\w+\] \[tid \d+\] ")
+FM_SXID_RE = re.compile(
+    r"^detected NVSwitch (?P<severity>fatal|non-fatal) error (?P<sxid>\d+) on fid \d+ on NVSwitch "
+    r"pci bus id (?P<pci>[0-9a-fA-F:.]+) physical id (?P<switch>\d+)(?: port (?P<port>\d+))?"
+)
 # ``journalctl -o short`` / ``short-precise`` / ``short-iso`` / ``short-full``, and a syslog
 # file (rsyslog's ``kern.log``): time, host, identifier[pid]: (a syslog file's kernel lines
 # then carry the kernel's own uptime, ``[ 3223.512345] ``, stripped too)
@@ -251,6 +262,8 @@ def parse_line(
         # lookback_s, east of it was stamped hours ahead; found by a review, 2026-11-28)
         when = time.strptime(" ".join(t["when"].split()), "%a %b %d %H:%M:%S %Y")
         time_ns = int(time.mktime(when)) * 10**9
+    elif fm := FM_RE.match(line):  # Fabric Manager's local time, as dmesg -T's
+        time_ns = int(time.mktime(time.strptime(fm["when"], "%b %d %Y %H:%M:%S"))) * 10**9
     elif not JOURNAL_RE.match(line) and (iso := DMESG_ISO_RE.match(line)):
         with contextlib.suppress(ValueError):
             stamp = datetime.fromisoformat(iso["when"].replace(",", "."))
@@ -298,7 +311,7 @@ def kernel_message(line: str, *, priority_required: bool = False) -> str | None:
         if x["facility"] != "kern":
             return None
         line = line[x.end() :]
-    for prefix in (DMESG_T_RE, DMESG_RE, FABRIC_RE):
+    for prefix in (DMESG_T_RE, DMESG_RE, FABRIC_RE, FM_RE):
         if p := prefix.match(line):
             return line[p.end() :]
     if j := JOURNAL_RE.match(line):
@@ -315,7 +328,18 @@ def kernel_message(line: str, *, priority_required: bool = False) -> str | None:
 def _sxid(text: str, time_ns: int | None) -> SxidLine | None:
     m = SXID_RE.search(text)
     if not m:
-        return None
+        fm = FM_SXID_RE.match(text)
+        if fm is None:
+            return None
+        return SxidLine(  # its switch by Fabric Manager's physical id, its link the port
+            int(fm["switch"]),
+            normalise_pci(fm["pci"]),
+            int(fm["sxid"]),
+            fm["severity"] == "fatal",
+            int(fm["port"]) if fm["port"] else None,
+            text.strip(),
+            time_ns,
+        )
     link = LINK_RE.search(m["text"] or "")
     return SxidLine(
         int(m["switch"]),
