@@ -145,3 +145,39 @@ def test_a_fabric_manager_logs_nvswitch_errors_are_sxids() -> None:
                        "id 3 port 61")  # fmt: skip
     assert isinstance(other, SxidLine) and not other.fatal and other.sxid == 12028
     assert parse_line("[Jul 23 2024 07:53:55] [INFO] [tid 841] Fabric Manager started") is None
+
+
+def test_a_rotated_kernel_log_file_is_followed(tmp_path) -> None:
+    """``[xid] path`` names a file that logrotate rotates. Before: after a rename-rotate the
+    source read the old file for ever, after copytruncate past its end: every later XID lost,
+    silently (found by a review against real operations, 2026-11-28)."""
+    log = tmp_path / "kern.log"
+    emitted: list = []
+    source = KmsgXidSource(
+        SourceContext("c", "node-001", emit_finding=emitted.append),
+        {"path": str(log), "follow_s": 0, "lookback_s": 600},
+    )
+
+    def line(pci: str) -> str:
+        return XID79.replace("0000:3b:00", pci) + "\n"
+
+    def pcis() -> list[str]:
+        points = source.collect(time.time_ns())
+        return [str(p.fields["message"]).split(")")[0][-10:] for p in points]
+
+    try:
+        log.write_text(line("0000:3b:00"))
+        assert pcis() == ["0000:3b:00"]
+        with log.open("a") as fh:  # the last lines of the old file, then rename-rotate
+            fh.write(line("0000:5e:00"))
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text(line("0000:86:00"))
+        assert pcis() == ["0000:5e:00", "0000:86:00"]
+        with log.open("r+") as fh:  # copytruncate: copied away, cut to nothing ...
+            fh.truncate(0)
+        assert pcis() == []  # (the follower looks every follow_s: before the next line)
+        with log.open("a") as fh:  # ... and written on from its start
+            fh.write(line("0000:af:00"))
+        assert pcis() == ["0000:af:00"]
+    finally:
+        source.close()

@@ -144,6 +144,34 @@ class KmsgXidSource:
     def _records(self) -> list[str]:
         if self._fd is None:
             self._fd = self._open()
+        out = self._read_fd()
+        if not self._is_kmsg and self._rotated():
+            # logrotate moved the file away (a new one at the path) or cut it (copytruncate):
+            # what the old one still held is read above; the new one from its start. Before,
+            # the source read the old file for ever and every later XID was lost, silently
+            # (found by a review against real operations, 2026-11-28)
+            os.close(self._fd)
+            self._fd, self._buffer = self._open(), b""
+            out += self._read_fd()
+        return out
+
+    def _rotated(self) -> bool:
+        """Whether the file at :attr:`path` is no longer the one read (another file there now,
+        or this one shorter than what was read of it)."""
+        assert self._fd is not None
+        try:
+            now = os.stat(self.path)
+        except FileNotFoundError:  # between logrotate's rename and the new file: not yet
+            return False
+        held = os.fstat(self._fd)
+        if not stat.S_ISREG(held.st_mode):  # a pipe, a device: nothing rotates it
+            return False
+        if (now.st_ino, now.st_dev) != (held.st_ino, held.st_dev):
+            return True
+        return now.st_size < os.lseek(self._fd, 0, os.SEEK_CUR)
+
+    def _read_fd(self) -> list[str]:
+        assert self._fd is not None
         out: list[str] = []
         while True:
             try:
