@@ -103,6 +103,7 @@ class Agent:
         self._sink_failing = ""
         self._pending_failures: list[str] = []
         self._findings: list[Finding] = []
+        self._collected: list[Source] = []
         self._findings_lock = threading.Lock()
         self._tags = {s.name: {"cluster": cluster, "node": node, "source": s.name} for s in sources}
 
@@ -116,6 +117,7 @@ class Agent:
         agent's and the sink's self-metrics."""
         points: list[Point] = []
         own: list[Point] = []
+        self._collected = []  # the sources whose points this cycle holds (see _write)
         for source in self.sources:
             name = source.name
             hung = self._hung.get(name)
@@ -144,6 +146,7 @@ class Agent:
             self.health[name].implausible += self.screen(result)
             self.health[name].points = len(result)
             points += result
+            self._collected.append(source)
             own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
         if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it
             try:
@@ -289,6 +292,16 @@ class Agent:
         if self._sink_failing:
             log.warning("the sink takes points again")
             self._sink_failing = ""
+        # the sink has this cycle's points: a source that reads a log may now remember how
+        # far it has read (the kernel journal's cursor), and a restart goes on after them
+        for source in self._collected:
+            committed = getattr(source, "committed", None)
+            if committed is not None:
+                try:
+                    committed()
+                except Exception:
+                    log.exception("source %s could not note what the sink has", source.name)
+        self._collected = []
 
     def _check_owner(self) -> None:
         if self._owner is not None and threading.current_thread() is not self._owner:

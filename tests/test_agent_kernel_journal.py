@@ -405,9 +405,10 @@ def test_a_record_whose_point_never_reached_the_sink_is_read_again(tmp_path: Pat
     """Found in a review of what a crash loses (2026-11-28): the cursor was saved as a record
     was read, before its point had gone anywhere (it waits for the next cycle) and while its
     finding was only in the poster's memory; an agent killed then lost the fatal XID for good,
-    point and finding. Now the cursor saved is the one of records an earlier cycle handed to the
-    agent. Here a first source reads the XID in its first cycle and dies (never closed, as
-    SIGKILL leaves it); a second reads it again. After a second cycle the first is past it."""
+    point and finding. Now the cursor is saved once the agent's sink took the points
+    (``committed()``, which the agent calls after a write). Here a first source reads the XID
+    and dies before its write (never closed, as SIGKILL leaves it); a second reads it again,
+    is told the sink has it, and a third, after it, reads nothing."""
     root = tmp_path / "host"
     append(root, [kernel(XID.format(pci="0000:3b:00"), time.time_ns() // 1000 - 1_000_000)])
     cursor = tmp_path / "kernel-journal.cursor"
@@ -425,11 +426,12 @@ def test_a_record_whose_point_never_reached_the_sink_is_read_again(tmp_path: Pat
     second = KmsgXidSource(context, settings)
     try:
         assert xids(second) == [79] and len(emitted) == 2  # read again: same point, same id
+        second.committed()  # the agent wrote them
         assert xids(second) == []
     finally:
         second.close()
     assert len({f.id for f in emitted}) == 1
-    third = KmsgXidSource(context, settings)  # closed after a cycle that handed it on
+    third = KmsgXidSource(context, settings)
     try:
         assert xids(third) == []
     finally:
@@ -437,3 +439,50 @@ def test_a_record_whose_point_never_reached_the_sink_is_read_again(tmp_path: Pat
     first._stop.set()
     if first.journal is not None:
         first.journal.close("")
+
+
+def test_the_agent_tells_a_source_only_once_its_sink_took_the_points() -> None:
+    """The other half of the cursor's fix, found by the review of it: saving the cursor at the
+    next collect proved only that the last collect returned; a sink that refused the cycle's
+    points (a full disk under the spool) still moved the cursor past them."""
+    import threading
+
+    from gpuwarden.collector.agent import Agent
+    from gpuwarden.core.store.lineprotocol import Point
+
+    class Reader:
+        name = "xid"
+
+        def __init__(self) -> None:
+            self.commits = 0
+
+        def collect(self, now_ns: int) -> list[Point]:
+            return [Point("gpu_event", {"node": "n"}, {"xid_code": 79}, now_ns)]
+
+        def committed(self) -> None:
+            self.commits += 1
+
+        def close(self) -> None:
+            pass
+
+    class Sink:
+        refuse = True
+
+        def write_points(self, points: list[Point]) -> None:
+            if self.refuse:
+                raise OSError(28, "No space left on device")
+
+        def flush(self, timeout_s: float | None = None) -> bool:
+            return True
+
+        def close(self) -> None:
+            pass
+
+    reader, sink = Reader(), Sink()
+    agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
+    agent.run(threading.Event(), max_cycles=2)
+    assert agent.sink_errors == 2 and reader.commits == 0
+    sink.refuse = False
+    agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
+    agent.run(threading.Event(), max_cycles=2)
+    assert reader.commits == 2

@@ -117,7 +117,8 @@ class KmsgXidSource:
         # the follower between cycles and by collect() at each; points wait here for the cycle
         self._lock = threading.Lock()
         self._pending: list[Point] = []
-        self._handed_on = ""  # the journal cursor of the last cycle's records ("": none yet)
+        # journal cursors: of the last collect's records, and of those the sink has ("": none)
+        self._staged = self._committed = ""
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
@@ -238,11 +239,18 @@ class KmsgXidSource:
                 except SourceError:
                     self._pending = points + self._pending
                     raise
-                # the records an earlier cycle handed on are with the sink now: a restart
-                # goes on after them; this cycle's are read again if it dies first
-                self.journal.save(self._handed_on)
-                self._handed_on = self.journal.handled
+                self._staged = self.journal.handled  # saved once the sink has the points
         return points
+
+    def committed(self) -> None:
+        """The agent's sink took the points of the last collect(): a restart of the journal
+        goes on after their records (before, the cursor was saved as a record was read, and
+        an agent killed before its point reached the sink lost a fatal XID for good; a
+        record read again is harmless: its point overwrites itself and its finding has the
+        same id)."""
+        if self.journal is not None and self._staged:
+            self._committed = self._staged
+            self.journal.save(self._committed)
 
     def _read(self, now_ns: int) -> list[Point]:
         """Every record logged since the last read, as points (a fatal one also emits its
@@ -323,7 +331,7 @@ class KmsgXidSource:
             self._follower.join(timeout=2)
         with self._lock:
             if self.journal is not None:
-                self.journal.close(self._handed_on)
+                self.journal.close(self._committed)
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
