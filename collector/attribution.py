@@ -91,6 +91,25 @@ def rank_value(value: str | None) -> str:
     return ""
 
 
+#: where a launcher puts the process's global rank, the first present winning: torchrun, Open
+#: MPI, MPICH and Intel MPI (PMI), PMIx, MVAPICH, then Slurm's srun. SLURM_PROCID comes last:
+#: under ``sbatch`` + ``mpirun`` every process inherits the batch step's 0. Found by a review
+#: against real launchers (2026-11-28): RANK or SLURM_PROCID only made every mpirun process
+#: rank 0, and analytics read their steps as restarts of one rank (MFU 0.63 reported as 0.08)
+RANK_VARIABLES = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
+                  "MV2_COMM_WORLD_RANK", "SLURM_PROCID")  # fmt: skip
+LOCAL_RANK_VARIABLES = ("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                        "MV2_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")  # fmt: skip
+
+
+def rank_from_environ(env: Mapping[str, str], names: tuple[str, ...] = RANK_VARIABLES) -> str:
+    """The process's rank from the first of ``names`` that holds one (``""``: none)."""
+    for name in names:
+        if rank := rank_value(env.get(name)):
+            return rank
+    return ""
+
+
 def job_from_environ(env: Mapping[str, str]) -> str:
     """The job a process environment names (the first of ``SLURM_JOB_ID``,
     ``TORCHELASTIC_RUN_ID``, ``GPUWARDEN_JOB`` that is a job name; ``""`` if none is); the
@@ -109,8 +128,8 @@ def parse_environ(data: bytes) -> JobInfo:
         key, sep, value = item.partition(b"=")
         if sep:
             env[key.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
-    rank = rank_value(env.get("RANK")) or rank_value(env.get("SLURM_PROCID"))
-    local = rank_value(env.get("LOCAL_RANK")) or rank_value(env.get("SLURM_LOCALID"))
+    rank = rank_from_environ(env)
+    local = rank_from_environ(env, LOCAL_RANK_VARIABLES)
     return JobInfo(job_from_environ(env), rank, local)
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from gpuwarden.analytics.mfu import canonical_dtype, peak_flops
-from gpuwarden.collector.jobside.reporter import Reporter, rank_from_environ
+from gpuwarden.collector.attribution import parse_environ, rank_from_environ
+from gpuwarden.collector.jobside.reporter import Reporter
 
 
 @pytest.mark.parametrize(
@@ -21,13 +22,20 @@ from gpuwarden.collector.jobside.reporter import Reporter, rank_from_environ
         ({"PMIX_RANK": "9"}, 9),  # PMIx launchers
         ({"RANK": "3", "OMPI_COMM_WORLD_RANK": "7"}, 3),  # torchrun's own first
         ({"RANK": "x", "PMI_RANK": "2"}, 2),  # not a rank: the next launcher's
+        ({"RANK": "\u00b2", "PMI_RANK": "2"}, 2),  # a digit to str.isdigit, not a rank
+        # sbatch + mpirun: every process inherits the batch step's SLURM_PROCID=0 (found by
+        # the review of the first version, which read SLURM_PROCID before the MPI ranks)
+        ({"SLURM_PROCID": "0", "OMPI_COMM_WORLD_RANK": "5"}, 5),
         ({}, 0),
     ],
 )
 def test_each_launchers_rank_is_the_ranks(env: dict[str, str], rank: int) -> None:
     """Before: RANK or SLURM_PROCID only, so under mpirun every process reported rank 0 and
-    analytics read their steps as restarts of one rank (MFU 0.63 reported as 0.08)."""
-    assert rank_from_environ(env) == rank
+    analytics read their steps as restarts of one rank (MFU 0.63 reported as 0.08). The agent
+    reads a GPU process's rank the same way."""
+    assert int(rank_from_environ(env) or 0) == rank
+    got = parse_environ(b"\0".join(f"{k}={v}".encode() for k, v in env.items()))
+    assert int(got.rank or 0) == rank
 
 
 def test_the_reporter_takes_its_rank_from_mpirun(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -65,3 +65,43 @@ def test_a_batch_over_the_jobs_bucket_is_halved_and_a_429_waits_for_retry_after(
         assert relay.refused == 2, rep.last_error
     finally:
         relay.close()
+
+
+def test_lines_pushed_out_of_a_full_queue_while_a_batch_is_in_flight_are_not_newer_ones() -> None:
+    """Found by the review of the above (2026-11-28): a full queue drops its oldest lines,
+    which may be the batch being sent; once it was sent, as many lines were taken off the
+    queue as the batch held: newer lines, never sent, and close() said all was sent."""
+    import re
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got: list[int] = []
+    first, release = threading.Event(), threading.Event()
+
+    class Slow(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            if not first.is_set():
+                first.set()
+                release.wait(30)
+            got.extend(int(m) for m in re.findall(r"step_index=(\d+)i", body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Slow)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        rep = Reporter("j1", 0, url=f"http://127.0.0.1:{server.server_address[1]}",
+                       max_queue=10, heartbeat_s=0)  # fmt: skip
+        _queue_steps(rep, 10)  # one batch of steps 0..9
+        assert first.wait(30), "the batch in flight"
+        for i in range(10, 15):  # the queue is full: 0..4 (in flight) leave it
+            rep.step(i, 1.0, tokens=1, samples=1)
+        release.set()
+        assert rep.close(timeout_s=30)
+    finally:
+        server.shutdown()
+    assert sorted(got) == list(range(15)) and (rep.sent, rep.dropped) == (15, 0)

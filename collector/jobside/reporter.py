@@ -62,7 +62,7 @@ from collections import deque
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from gpuwarden.collector.attribution import job_from_environ
+from gpuwarden.collector.attribution import job_from_environ, rank_from_environ
 from gpuwarden.core.retry import Backoff, parse_retry_after
 from gpuwarden.core.store.lineprotocol import Point, encode_point
 
@@ -76,23 +76,6 @@ RELAY_SOCKET = "/run/gpuwarden/relay.sock"
 def default_url(socket_path: str = RELAY_SOCKET) -> str:
     """The agent's relay: its Unix socket if there is one, else its loopback port."""
     return f"unix://{socket_path}" if os.path.exists(socket_path) else "http://127.0.0.1:9465"
-
-
-#: where a launcher puts the process's global rank: torchrun, Slurm's srun, Open MPI, MPICH and
-#: Intel MPI (PMI), MVAPICH; the first present wins. Found by a review against real launchers
-#: (2026-11-28): under mpirun every process was rank 0, and analytics read each rank's steps as
-#: restarts of one (MFU of 0.63 reported as 0.08)
-RANK_VARIABLES = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK",
-                  "MV2_COMM_WORLD_RANK")  # fmt: skip
-
-
-def rank_from_environ(env: Mapping[str, str]) -> int:
-    """The process's global rank from the first launcher variable set (0 if none)."""
-    for name in RANK_VARIABLES:
-        value = env.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
 
 
 class _UnixConnection(http.client.HTTPConnection):
@@ -181,7 +164,7 @@ class Reporter:
         # in a pod, the pod: the agent tags a pod's GPUs <namespace>/<pod> whatever its
         # processes' environment says (a torchrun run id), and its relay holds the pod to it
         self.job = job or pod_job(env) or job_from_environ(env) or "unknown"
-        self.rank = rank if rank is not None else rank_from_environ(env)
+        self.rank = rank if rank is not None else int(rank_from_environ(env) or 0)
         self.url = (url or env.get("GPUWARDEN_REPORTER_URL") or default_url()).rstrip("/")
         self.database = database or env.get("GPUWARDEN_REPORTER_DATABASE") or "gpuwarden"
         self.cluster = cluster or env.get("GPUWARDEN_CLUSTER", "default")
@@ -206,6 +189,7 @@ class Reporter:
         self._queue: deque[str] = deque()
         self._max_queue = max_queue
         self._batch_lines = MAX_BATCH_LINES  # halved on a 413, doubled back on success
+        self._inflight = 0  # lines at the queue's head being sent now
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -373,7 +357,10 @@ class Reporter:
         with self._cond:
             if len(self._queue) >= self._max_queue:
                 self._queue.popleft()
-                self.dropped += 1
+                if self._inflight:  # the oldest are being sent: that one leaves with them
+                    self._inflight -= 1
+                else:
+                    self.dropped += 1
             self._queue.append(line)
             self._cond.notify()
 
@@ -474,13 +461,20 @@ class Reporter:
                 if not self._queue and self._closed:
                     return
                 lines = self._batch()
+                self._inflight = len(lines)
             done, wait_s = self._post(lines)
-            if done:
-                with self._cond:
-                    for _ in lines:
+            with self._cond:
+                # a full queue pushed out some of the batch meanwhile (_put): only what is
+                # left of it is taken off (before, as many newer lines went, never sent)
+                left, self._inflight = self._inflight, 0
+                if done:
+                    for _ in range(left):
                         self._queue.popleft()
                     self.sent += len(lines)
                     self._cond.notify_all()
+                else:
+                    self.dropped += len(lines) - left  # pushed out, and not sent after all
+            if done:
                 failed = 0
             elif wait_s != 0.0:  # 0: a smaller batch goes at once
                 failed += 1
