@@ -482,8 +482,8 @@ class Reporter:
                 # (before, they cut the backoff and Retry-After short: 17 tries in 2 s)
                 until = time.monotonic() + RETRY.delay(failed, wait_s)
                 with self._cond:
-                    while not self._closed and (left := until - time.monotonic()) > 0:
-                        self._cond.wait(left)
+                    while not self._closed and (wait := until - time.monotonic()) > 0:
+                        self._cond.wait(wait)
                     if self._closed:
                         return
 
