@@ -32,13 +32,22 @@ def load_topology(path: str | Path) -> dict[str, str]:
         df = pl.read_csv(path, infer_schema=False, comment_prefix="#")
     except (OSError, pl.exceptions.PolarsError) as exc:
         raise TopologyError(f"{path}: cannot read topology: {exc}") from None
-    df = df.rename({c: c.strip().lower() for c in df.columns})
+    names = [c.strip().lower() for c in df.columns]
+    if len(set(names)) < len(names):  # "Node" and "node": which one is meant?
+        raise TopologyError(f"{path}: columns that differ only in case: {df.columns}")
+    df = df.rename(dict(zip(df.columns, names, strict=True)))
     if {"node", "switch"} <= set(df.columns):
         host, tor = "node", pl.col("switch").str.strip_chars()
     elif {"ip", "asw"} <= set(df.columns):
         host, tor = "ip", pl.col("asw").str.strip_chars()
-        if "psw" in df.columns:  # an ASW's name is unique within its pod only
-            tor = pl.concat_str(pl.col("psw").str.strip_chars(), pl.lit("-"), tor)
+        if "psw" in df.columns:  # an ASW's name is unique within its pod only (a row
+            # without a pod keeps the ASW's name: not dropped)
+            pod = pl.col("psw").str.strip_chars()
+            tor = (
+                pl.when(pod.is_null() | (pod == ""))
+                .then(tor)
+                .otherwise(pl.concat_str(pod, pl.lit("-"), tor))
+            )
     else:
         raise TopologyError(
             f"{path}: need columns node,switch (or Lingjun's ip,ASW); found {df.columns}"

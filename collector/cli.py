@@ -130,6 +130,12 @@ def build_agent(
             restart_on=list(h["restart_on"]),
             reannounce_s=float(h["reannounce_s"]),
         )
+    for finding in poster.resumed if poster is not None else []:
+        # what an earlier run kept undelivered (the outbox) is this node's news too: a fatal
+        # XID there ends the healthy stretch, and its point is written again
+        if gate is not None:
+            gate.observe(finding)
+        agent.add_finding(finding)
     hooks = [gate.cycle] if gate is not None else []
     if h["gpu_count_check"]:
         from gpuwarden.collector.gpucount import GpuCountWatch

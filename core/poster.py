@@ -45,6 +45,7 @@ not a failure (the other path's copy, delivered before a restart).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
@@ -85,6 +86,15 @@ class Outbox:
     def __init__(self, folder: str | Path) -> None:
         self.folder = Path(folder)
         self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # one poster per folder: a second agent on the same configuration (run by hand) would
+        # post the first one's findings and remove their files as it settled them
+        flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | getattr(os, "O_NOFOLLOW", 0)
+        self._lock_fd = os.open(self.folder / ".lock", flags, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise OSError(f"{self.folder} is another running agent's") from None
         self._names = {p.name for p in self.folder.glob("*.json")}
 
     @staticmethod
@@ -101,9 +111,9 @@ class Outbox:
             return
         try:
             write_json_atomic(self.folder / name, finding.to_json())
-        except OSError as exc:
+        except (OSError, TypeError, ValueError) as exc:  # (evidence JSON cannot hold)
             log.error("cannot keep finding %s in %s (%s): kept in memory only", finding.id,
-                      self.folder, exc.strerror or exc)  # fmt: skip
+                      self.folder, getattr(exc, "strerror", None) or exc)  # fmt: skip
             return
         self._names.add(name)
 
@@ -117,6 +127,12 @@ class Outbox:
                 pass
             except OSError as exc:
                 log.error("cannot remove %s from %s: %s", name, self.folder, exc)
+
+    def close(self) -> None:
+        """Let another poster have the folder (this process stops posting)."""
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
 
     def left(self) -> list[Finding]:
         """What an earlier poster kept and did not deliver, oldest first."""
@@ -184,6 +200,8 @@ class FindingPoster:
         self._closing = threading.Event()
         self._http: Any = None
         self._started_ns = time.time_ns()
+        self.resumed: list[Finding] = []
+        """Findings an earlier run kept in the outbox and this one posts again."""
         self.outbox: Outbox | None = None
         try:
             self.outbox = Outbox(outbox) if outbox else None
@@ -191,11 +209,11 @@ class FindingPoster:
             log.error("cannot use the findings outbox %s (%s): critical findings wait in memory "
                       "only until the engine takes them", outbox, exc.strerror or exc)  # fmt: skip
         if self.outbox is not None:
-            left = self.outbox.left()
-            if left:
+            self.resumed = self.outbox.left()
+            if self.resumed:
                 log.warning("posting %d critical finding(s) an earlier run did not deliver",
-                            len(left))  # fmt: skip
-            for finding in left:
+                            len(self.resumed))  # fmt: skip
+            for finding in self.resumed:
                 self.post(finding)
 
     def post(self, finding: Finding) -> None:
@@ -215,9 +233,8 @@ class FindingPoster:
             self.outbox.keep(finding)  # on disk before it is queued: a crash cannot lose it
         try:
             self._queue.put_nowait(entry)
-        except queue.Full:
+        except queue.Full:  # (its outbox file stays: the next start posts it)
             self._forget(finding)  # not queued: the same finding posted later is taken
-            self._settled(finding)
             self.failed += 1
             log.error("findings queue full; finding %s only goes the slow path", finding.id)
 
@@ -249,9 +266,11 @@ class FindingPoster:
                     _remember(self._delivered, finding.id)
                 return
             with self._ids_lock:
-                # ours: delivered from here, or before this poster started (the other path's
-                # copy of a record read again after a restart)
-                ours = finding.id in self._delivered or finding.time_ns < self._started_ns
+                # ours: delivered from here, or (the agent's poster) before it started: the
+                # other path's copy of a kernel record read again after a restart
+                ours = finding.id in self._delivered or (
+                    self.outbox is not None and finding.time_ns < self._started_ns
+                )
             if verdict == "conflict" and ours:
                 # the engine holds what this agent sent first under this id (the XID that the
                 # NVML events and the kernel log both report, one node-wide id for two GPUs the
@@ -364,6 +383,8 @@ class FindingPoster:
             self._thread.join(timeout_s)
             self._closing.set()
             self._thread.join(timeout_s)
+        if self.outbox is not None:
+            self.outbox.close()
 
 
 def _remember(recent: dict[str, None], key: str) -> None:

@@ -40,8 +40,10 @@ RECOVERY_ACTION_RE = re.compile(
     r"recovery action changed from .*? to 0x[0-9a-fA-F]+ \((?P<action>[^)]*)\)"
 )
 #: recovery actions (lower case) that take the GPU or the node out of service: a fatal XID 154
+#: ("PF FLR": a function-level reset of the GPU; the driver logs NV_ERR_RESET_REQUIRED with
+#: it and refuses new work until then)
 RECOVERY_FATAL = frozenset(
-    {"gpu reset required", "node reboot required", "drain and reset", "os reboot"}
+    {"gpu reset required", "node reboot required", "drain and reset", "os reboot", "pf flr"}
 )
 RECOVERY_XID = 154
 

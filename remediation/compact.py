@@ -155,7 +155,10 @@ def select(records: Records, horizon: float) -> list[bool]:
         kept = r is not None and (
             float(r.get("t", 0.0)) >= horizon
             or i in needed
-            or _fid(r) in live
+            # (a waiting plan's notification is an action of "<finding id>:<verdict>": kept
+            # with its plan, or a restart after the compaction told people again; found by a
+            # review, 2026-11-28)
+            or _fid(r).split(":", 1)[0] in live
             or (r.get("event") == "intent" and str(r.get("action_id", "")) in open_intents)
         )
         keep.append(kept)

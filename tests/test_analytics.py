@@ -189,6 +189,13 @@ def test_topology_files(tmp_path):
     good.write_text("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\nh3,G1,P2,S1\n")
     # an ASW's name is unique within its pod only: h3's S1 is another switch than h1's
     assert load_topology(good) == {"h1": "P1-S1", "h2": "P1-S2", "h3": "P2-S1"}
+    podless = tmp_path / "p.csv"
+    podless.write_text("ip,DSW,PSW,ASW\nh1,G1,,S1\n")
+    assert load_topology(podless) == {"h1": "S1"}  # not dropped
+    twice = tmp_path / "c.csv"
+    twice.write_text("Node,node,switch\nh1,h2,S1\n")
+    with pytest.raises(TopologyError, match="only in case"):
+        load_topology(twice)
     spelled = tmp_path / "s.csv"
     spelled.write_text("# the fleet's ToRs\nNode, Switch\nh1,S1\n")
     assert load_topology(spelled) == {"h1": "S1"}

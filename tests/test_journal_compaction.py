@@ -593,3 +593,22 @@ def test_a_removal_that_found_the_node_out_is_not_a_nodes_last_move(tmp_path: Pa
     assert replay(path).taken_out == {"n1"}
     compact_file(path, path.stat().st_size, horizon=1000.0 + 50 * 86400, now=1000.0 + 51 * 86400)
     assert replay(path).taken_out == {"n1"}
+
+
+def test_a_waiting_plans_notification_is_kept_with_it(tmp_path: Path) -> None:
+    """Found by a review (2026-11-28): a waiting plan's records are kept by its finding id,
+    but the notification that told people of it is an action of ``<finding id>:<verdict>``,
+    which a compaction dropped; a restart after it then told them again (resume() sends the
+    notification of a waiting plan that no record shows)."""
+    path = tmp_path / LOG
+    log = AuditLog(path)
+    fid = "f" * 24
+    _write(log, "decision", 10.0, finding_id=fid, verdict="blast_radius", policy="fatal-xid",
+           node="gpu03", plan=[{"action_id": "d", "action": "drain"}])  # fmt: skip
+    _write(log, "action", 10.0, action_id="page", action="notify", finding_id=f"{fid}:blast_radius",
+           node="gpu03", outcome="ok")  # fmt: skip
+    _noise(log, "gpu03", 100.0, 5)
+    compact_file(path, path.stat().st_size, horizon=1e6, now=2e6)
+    memory = replay(path)
+    assert [p.decision["finding_id"] for p in memory.waiting] == [fid]
+    assert "page" in memory.recorded

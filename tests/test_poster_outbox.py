@@ -14,6 +14,8 @@ import socket
 import time
 from pathlib import Path
 
+import pytest
+
 from gpuwarden.core.finding import Finding, Severity
 from gpuwarden.core.poster import FindingPoster, Outbox
 from gpuwarden.core.retry import Backoff
@@ -27,6 +29,11 @@ def _finding(kind: str, severity: Severity, gpu: int = 0) -> Finding:
     return Finding(kind=kind, subject={"cluster": "c", "node": "node-001", "gpu": str(gpu)},
                    severity=severity, time_ns=time.time_ns(),
                    summary=f"{kind} (CONSTRUCTED)", source="agent")  # fmt: skip
+
+
+def _kept(folder: Path) -> list[str]:
+    """The findings an outbox folder holds (its lock file aside)."""
+    return sorted(p.name for p in folder.glob("*.json"))
 
 
 def _refused_url() -> str:
@@ -46,8 +53,10 @@ def test_a_critical_finding_the_engine_never_got_is_posted_by_the_next_start(
     dead.post(xid)
     dead.post(_finding("ecc_warning", Severity.WARNING))  # a warning: memory only
     poll(lambda: dead.retries >= 2, 30, "the XID retried against the dead engine")
-    assert len(os.listdir(outbox)) == 1  # on disk while it waits
-    dead._closing.set()  # the process dies here (SIGKILL: no close, nothing more runs)
+    assert len(_kept(outbox)) == 1  # on disk while it waits
+    dead._closing.set()  # the process dies here (SIGKILL: no close, nothing more runs) ...
+    assert dead.outbox is not None
+    os.close(dead.outbox._lock_fd)  # ... and the kernel lets go of its lock
 
     with ScriptedServer([], default=Reply(202)) as engine:
         again = FindingPoster(f"{engine.url}/v1/findings", retry=FAST, outbox=str(outbox))
@@ -55,7 +64,7 @@ def test_a_critical_finding_the_engine_never_got_is_posted_by_the_next_start(
         again.close(timeout_s=5)
         (body,) = [json.loads(b) for b in engine.bodies()]
     assert body == xid.to_json()  # word for word: the engine takes it once (its id)
-    assert os.listdir(outbox) == []  # delivered: out of the outbox
+    assert _kept(outbox) == []  # delivered: out of the outbox
 
 
 def test_a_stopping_agent_keeps_what_it_could_not_deliver_and_refusals_leave(
@@ -65,12 +74,12 @@ def test_a_stopping_agent_keeps_what_it_could_not_deliver_and_refusals_leave(
     poster = FindingPoster(_refused_url(), retry=FAST, outbox=str(outbox))
     poster.post(_finding("gpu_xid", Severity.CRITICAL))
     poster.close(timeout_s=0.2)  # systemctl restart while the engine is away
-    assert len(os.listdir(outbox)) == 1
+    assert len(_kept(outbox)) == 1
     with ScriptedServer([], default=Reply(400, '{"error": "no"}')) as engine:
         refused = FindingPoster(f"{engine.url}/v1/findings", retry=FAST, outbox=str(outbox))
         poll(lambda: refused.failed == 1, 30, "the engine's refusal")
         refused.close(timeout_s=5)
-    assert os.listdir(outbox) == []  # refused for good: not posted again at every start
+    assert _kept(outbox) == []  # refused for good: not posted again at every start
 
 
 def test_an_outbox_file_that_is_not_its_finding_is_removed_not_posted(tmp_path: Path) -> None:
@@ -78,14 +87,17 @@ def test_an_outbox_file_that_is_not_its_finding_is_removed_not_posted(tmp_path: 
     outbox = Outbox(tmp_path / "findings")
     xid = _finding("gpu_xid", Severity.CRITICAL)
     outbox.keep(xid)
+    outbox.close()
     other = _finding("gpu_xid", Severity.CRITICAL, gpu=5)
     (tmp_path / "findings" / Outbox.name(other)).write_text(json.dumps(xid.to_json()))
     (tmp_path / "findings" / ("0" * 32 + ".json")).write_text("{not json")
     assert [f.id for f in Outbox(tmp_path / "findings").left()] == [xid.id]
-    assert os.listdir(tmp_path / "findings") == [Outbox.name(xid)]
+    assert _kept(tmp_path / "findings") == [Outbox.name(xid)]
 
 
-def test_after_a_restart_the_other_paths_copy_is_a_conflict_not_a_failure() -> None:
+def test_after_a_restart_the_other_paths_copy_is_a_conflict_not_a_failure(
+    tmp_path: Path,
+) -> None:
     """The same review: NVML events and the kernel log report one XID under one id. The
     events' copy was delivered before a restart; the kernel record is read again after it, and
     its copy gets a 409 (other content). Before: counted failed (the
@@ -94,8 +106,30 @@ def test_after_a_restart_the_other_paths_copy_is_a_conflict_not_a_failure() -> N
     earlier = _finding("gpu_xid", Severity.CRITICAL)
     time.sleep(0.01)
     with ScriptedServer([Reply(409, conflict), Reply(409, conflict)]) as srv:
-        poster = FindingPoster(f"{srv.url}/v1/findings", retry=FAST)
+        # the agent's poster (its outbox): other posters (the node check's, analytics') make
+        # findings before they start a poster, and a conflict there is a conflict
+        poster = FindingPoster(f"{srv.url}/v1/findings", retry=FAST, outbox=str(tmp_path / "o"))
         poster.post(earlier)
         poster.post(_finding("gpu_xid", Severity.CRITICAL, gpu=3))  # new since the start
         poster.close(timeout_s=30)
     assert (poster.posted, poster.failed, poster.conflicts) == (0, 1, 2)
+
+
+def test_one_agent_per_outbox_and_a_finding_json_cannot_hold_stays_in_memory(
+    tmp_path: Path,
+) -> None:
+    """Found by the review of the outbox: a second agent on the same configuration (run by
+    hand) posted the first one's kept findings and removed their files; evidence JSON cannot
+    hold (a set) raised out of post() into the caller."""
+    folder = tmp_path / "findings"
+    first = Outbox(folder)
+    with pytest.raises(OSError, match="another running agent"):
+        Outbox(folder)
+    second = FindingPoster(_refused_url(), retry=FAST, outbox=str(folder))
+    assert second.outbox is None  # memory only, said in the log
+    odd = Finding(kind="gpu_xid", subject={"cluster": "c", "node": "node-001"},
+                  severity=Severity.CRITICAL, time_ns=time.time_ns(),
+                  evidence={"gpus": {1, 2}}, source="agent")  # fmt: skip
+    first.keep(odd)  # logged, not raised
+    assert _kept(folder) == []
+    second.close(timeout_s=0.1)

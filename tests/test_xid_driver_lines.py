@@ -50,7 +50,8 @@ RECOVERY = "NVRM: Xid (PCI:0000:01:00): 154, GPU recovery action changed from 0x
         ("0x1 (GPU Reset Required)", "critical", True),
         ("0x4 (Drain and Reset)", "critical", True),
         ("0x2 (OS Reboot)", "critical", True),
-        ("0x1 (PF FLR)", "warning", False),
+        ("0x1 (PF FLR)", "critical", True),
+        ("0x3 (Drain P2P)", "warning", False),
         ("0x0 (None)", "info", False),
     ],
 )
