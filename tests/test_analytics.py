@@ -185,28 +185,23 @@ def test_unreachable_influxdb_is_a_clear_error(tmp_path):
 
 
 def test_topology_files(tmp_path):
-    good = tmp_path / "t.csv"
-    good.write_text("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\nh3,G1,P2,S1\n")
+    def topo(text: str) -> dict[str, str]:
+        path = tmp_path / "t.csv"
+        path.write_text(text)
+        return load_topology(path)
+
     # an ASW's name is unique within its pod only: h3's S1 is another switch than h1's
-    assert load_topology(good) == {"h1": "P1-S1", "h2": "P1-S2", "h3": "P2-S1"}
-    podless = tmp_path / "p.csv"
-    podless.write_text("ip,DSW,PSW,ASW\nh1,G1,,S1\n")
-    assert load_topology(podless) == {"h1": "S1"}  # not dropped
-    twice = tmp_path / "c.csv"
-    twice.write_text("Node,node,switch\nh1,h2,S1\n")
-    with pytest.raises(TopologyError, match="only in case"):
-        load_topology(twice)
-    spelled = tmp_path / "s.csv"
-    spelled.write_text("# the fleet's ToRs\nNode, Switch\nh1,S1\n")
-    assert load_topology(spelled) == {"h1": "S1"}
-    bad = tmp_path / "b.csv"
-    bad.write_text("host,tor\nh1,S1\n")
-    with pytest.raises(TopologyError, match="need columns"):
-        load_topology(bad)
-    dup = tmp_path / "d.csv"
-    dup.write_text("node,switch\nh1,S1\nh1,S2\n")
-    with pytest.raises(TopologyError, match="twice"):
-        load_topology(dup)
+    assert topo("ip,DSW,PSW,ASW\nh1,G1,P1,S1\nh2,G1,P1,S2\nh3,G1,P2,S1\n") == {
+        "h1": "P1-S1", "h2": "P1-S2", "h3": "P2-S1"}  # fmt: skip
+    assert topo("ip,DSW,PSW,ASW\nh1,G1,,S1\n") == {"h1": "S1"}  # no pod: not dropped
+    assert topo("# the fleet's ToRs\nNode, Switch\nh1,S1\n") == {"h1": "S1"}
+    for text, says in [
+        ("Node,node,switch\nh1,h2,S1\n", "only in case"),
+        ("host,tor\nh1,S1\n", "need columns"),
+        ("node,switch\nh1,S1\nh1,S2\n", "twice"),
+    ]:
+        with pytest.raises(TopologyError, match=says):
+            topo(text)
 
 
 def test_analytics_sample_config_equals_defaults():
