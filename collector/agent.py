@@ -70,7 +70,12 @@ class Agent:
         on_cycle: Callable[[int, list[Point]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
+        commit: bool = True,
     ) -> None:
+        """``commit``: sources that read a log save how far the sink has their points (off
+        for ``--once``, ``--print`` and ``--record``, which must not move the running agent's
+        place in the kernel journal)."""
+        self.commit = commit
         self.sources = list(sources)
         self.sink = sink
         self.cluster = cluster
@@ -292,16 +297,33 @@ class Agent:
         if self._sink_failing:
             log.warning("the sink takes points again")
             self._sink_failing = ""
-        # the sink has this cycle's points: a source that reads a log may now remember how
-        # far it has read (the kernel journal's cursor), and a restart goes on after them
-        for source in self._collected:
-            committed = getattr(source, "committed", None)
-            if committed is not None:
-                try:
-                    committed()
-                except Exception:
-                    log.exception("source %s could not note what the sink has", source.name)
+        self._commit()
+
+    def _commit(self) -> None:
+        """The sink has this cycle's points: a source that reads a log (the kernel's) is told,
+        once they are on the sink's disk (``persist``: what waits in its memory is written
+        now, in a cycle that has such a source's news only), so it stops sending them again
+        and (``commit``) remembers how far it has read, and a restart goes on after them."""
+        due = [
+            s for s in self._collected
+            if getattr(s, "committed", None) is not None
+            and getattr(s, "commit_due", lambda: True)()
+        ]  # fmt: skip
         self._collected = []
+        if not due:
+            return
+        persist = getattr(self.sink, "persist", None)
+        if persist is not None:
+            try:
+                persist()
+            except Exception as exc:  # not on disk: sent again with the next cycle
+                log.warning("the sink could not put a cycle's points on disk: %s", exc)
+                return
+        for source in due:
+            try:
+                source.committed(save=self.commit)  # type: ignore[attr-defined]
+            except Exception:
+                log.exception("source %s could not note what the sink has", source.name)
 
     def _check_owner(self) -> None:
         if self._owner is not None and threading.current_thread() is not self._owner:
@@ -312,12 +334,14 @@ class Agent:
         return failures
 
     def close(self) -> None:
+        # the sink first: what it holds goes out or to disk before a source saves how far it
+        # read (the kernel journal's cursor; found by a review, 2026-11-28)
+        self.sink.close()
         for source in self.sources:
             try:
                 source.close()
             except Exception as exc:
                 log.warning("closing source %s: %s", source.name, exc)
-        self.sink.close()
 
 
 class TraceRecorder:

@@ -93,6 +93,12 @@ class AggregatingSink:
         self.points_in = 0
         self.points_out = 0
 
+    def persist(self) -> None:
+        """What the inner sink holds, on disk (events pass through at once: see above)."""
+        persist = getattr(self.sink, "persist", None)
+        if persist is not None:
+            persist()
+
     def write_points(self, points: Iterable[Point]) -> None:
         points = list(points)
         self.points_in += len(points)

@@ -106,7 +106,7 @@ def rank_from_environ(env: Mapping[str, str], names: tuple[str, ...] = RANK_VARI
     """The process's rank from the first of ``names`` that holds one (``""``: none)."""
     for name in names:
         if rank := rank_value(env.get(name)):
-            return rank
+            return str(int(rank))  # "007" is rank 7, as the reporter says it
     return ""
 
 

@@ -65,9 +65,10 @@ def build_agent(
     outbox: bool = False,
 ) -> tuple[Agent, FindingPoster | None]:
     """The agent and its fast-path poster; ``nvml`` replaces the configured NVML backend;
-    ``context``: the sources' (default: :func:`build_context`'s); ``outbox``: critical
-    findings wait on disk beside the spool until the engine has them (the agent that writes
-    to InfluxDB; not ``--once``, ``--print`` or ``--record``)."""
+    ``context``: the sources' (default: :func:`build_context`'s); ``outbox``: the agent that
+    writes to InfluxDB (not ``--once``, ``--print`` or ``--record``): critical findings wait
+    on disk beside the spool until the engine has them, and the kernel journal's cursor is
+    saved (the others leave the running agent's alone)."""
     context = context or build_context(config)
     a = config["agent"]
     made = []
@@ -90,6 +91,7 @@ def build_agent(
         interval_s=a["interval_s"],
         source_timeout_s=a["source_timeout_s"],
         sink_stats=sink_stats,
+        commit=outbox,  # the agent that writes to InfluxDB keeps its place in the kernel log
     )
     poster = config.fast_path_poster(context.node, outbox=outbox)
     h = config["health"]

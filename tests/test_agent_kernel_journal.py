@@ -459,7 +459,7 @@ def test_the_agent_tells_a_source_only_once_its_sink_took_the_points() -> None:
         def collect(self, now_ns: int) -> list[Point]:
             return [Point("gpu_event", {"node": "n"}, {"xid_code": 79}, now_ns)]
 
-        def committed(self) -> None:
+        def committed(self, save: bool = True) -> None:
             self.commits += 1
 
         def close(self) -> None:
@@ -467,22 +467,56 @@ def test_the_agent_tells_a_source_only_once_its_sink_took_the_points() -> None:
 
     class Sink:
         refuse = True
+        disk_full = False
+
+        def __init__(self) -> None:
+            self.order: list[str] = []
 
         def write_points(self, points: list[Point]) -> None:
             if self.refuse:
+                raise OSError(28, "No space left on device")
+
+        def persist(self) -> None:  # what it holds in memory, on disk before a commit
+            self.order.append("persist")
+            if self.disk_full:
                 raise OSError(28, "No space left on device")
 
         def flush(self, timeout_s: float | None = None) -> bool:
             return True
 
         def close(self) -> None:
-            pass
+            self.order.append("sink closed")
 
     reader, sink = Reader(), Sink()
+    reader.close = lambda: sink.order.append("source closed")
     agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
     agent.run(threading.Event(), max_cycles=2)
     assert agent.sink_errors == 2 and reader.commits == 0
-    sink.refuse = False
+    # the sink closes first: what it holds is out or on disk before a source saves its place
+    assert sink.order == ["sink closed", "source closed"]
+    sink.refuse, sink.disk_full, sink.order = False, True, []
+    agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
+    agent.run(threading.Event(), max_cycles=2)
+    assert reader.commits == 0 and sink.order.count("persist") == 2  # not on disk: not told
+    sink.disk_full = False
     agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
     agent.run(threading.Event(), max_cycles=2)
     assert reader.commits == 2
+
+
+def test_agent_once_leaves_the_running_agents_place_in_the_journal(tmp_path: Path) -> None:
+    """Found by the review of the cursor's fix: ``gpuwarden agent --once`` (a look by hand, or
+    ``--print``, ``--record``) saved the production cursor file, past records whose points the
+    running agent had not written. Their agent does not save it (``Agent(commit=False)``)."""
+    root = tmp_path / "host"
+    append(root, [kernel(XID.format(pci="0000:3b:00"), time.time_ns() // 1000 - 1_000_000)])
+    cursor = tmp_path / "kernel-journal.cursor"
+    context = SourceContext("c", "n", kernel_journal=str(root))
+    look = KmsgXidSource(context, {"follow_s": 0, "journal_cursor_file": str(cursor),
+                                   "lookback_s": 60})  # fmt: skip
+    try:
+        assert len(look.collect(time.time_ns())) == 1
+        look.committed(save=False)
+    finally:
+        look.close()
+    assert not cursor.exists()

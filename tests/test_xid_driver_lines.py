@@ -164,6 +164,7 @@ def test_a_rotated_kernel_log_file_is_followed(tmp_path) -> None:
 
     def pcis() -> list[str]:
         points = source.collect(time.time_ns())
+        source.committed(save=False)  # the agent's sink has them (not sent again)
         return [str(p.fields["message"]).split(")")[0][-10:] for p in points]
 
     try:
@@ -180,5 +181,65 @@ def test_a_rotated_kernel_log_file_is_followed(tmp_path) -> None:
         with log.open("a") as fh:  # ... and written on from its start
             fh.write(line("0000:af:00"))
         assert pcis() == ["0000:af:00"]
+    finally:
+        source.close()
+
+
+def test_dmesg_iso_lines_of_the_os_rules_are_not_taken_for_a_journal_line() -> None:
+    """Found by the review of the formats: the journal's short-iso pattern also matched
+    dmesg's ISO time, and "nvme nvme0: ..." then read as host "nvme", identifier "nvme0": not
+    the kernel's, refused (an NVMe controller down, a soft lockup lost)."""
+    nvme = parse_line("2026-11-28T09:00:00,123456+00:00 nvme nvme0: controller is down; will "
+                      "reset: CSTS=0xffffffff, PCI_STATUS=0xffff", os_rules=True)  # fmt: skip
+    assert nvme is not None and getattr(nvme, "rule", "") == "nvme_error"
+
+
+def test_points_go_again_until_the_agent_says_its_sink_has_them(tmp_path) -> None:
+    """Found by the review of the cursor's fix: a cycle the agent abandoned in a later, hung
+    source lost the kernel records' points, and the next cycle moved the cursor past them.
+    Now they go out with every collect until committed()."""
+    log = tmp_path / "kern.log"
+    log.write_text(XID79 + "\n")
+    source = KmsgXidSource(SourceContext("c", "node-001"),
+                           {"path": str(log), "follow_s": 0, "lookback_s": 600})  # fmt: skip
+    try:
+        assert len(source.collect(time.time_ns())) == 1  # (that cycle abandoned)
+        assert len(source.collect(time.time_ns())) == 1  # again
+        assert source.commit_due()
+        source.committed(save=False)
+        assert source.collect(time.time_ns()) == [] and not source.commit_due()
+    finally:
+        source.close()
+
+
+def test_a_rotated_file_that_cannot_be_opened_is_tried_again(tmp_path, monkeypatch) -> None:
+    """Found by the same review: the old file was closed, the new one could not be opened
+    (logrotate's ``create 0640 root adm`` for an agent not in adm), and the closed descriptor
+    stayed in use (another file's bytes read as kernel lines once the number was reused), and
+    the lines just read were lost with the exception."""
+    log = tmp_path / "kern.log"
+    log.write_text(XID79 + "\n")
+    source = KmsgXidSource(SourceContext("c", "node-001"),
+                           {"path": str(log), "follow_s": 0, "lookback_s": 600})  # fmt: skip
+    try:
+        assert len(source.collect(time.time_ns())) == 1
+        source.committed(save=False)
+        with log.open("a") as fh:
+            fh.write(XID79.replace("3b:00", "5e:00") + "\n")
+        log.rename(tmp_path / "kern.log.1")
+        log.write_text(XID79.replace("3b:00", "86:00") + "\n")
+        opened = source._open
+
+        def refused() -> int:
+            raise PermissionError(13, "Permission denied")
+
+        monkeypatch.setattr(source, "_open", refused)
+        points = source.collect(time.time_ns())  # the old file's last line, not lost
+        assert ["5e:00" in str(p.fields["message"]) for p in points] == [True]
+        source.committed(save=False)
+        assert source._fd is None  # nothing closed left in use
+        monkeypatch.setattr(source, "_open", opened)
+        points = source.collect(time.time_ns())  # the new file, from its start
+        assert ["86:00" in str(p.fields["message"]) for p in points] == [True]
     finally:
         source.close()

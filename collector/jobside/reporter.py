@@ -190,6 +190,7 @@ class Reporter:
         self._max_queue = max_queue
         self._batch_lines = MAX_BATCH_LINES  # halved on a 413, doubled back on success
         self._inflight = 0  # lines at the queue's head being sent now
+        self._refused = 0  # lines of the last answer refused for good
         self._cond = threading.Condition()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -425,6 +426,7 @@ class Reporter:
             return False, 0.0
         if 400 <= status < 500 and status != 429:
             self.dropped += n
+            self._refused = n  # (not counted as sent too)
             return True, None
         return False, parse_retry_after(retry_after)
 
@@ -470,7 +472,8 @@ class Reporter:
                 if done:
                     for _ in range(left):
                         self._queue.popleft()
-                    self.sent += len(lines)
+                    self.sent += len(lines) - self._refused
+                    self._refused = 0
                     self._cond.notify_all()
                 else:
                     self.dropped += len(lines) - left  # pushed out, and not sent after all

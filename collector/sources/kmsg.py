@@ -70,11 +70,12 @@ FM_SXID_RE = re.compile(
     r"^detected NVSwitch (?P<severity>fatal|non-fatal) error (?P<sxid>\d+) on fid \d+ on NVSwitch "
     r"pci bus id (?P<pci>[0-9a-fA-F:.]+) physical id (?P<switch>\d+)(?: port (?P<port>\d+))?"
 )
-# ``journalctl -o short`` / ``short-precise`` / ``short-iso`` / ``short-full``, and a syslog
+# ``journalctl -o short`` / ``short-precise`` / ``short-iso`` (no comma in its time: dmesg's
+# ISO time has one, ``,123456``) / ``short-full``, and a syslog
 # file (rsyslog's ``kern.log``): time, host, identifier[pid]: (a syslog file's kernel lines
 # then carry the kernel's own uptime, ``[ 3223.512345] ``, stripped too)
 JOURNAL_RE = re.compile(
-    r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT\S+"
+    r"^(?:\w{3} [ \d]\d \d\d:\d\d:\d\d(?:\.\d+)?|\d{4}-\d\d-\d\dT[^\s,]+"
     r"|\w{3} \d{4}-\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)? \S+) \S+ (?P<ident>[^\s:\[]+)(?:\[\d+\])?: "
 )
 # ``dmesg --time-format iso``: the record's own time, with its zone

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import select
 import stat
@@ -72,8 +73,12 @@ from gpuwarden.collector.sources.kmsg import (
 from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.xidcat import DEFAULT_FATAL_XIDS, XidPolicy
 
+log = logging.getLogger(__name__)
+
 #: the follower's longest sleep when nothing is logged (a safety net: close() wakes it)
 IDLE_WAKE_S = 60.0
+#: points kept to be sent again until the agent's sink has them (the newest)
+MAX_UNACKED = 10_000
 
 
 class KmsgXidSource:
@@ -119,6 +124,8 @@ class KmsgXidSource:
         self._pending: list[Point] = []
         # journal cursors: of the last collect's records, and of those the sink has ("": none)
         self._staged = self._committed = ""
+        self._unacked: list[Point] = []  # points collected, not yet on the sink's disk
+        self._reopen_failed = ""  # the last reason a rotated file could not be opened
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() wakes it
@@ -145,25 +152,32 @@ class KmsgXidSource:
     def _records(self) -> list[str]:
         if self._fd is None:
             self._fd = self._open()
+            self._reopen_failed = ""
         out = self._read_fd()
-        if not self._is_kmsg and self._rotated():
-            # logrotate moved the file away (a new one at the path) or cut it (copytruncate):
-            # what the old one still held is read above; the new one from its start. Before,
-            # the source read the old file for ever and every later XID was lost, silently
-            # (found by a review against real operations, 2026-11-28)
-            os.close(self._fd)
-            self._fd, self._buffer = self._open(), b""
-            out += self._read_fd()
+        try:
+            if not self._is_kmsg and self._rotated():
+                # logrotate moved the file away (a new one at the path) or cut it
+                # (copytruncate): what the old one still held is read above; the new one from
+                # its start. Before, the source read the old file for ever and every later
+                # XID was lost, silently (found by a review against real operations)
+                os.close(self._fd)
+                self._fd, self._buffer = None, b""
+                self._fd = self._open()
+                out += self._read_fd()
+        except FileNotFoundError:  # between logrotate's rename and the new file: not yet
+            pass
+        except OSError as exc:  # the new file not readable: the next look tries again
+            if str(exc) != self._reopen_failed:
+                self._reopen_failed = str(exc)
+                log.warning("kernel log %s rotated, and the new file cannot be read: %s",
+                            self.path, exc.strerror or exc)  # fmt: skip
         return out
 
     def _rotated(self) -> bool:
         """Whether the file at :attr:`path` is no longer the one read (another file there now,
         or this one shorter than what was read of it)."""
         assert self._fd is not None
-        try:
-            now = os.stat(self.path)
-        except FileNotFoundError:  # between logrotate's rename and the new file: not yet
-            return False
+        now = os.stat(self.path)  # (missing between logrotate's rename and the new file)
         held = os.fstat(self._fd)
         if not stat.S_ISREG(held.st_mode):  # a pipe, a device: nothing rotates it
             return False
@@ -240,17 +254,30 @@ class KmsgXidSource:
                     self._pending = points + self._pending
                     raise
                 self._staged = self.journal.handled  # saved once the sink has the points
-        return points
+            # until the agent says its sink has them, the points go out again with each
+            # collect (a cycle the agent abandoned in a later, hung source lost them; a point
+            # sent twice overwrites itself)
+            points = self._unacked + points
+            self._unacked = points[-MAX_UNACKED:]  # (a storm's all go now; the newest again)
+            return points
 
-    def committed(self) -> None:
-        """The agent's sink took the points of the last collect(): a restart of the journal
-        goes on after their records (before, the cursor was saved as a record was read, and
-        an agent killed before its point reached the sink lost a fatal XID for good; a
-        record read again is harmless: its point overwrites itself and its finding has the
-        same id)."""
-        if self.journal is not None and self._staged:
-            self._committed = self._staged
-            self.journal.save(self._committed)
+    def commit_due(self) -> bool:
+        """Whether :meth:`committed` has anything to do (the agent then puts its sink's
+        points on disk first)."""
+        return bool(self._unacked) or self._staged != self._committed
+
+    def committed(self, save: bool = True) -> None:
+        """The agent's sink has the points of the last collect(), on disk: they are not sent
+        again, and (``save``: the agent that writes to InfluxDB, not ``--once`` or
+        ``--print``) a restart of the journal goes on after their records. Before, the cursor
+        was saved as a record was read, and an agent killed before its point reached the sink
+        lost a fatal XID for good; a record read again is harmless: its point overwrites
+        itself and its finding has the same id."""
+        with self._lock:
+            self._unacked = []
+            if save and self.journal is not None and self._staged:
+                self._committed = self._staged
+                self.journal.save(self._committed)
 
     def _read(self, now_ns: int) -> list[Point]:
         """Every record logged since the last read, as points (a fatal one also emits its

@@ -326,6 +326,11 @@ class InfluxSink:
 
     # -- lifecycle ------------------------------------------------------------------------
 
+    def persist(self) -> None:
+        """Put what waits in memory on disk now (the spool's write-behind skipped once): the
+        agent asks before a source may forget points it read from a log."""
+        self._spool.spill()
+
     def flush(self, timeout_s: float | None = None) -> bool:
         """Send everything pending now; True if the spool emptied within the timeout."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
