@@ -26,18 +26,18 @@ a message is escaped again as the kernel does for ``/dev/kmsg`` (:func:`kernel_e
 goes to the same parser (:func:`~collector.sources.kmsg.parse_message`); its time is the
 record's ``__REALTIME_TIMESTAMP``.
 
-Where it resumes: the cursor of the last record whose point the agent's sink took is saved in
-``[xid] journal_cursor_file`` (at most once a second, and when the agent stops), and a restart
-reads from after it, so an old XID is not raised again, and a record whose point had not reached
-the sink is read again (before, the cursor was saved as a record was read: an agent killed
-before the cycle that wrote its point lost a fatal XID for good; reading one again is harmless:
-its point overwrites itself and its finding has the same id; a collect the agent abandoned after
-``source_timeout_s`` loses its points, as any source's, while the finding of a fatal XID in them
-went on the fast path); without a cursor (the first start, or one journalctl refuses) it reads
-from ``[xid] lookback_s`` ago (0: the whole journal). If journalctl exits it is started again
-after a back-off (1 s, doubling to 60 s, back to 1 s once it ran a minute) from the last record
-read; while it is not running the source fails each cycle with the reason (the agent goes on;
-``/readyz`` says so after ``health_fail_cycles``).
+Where it resumes: the cursor of the last record whose point the agent's sink has on disk is
+saved in ``[xid] journal_cursor_file`` (at most once a second, and when the agent stops), and a
+restart reads from after it, so an old XID is not raised again, and a record whose point had not
+reached the sink is read again (before, the cursor was saved as a record was read: an agent
+killed before the cycle that wrote its point lost a fatal XID for good; reading one again is
+harmless: its point overwrites itself and its finding has the same id; until the agent says the
+sink has them on disk, the source sends its points again with each collect); without a cursor
+(the first start, or one journalctl refuses) it reads from ``[xid] lookback_s`` ago (0: the
+whole journal). If journalctl exits it is started again after a back-off (1 s, doubling to 60 s,
+back to 1 s once it ran a minute) from the last record read; while it is not running the source
+fails each cycle with the reason (the agent goes on; ``/readyz`` says so after
+``health_fail_cycles``).
 """
 
 from __future__ import annotations
