@@ -109,6 +109,7 @@ class Agent:
         self._pending_failures: list[str] = []
         self._findings: list[Finding] = []
         self._collected: list[Source] = []
+        self._persist_failing = ""
         self._findings_lock = threading.Lock()
         self._tags = {s.name: {"cluster": cluster, "node": node, "source": s.name} for s in sources}
 
@@ -217,6 +218,9 @@ class Agent:
         carries on with the schedule, skipping that source until its call returns."""
         done = threading.Event()
         start = self.started_at = self.monotonic()
+        for source in self.sources:  # this loop tells them when the sink has their points
+            if hasattr(source, "retain_until_committed"):
+                source.retain_until_committed = True
         try:
             while True:
                 loop = threading.Thread(
@@ -313,12 +317,18 @@ class Agent:
         if not due:
             return
         persist = getattr(self.sink, "persist", None)
-        if persist is not None:
+        if persist is not None and any(getattr(s, "holds_points", lambda: True)() for s in due):
             try:
                 persist()
             except Exception as exc:  # not on disk: sent again with the next cycle
-                log.warning("the sink could not put a cycle's points on disk: %s", exc)
+                message = f"{type(exc).__name__}: {exc}"
+                if message != self._persist_failing:
+                    self._persist_failing = message
+                    log.warning("the sink could not put a cycle's kernel-log points on disk "
+                                "(%s): they go again with the next cycle (logged again when "
+                                "the error changes)", message)  # fmt: skip
                 return
+            self._persist_failing = ""
         for source in due:
             try:
                 source.committed(save=self.commit)  # type: ignore[attr-defined]
@@ -336,12 +346,14 @@ class Agent:
     def close(self) -> None:
         # the sink first: what it holds goes out or to disk before a source saves how far it
         # read (the kernel journal's cursor; found by a review, 2026-11-28)
-        self.sink.close()
-        for source in self.sources:
-            try:
-                source.close()
-            except Exception as exc:
-                log.warning("closing source %s: %s", source.name, exc)
+        try:
+            self.sink.close()
+        finally:
+            for source in self.sources:
+                try:
+                    source.close()
+                except Exception as exc:
+                    log.warning("closing source %s: %s", source.name, exc)
 
 
 class TraceRecorder:

@@ -506,8 +506,10 @@ def test_reporter_never_blocks_and_counts_what_it_drops():
     for step in range(100):
         rep.step(step, 0.1, 1, 1)
     assert time.perf_counter() - t0 < 5  # generous: it never waits for the network
-    assert rep.dropped >= 90
     assert not rep.close(timeout_s=0.2)
+    # (counted once the batch in flight is answered: lines a full queue pushed out of it are
+    # dropped only if its send fails, tests/test_reporter_sending.py)
+    assert rep.dropped >= 90
 
 
 def test_an_environment_variable_naming_no_setting_is_said(caplog):

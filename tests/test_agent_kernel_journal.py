@@ -502,6 +502,13 @@ def test_the_agent_tells_a_source_only_once_its_sink_took_the_points() -> None:
     agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
     agent.run(threading.Event(), max_cycles=2)
     assert reader.commits == 2
+    # records that made no point (a chatty kernel: veth, usb) move the cursor only: no disk
+    # write for them (the write-behind is kept)
+    reader.holds_points = lambda: False
+    sink.order = []
+    agent = Agent([reader], sink, cluster="c", node="n", interval_s=0.01)  # type: ignore[arg-type]
+    agent.run(threading.Event(), max_cycles=2)
+    assert reader.commits == 4 and "persist" not in sink.order
 
 
 def test_agent_once_leaves_the_running_agents_place_in_the_journal(tmp_path: Path) -> None:

@@ -249,3 +249,24 @@ def test_spool_against_a_model(tmp_path_factory, ops, batch, write_behind):
             s.open()
     assert s.pending_points == len(appended) - len(delivered)
     assert delivered + _drain(s) == appended
+
+
+def test_a_spill_the_disk_refuses_is_counted_and_keeps_the_batch(tmp_path, monkeypatch):
+    """The agent spills before a kernel-log source saves its cursor (collector.agent); a disk
+    that refuses it was not counted in write_errors_total nor logged as the spool's other
+    refusals are (found by a review, 2026-11-28). The batch stays in memory, pending."""
+    s = Spool(tmp_path, max_bytes=1 << 20, write_behind_s=60.0)
+    s.open()
+    s.append(b"xid 79", 1)
+
+    def full(*_a, **_k):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(s, "_write", full)
+    with pytest.raises(OSError):
+        s.spill()
+    assert s.write_errors_total == 1 and s.pending_points == 1
+    monkeypatch.undo()
+    s.spill()
+    assert s.memory_bytes == 0 and s.pending_points == 1
+    s.close()

@@ -202,6 +202,7 @@ def test_points_go_again_until_the_agent_says_its_sink_has_them(tmp_path) -> Non
     log.write_text(XID79 + "\n")
     source = KmsgXidSource(SourceContext("c", "node-001"),
                            {"path": str(log), "follow_s": 0, "lookback_s": 600})  # fmt: skip
+    source.retain_until_committed = True  # (as Agent.run sets it)
     try:
         assert len(source.collect(time.time_ns())) == 1  # (that cycle abandoned)
         assert len(source.collect(time.time_ns())) == 1  # again

@@ -125,6 +125,9 @@ class KmsgXidSource:
         # journal cursors: of the last collect's records, and of those the sink has ("": none)
         self._staged = self._committed = ""
         self._unacked: list[Point] = []  # points collected, not yet on the sink's disk
+        #: set by :meth:`Agent.run`, which tells the source when its sink has the points
+        #: (:meth:`committed`); a caller of collect() alone (a test, a benchmark) is never told
+        self.retain_until_committed = False
         self._reopen_failed = ""  # the last reason a rotated file could not be opened
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
@@ -254,17 +257,26 @@ class KmsgXidSource:
                     self._pending = points + self._pending
                     raise
                 self._staged = self.journal.handled  # saved once the sink has the points
-            # until the agent says its sink has them, the points go out again with each
-            # collect (a cycle the agent abandoned in a later, hung source lost them; a point
-            # sent twice overwrites itself)
-            points = self._unacked + points
-            self._unacked = points[-MAX_UNACKED:]  # (a storm's all go now; the newest again)
+            if self.retain_until_committed:
+                # until the agent says its sink has them, the points go out again with each
+                # collect (a cycle the agent abandoned in a later, hung source lost them; a
+                # point sent twice overwrites itself)
+                points = self._unacked + points
+                if len(points) > MAX_UNACKED:
+                    log.warning("%d kernel-log points not yet on the sink's disk: the newest "
+                                "%d are kept to send again", len(points), MAX_UNACKED)  # fmt: skip
+                self._unacked = points[-MAX_UNACKED:]  # (a storm's all go now)
             return points
 
     def commit_due(self) -> bool:
-        """Whether :meth:`committed` has anything to do (the agent then puts its sink's
-        points on disk first)."""
+        """Whether :meth:`committed` has anything to do."""
         return bool(self._unacked) or self._staged != self._committed
+
+    def holds_points(self) -> bool:
+        """Whether points of this source wait to be on the sink's disk (the agent then puts
+        them there before :meth:`committed`; a cursor moved by records that made no point
+        needs no disk write)."""
+        return bool(self._unacked)
 
     def committed(self, save: bool = True) -> None:
         """The agent's sink has the points of the last collect(), on disk: they are not sent

@@ -487,10 +487,18 @@ class Spool:
         return dropped
 
     def spill(self) -> int:
-        """Write what waits in memory to disk now; returns points dropped by the bound."""
+        """Write what waits in memory to disk now; returns points dropped by the bound. A
+        write the disk refuses is counted and logged as any (``write_errors_total``), and
+        raises."""
         with self._lock:
             self._require_open()
-            return self._spill()
+            try:
+                dropped = self._spill()
+            except OSError as exc:
+                self._disk_failed(exc)
+                raise
+            self._disk_works()
+            return dropped
 
     def _rotate(self) -> _Segment:
         seq = self._segments[-1].seq + 1
