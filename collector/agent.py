@@ -70,11 +70,11 @@ class Agent:
         on_cycle: Callable[[int, list[Point]], None] | None = None,
         clock: Callable[[], int] = time.time_ns,
         monotonic: Callable[[], float] = time.monotonic,
-        commit: bool = True,
+        commit: bool = False,
     ) -> None:
-        """``commit``: sources that read a log save how far the sink has their points (off
-        for ``--once``, ``--print`` and ``--record``, which must not move the running agent's
-        place in the kernel journal)."""
+        """``commit``: sources that read a log save how far the sink has their points on disk
+        (the agent that writes to InfluxDB; off for ``--once``, ``--print`` and ``--record``,
+        which must not move the running agent's place in the kernel journal)."""
         self.commit = commit
         self.sources = list(sources)
         self.sink = sink
@@ -150,10 +150,16 @@ class Agent:
             if self.health[name].failing:
                 self._recovered(name)
             self.health[name].implausible += self.screen(result)
-            self.health[name].points = len(result)
+            # (a kernel-log source sends points again until they are on the sink's disk:
+            # counted once)
+            self.health[name].points = len(result) - getattr(source, "resent", 0)
             points += result
             self._collected.append(source)
-            own.append(self._self_point(name, now_ns, time.perf_counter() - t0, True, len(result)))
+            own.append(
+                self._self_point(
+                    name, now_ns, time.perf_counter() - t0, True, self.health[name].points
+                )
+            )
         if self.on_cycle is not None:  # sees the cycle's points; may raise a finding for it
             try:
                 self.on_cycle(now_ns, points)
@@ -320,18 +326,23 @@ class Agent:
         if persist is not None and any(getattr(s, "holds_points", lambda: True)() for s in due):
             try:
                 persist()
-            except Exception as exc:  # not on disk: sent again with the next cycle
+            except Exception as exc:
+                # not on disk: the points wait in the sink's memory (sent once from there), so
+                # the source need not send them again, but keeps its place in the log
                 message = f"{type(exc).__name__}: {exc}"
                 if message != self._persist_failing:
                     self._persist_failing = message
                     log.warning("the sink could not put a cycle's kernel-log points on disk "
-                                "(%s): they go again with the next cycle (logged again when "
-                                "the error changes)", message)  # fmt: skip
-                return
-            self._persist_failing = ""
+                                "(%s): the kernel journal's cursor stays where it is (logged "
+                                "again when the error changes)", message)  # fmt: skip
+                save = False
+            else:
+                self._persist_failing, save = "", self.commit
+        else:
+            save = self.commit
         for source in due:
             try:
-                source.committed(save=self.commit)  # type: ignore[attr-defined]
+                source.committed(save=save)  # type: ignore[attr-defined]
             except Exception:
                 log.exception("source %s could not note what the sink has", source.name)
 

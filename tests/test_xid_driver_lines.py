@@ -13,6 +13,7 @@ import pytest
 from gpuwarden.collector.sources.base import SourceContext
 from gpuwarden.collector.sources.kmsg import SxidLine, XidLine, parse_line, parse_message
 from gpuwarden.collector.sources.xid import KmsgXidSource
+from gpuwarden.core.store.lineprotocol import Point
 from gpuwarden.core.xidcat import XidPolicy
 
 MIG = [
@@ -243,4 +244,37 @@ def test_a_rotated_file_that_cannot_be_opened_is_tried_again(tmp_path, monkeypat
         points = source.collect(time.time_ns())  # the new file, from its start
         assert ["86:00" in str(p.fields["message"]) for p in points] == [True]
     finally:
+        source.close()
+
+
+def test_points_cut_from_the_backlog_keep_the_cursor_where_it_is(monkeypatch) -> None:
+    """Found by the fourth review: the re-send backlog is bounded; a cycle that carried the
+    points cut from it and then failed lost them, and the next good cycle saved the cursor
+    past their records. Now the cursor is saved no more until a restart reads them again."""
+    from gpuwarden.collector.sources import xid as xid_module
+
+    class Journal:
+        handled, saved = "c1", []
+
+        def save(self, cursor: str) -> None:
+            self.saved.append(cursor)
+
+    monkeypatch.setattr(xid_module, "MAX_UNACKED", 2)
+    source = KmsgXidSource(SourceContext("c", "node-001"), {"follow_s": 0, "path": "/dev/null"})
+    journal = Journal()
+    source.retain_until_committed = True
+    source.journal = journal
+    monkeypatch.setattr(source, "_read", lambda now: [Point("gpu_event", {}, {"n": now}, now)])
+    monkeypatch.setattr(journal, "check", lambda: None, raising=False)
+    try:
+        for t in (1, 2, 3):  # three cycles whose writes failed: the backlog is cut at the third
+            source.collect(t)
+        source.collect(4)  # the third's write failed too: its cut point is gone
+        source.committed()
+        assert journal.saved == []  # (before: "c1", past the lost point's record)
+        source.collect(5)
+        source.committed()
+        assert journal.saved == []  # until a restart
+    finally:
+        source.journal = None
         source.close()

@@ -128,6 +128,10 @@ class KmsgXidSource:
         #: set by :meth:`Agent.run`, which tells the source when its sink has the points
         #: (:meth:`committed`); a caller of collect() alone (a test, a benchmark) is never told
         self.retain_until_committed = False
+        self.resent = 0  # of the last collect's points, how many were sent before
+        # the backlog was cut (past MAX_UNACKED) in a collect not yet committed; once that
+        # collect's points are lost, the cursor is saved no more until a restart
+        self._cut = self._lost = False
         self._reopen_failed = ""  # the last reason a rotated file could not be opened
         self._stop = threading.Event()
         self._follower: threading.Thread | None = None
@@ -257,14 +261,19 @@ class KmsgXidSource:
                     self._pending = points + self._pending
                     raise
                 self._staged = self.journal.handled  # saved once the sink has the points
+            self.resent = 0
             if self.retain_until_committed:
                 # until the agent says its sink has them, the points go out again with each
                 # collect (a cycle the agent abandoned in a later, hung source lost them; a
                 # point sent twice overwrites itself)
+                if self._cut and not self._lost:  # the cycle that carried the cut ones failed
+                    self._lost = True
+                    log.warning("kernel-log points were lost before they reached the sink's "
+                                "disk: the journal's cursor stays where it is until a restart "
+                                "reads their records again")  # fmt: skip
+                self.resent = len(self._unacked)
                 points = self._unacked + points
-                if len(points) > MAX_UNACKED:
-                    log.warning("%d kernel-log points not yet on the sink's disk: the newest "
-                                "%d are kept to send again", len(points), MAX_UNACKED)  # fmt: skip
+                self._cut = len(points) > MAX_UNACKED
                 self._unacked = points[-MAX_UNACKED:]  # (a storm's all go now)
             return points
 
@@ -286,8 +295,8 @@ class KmsgXidSource:
         lost a fatal XID for good; a record read again is harmless: its point overwrites
         itself and its finding has the same id."""
         with self._lock:
-            self._unacked = []
-            if save and self.journal is not None and self._staged:
+            self._unacked, self._cut = [], False
+            if save and not self._lost and self.journal is not None and self._staged:
                 self._committed = self._staged
                 self.journal.save(self._committed)
 
