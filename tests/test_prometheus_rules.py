@@ -130,8 +130,14 @@ CASES: list[tuple[str, list[dict[str, str]], list[tuple[int, list[dict[str, str]
       series("gpuwarden_agent_sink_points_written_total", {**AGENT, "instance": "b"}, "0+50x40"),
       series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "b"}, "0 900x40"),
       series("gpuwarden_agent_sink_points_written_total", {**AGENT, "instance": "c"}, "0x40"),
-      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "c"}, "0x40")],
-     [(5, []), (7, [AGENT]), (25, [AGENT])]),
+      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "c"}, "0x40"),
+      # one that writes every other sample, points waiting between (as the live test's agent
+      # looked to Prometheus in its first seconds: increase() over two equal samples was 0)
+      series("gpuwarden_agent_sink_points_written_total", {**AGENT, "instance": "d"},
+             " ".join(str(5 * (i // 2)) for i in range(41))),
+      series("gpuwarden_agent_sink_spool_points_count", {**AGENT, "instance": "d"}, "100x40")],
+     # nothing written in the last 15 min, for 5 min: from 20 min after the agent started
+     [(5, []), (19, []), (21, [AGENT]), (25, [AGENT])]),
 ]  # fmt: skip
 
 
